@@ -1,0 +1,15 @@
+// Each subcommand lives in its own file and registers itself on the root CLI::App.
+// The callback runs the command; it throws tessera::Error for user-facing failures.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::app {
+
+void add_prepare_command(CLI::App& root);
+void add_tokenize_command(CLI::App& root);
+void add_train_command(CLI::App& root);
+void add_sample_command(CLI::App& root);
+void add_eval_command(CLI::App& root);
+
+}  // namespace tessera::app

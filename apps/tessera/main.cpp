@@ -1,0 +1,41 @@
+// tessera: one binary, one subcommand per file (see commands.hpp).
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "tessera/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: train, plan, quantize and study GPT-style language models", "tessera"};
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  app.require_subcommand(1);
+  tessera::app::add_prepare_command(app);
+  tessera::app::add_tokenize_command(app);
+  tessera::app::add_train_command(app);
+  tessera::app::add_sample_command(app);
+  tessera::app::add_eval_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (hint: run 'tessera --help' or 'tessera <command> --help')\n",
+                 e.what());
+    return 2;
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "%s\n", tessera::format_error_line(e).c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory (hint: use a smaller batch, sequence or model)\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: internal: %s (hint: this is a bug in tessera, please report it)\n",
+                 e.what());
+    return 3;
+  }
+  return 0;
+}

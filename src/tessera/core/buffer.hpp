@@ -1,0 +1,64 @@
+// Aligned, owning buffers. One buffer per tensor family (parameters, gradients, moments,
+// activations); tensors are views carved from it by offsets.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace tessera {
+
+inline constexpr std::size_t k_buffer_alignment = 64;
+
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(std::size_t n) { resize(n); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
+
+  // Resizes to n elements, zero-filled (contents are not preserved).
+  void resize(std::size_t n) {
+    release();
+    if (n == 0) return;
+    std::size_t bytes = (n * sizeof(T) + k_buffer_alignment - 1) / k_buffer_alignment * k_buffer_alignment;
+    data_ = static_cast<T*>(std::aligned_alloc(k_buffer_alignment, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    size_ = n;
+  }
+  void zero() {
+    if (data_) std::memset(static_cast<void*>(data_), 0, size_ * sizeof(T));
+  }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(T); }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+ private:
+  void release() {
+    std::free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace tessera
