@@ -1,0 +1,40 @@
+#include "tessera/eval/evaluate.hpp"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/data/loader.hpp"
+
+namespace tessera::eval {
+
+EvalResult evaluate_shard(const model::ParamLayout& layout, const float* params,
+                          model::Activations& acts, const std::filesystem::path& shard, int B,
+                          int T, int batches, kernels::GemmLibrary gemm, bool show_progress) {
+  data::TokenLoader loader(shard, B, T);
+  std::int64_t per_batch = static_cast<std::int64_t>(B) * T;
+  int fit = static_cast<int>((loader.num_tokens() - 1) / per_batch);
+  if (batches <= 0 || batches > fit) batches = fit;
+  std::vector<std::int32_t> x(per_batch), y(per_batch);
+  model::ForwardOptions opt;
+  opt.gemm = gemm;
+  double sum = 0;
+  std::unique_ptr<Progress> bar;
+  if (show_progress) bar = std::make_unique<Progress>("eval", batches);
+  for (int i = 0; i < batches; ++i) {
+    loader.next(x.data(), y.data());
+    sum += model::forward(layout, params, acts, x.data(), y.data(), B, T, opt);
+    if (bar) bar->update(i + 1, fmt::format("loss {:.4f}", sum / (i + 1)));
+  }
+  if (bar) bar->finish();
+  EvalResult r;
+  r.batches = batches;
+  r.tokens = per_batch * batches;
+  r.loss = batches ? sum / batches : 0.0;
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace tessera::eval

@@ -1,0 +1,69 @@
+#include "tessera/eval/generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "tessera/core/error.hpp"
+#include "tessera/model/gpt.hpp"
+
+namespace tessera::eval {
+
+std::int32_t pick_token(const float* logits, int V, float temperature, int top_k, Rng& rng) {
+  if (temperature <= 0.0f)
+    return static_cast<std::int32_t>(std::max_element(logits, logits + V) - logits);
+  std::vector<std::int32_t> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  int k = (top_k > 0 && top_k < V) ? top_k : V;
+  if (k < V)
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](std::int32_t a, std::int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+  float mx = -INFINITY;
+  for (int i = 0; i < k; ++i) mx = std::max(mx, logits[idx[i]]);
+  std::vector<double> p(k);
+  double sum = 0;
+  for (int i = 0; i < k; ++i) sum += p[i] = std::exp((logits[idx[i]] - mx) / temperature);
+  double r = rng.uniform() * sum, acc = 0;
+  for (int i = 0; i < k; ++i) {
+    acc += p[i];
+    if (r < acc) return idx[i];
+  }
+  return idx[k - 1];
+}
+
+std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float* params,
+                                   const std::vector<std::int32_t>& prompt,
+                                   const SampleOptions& opt, Rng& rng,
+                                   const std::function<void(std::int32_t)>& on_token) {
+  const auto& cfg = layout.config();
+  if (prompt.empty()) throw Error("the prompt is empty", "give at least one token");
+  int ctx = cfg.block_size;
+  std::vector<std::int32_t> out;
+  // Keep the last block_size tokens of the prompt (older context cannot be attended to).
+  std::vector<std::int32_t> window(prompt.end() - std::min<std::ptrdiff_t>(prompt.size(), ctx),
+                                   prompt.end());
+  model::Decoder dec(layout, params, ctx, opt.gemm);
+  const float* logits = nullptr;
+  for (auto t : window) logits = dec.step(t);
+  for (int i = 0; i < opt.max_new_tokens; ++i) {
+    std::int32_t next = pick_token(logits, cfg.vocab_size, opt.temperature, opt.top_k, rng);
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (next == opt.stop_token) break;
+    if (i + 1 == opt.max_new_tokens) break;
+    if (dec.position() == dec.capacity()) {
+      // Context full: restart the cache on the most recent half-window (sliding context).
+      std::vector<std::int32_t> all(prompt);
+      all.insert(all.end(), out.begin(), out.end());
+      std::vector<std::int32_t> recent(all.end() - ctx / 2, all.end());
+      dec.reset();
+      for (auto t : recent) logits = dec.step(t);
+    } else {
+      logits = dec.step(next);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::eval

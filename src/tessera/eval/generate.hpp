@@ -1,0 +1,32 @@
+// Text generation with the KV-cache decoder: greedy (temperature 0), temperature and top-k.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "tessera/core/rng.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/model/layout.hpp"
+
+namespace tessera::eval {
+
+struct SampleOptions {
+  int max_new_tokens = 64;
+  float temperature = 1.0f;      // 0 = greedy
+  int top_k = 40;                // 0 = whole vocabulary
+  std::int32_t stop_token = -1;  // stop after generating it (e.g. <|endoftext|>); -1 = never
+  kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn;
+};
+
+// Picks the next token from logits (V real entries). Deterministic for a given rng state.
+std::int32_t pick_token(const float* logits, int V, float temperature, int top_k, Rng& rng);
+
+// Generates after `prompt` (non-empty). The context is capped at the model's block_size.
+// on_token (optional) is called with each new token as it is produced.
+std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float* params,
+                                   const std::vector<std::int32_t>& prompt,
+                                   const SampleOptions& opt, Rng& rng,
+                                   const std::function<void(std::int32_t)>& on_token = {});
+
+}  // namespace tessera::eval

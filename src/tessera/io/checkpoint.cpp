@@ -1,0 +1,268 @@
+#include "tessera/io/checkpoint.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/io/safetensors.hpp"
+
+namespace tessera::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* k_done = "DONE";
+
+// (rows, cols) of a stored (out, in) matrix, written as (in, out) for HF Conv1D.
+void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+std::vector<std::int64_t> hf_shape(const model::ParamTensor& t, const model::ModelConfig& cfg) {
+  if (t.name == "wte.weight") return {cfg.vocab_size, cfg.n_embd};
+  if (t.transposed_in_hf) return {t.shape[1], t.shape[0]};
+  return t.shape;
+}
+
+json hf_config_json(const model::ModelConfig& c) {
+  return json{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+              {"n_layer", c.n_layer},       {"n_head", c.n_head},
+              {"n_embd", c.n_embd},         {"n_positions", c.block_size},
+              {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
+              {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
+              {"tie_word_embeddings", true}};
+}
+
+std::int64_t step_of(const fs::path& dir) {
+  std::string name = dir.filename().string();
+  if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
+  std::int64_t v = -1;
+  auto r = std::from_chars(name.data() + 5, name.data() + name.size(), v);
+  if (r.ec != std::errc() || r.ptr != name.data() + name.size()) return -1;
+  return v;
+}
+
+std::uint64_t meta_u64(const SafetensorsFile& f, const char* key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end())
+    throw Error(fmt::format("checkpoint state {} lacks '{}'", f.path().string(), key),
+                "the file is not a tessera training state, or it is damaged");
+  std::uint64_t v = 0;
+  auto r = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+  if (r.ec != std::errc() || r.ptr != it->second.data() + it->second.size())
+    throw Error(fmt::format("checkpoint state {}: '{}' is not a number ('{}')", f.path().string(),
+                            key, it->second));
+  return v;
+}
+
+}  // namespace
+
+void save_model(const fs::path& dir, const model::ParamLayout& layout, const float* params) {
+  fs::create_directories(dir);
+  const auto& cfg = layout.config();
+  SafetensorsWriter w;
+  std::vector<std::vector<float>> transposed;  // keeps transposed copies alive until write()
+  transposed.reserve(layout.tensors().size());
+  for (const auto& t : layout.tensors()) {
+    auto shape = hf_shape(t, cfg);
+    if (t.transposed_in_hf) {
+      transposed.emplace_back(t.numel);
+      transpose(params + t.offset, transposed.back().data(), t.shape[0], t.shape[1]);
+      w.add_f32(t.name, shape, transposed.back().data());
+    } else {
+      w.add_f32(t.name, shape, params + t.offset);  // wte: only the first vocab_size rows
+    }
+  }
+  w.set_metadata("format", "pt");
+  w.set_metadata("tessera_config", hf_config_json(cfg).dump());
+  w.write(dir / "model.safetensors");
+  write_file_atomic(dir / "config.json", hf_config_json(cfg).dump(2) + "\n");
+}
+
+model::ModelConfig read_hf_config(const fs::path& path) {
+  return parse_hf_config(read_file(path, "model config"), path.string());
+}
+
+model::ModelConfig parse_hf_config(std::string_view text, const std::string& source) {
+  struct {
+    const std::string& s;
+    const std::string& string() const { return s; }
+  } path{source};
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw Error(fmt::format("{} is not valid JSON", path.string()), "expected a GPT-2 config.json");
+  auto get = [&](const char* key, const char* alt) -> int {
+    const json* v = j.contains(key) ? &j[key] : (alt && j.contains(alt) ? &j[alt] : nullptr);
+    if (!v)
+      throw Error(fmt::format("{} lacks '{}'", path.string(), key), "expected a GPT-2 config.json");
+    if (!v->is_number_integer())
+      throw Error(fmt::format("{}: '{}' must be an integer", path.string(), key));
+    auto x = v->get<std::int64_t>();
+    if (x <= 0 || x > (1 << 30))
+      throw Error(fmt::format("{}: '{}' = {} is out of range", path.string(), key, x));
+    return static_cast<int>(x);
+  };
+  if (j.contains("model_type") && j["model_type"] != "gpt2")
+    throw Error(
+        fmt::format("{}: model_type {} is not supported", path.string(), j["model_type"].dump()),
+        "tessera loads GPT-2 architecture models");
+  model::ModelConfig c;
+  c.n_layer = get("n_layer", "num_hidden_layers");
+  c.n_head = get("n_head", "num_attention_heads");
+  c.n_embd = get("n_embd", "hidden_size");
+  c.block_size = get("n_positions", "n_ctx");
+  c.vocab_size = get("vocab_size", nullptr);
+  try {
+    model::validate(c);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", path.string(), e.what()));
+  }
+  return c;
+}
+
+LoadedModel load_model(const fs::path& path) {
+  fs::path file = path, config_path;
+  if (fs::is_directory(path)) {
+    file = path / "model.safetensors";
+    config_path = path / "config.json";
+  } else {
+    config_path = path.parent_path() / "config.json";
+  }
+  if (!fs::exists(file))
+    throw Error(fmt::format("model file not found: {}", file.string()),
+                "pass a checkpoint directory (with model.safetensors) or a .safetensors file");
+  auto st = SafetensorsFile::open(file);
+  model::ModelConfig cfg;
+  if (fs::exists(config_path)) {
+    cfg = read_hf_config(config_path);
+  } else if (auto it = st.metadata().find("tessera_config"); it != st.metadata().end()) {
+    cfg = parse_hf_config(it->second, file.string() + " (embedded config)");
+  } else {
+    throw Error(fmt::format("no config.json beside {}", file.string()),
+                "put the model's config.json in the same directory");
+  }
+  // Names may carry "transformer." (GPT2LMHeadModel.save_pretrained) or not (the official files).
+  std::string prefix;
+  if (!st.contains("wte.weight") && st.contains("transformer.wte.weight")) prefix = "transformer.";
+  model::ParamLayout layout(cfg);
+  LoadedModel out{cfg, Buffer<float>(layout.total())};
+  std::vector<float> tmp;
+  for (const auto& t : layout.tensors()) {
+    auto shape = hf_shape(t, cfg);
+    std::string name = prefix + t.name;
+    if (t.transposed_in_hf) {
+      tmp.resize(t.numel);
+      st.read_f32(name, shape, tmp.data());
+      transpose(tmp.data(), out.params.data() + t.offset, shape[0], shape[1]);
+    } else {
+      st.read_f32(name, shape, out.params.data() + t.offset);
+    }
+  }
+  // Anything else in the file must be a known non-parameter (mask buffers, tied head).
+  for (const auto& t : st.tensors()) {
+    std::string n = t.name.substr(t.name.rfind(prefix, 0) == 0 ? prefix.size() : 0);
+    bool known = layout.find(n) != nullptr;
+    bool ignorable =
+        n == "lm_head.weight" || t.name == "lm_head.weight" ||
+        (n.size() > 10 && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")));
+    if (!known && !ignorable)
+      throw Error(fmt::format("{} holds an unexpected tensor '{}'", file.string(), t.name),
+                  "is this a GPT-2 model of the shape in config.json?");
+  }
+  return out;
+}
+
+fs::path save_checkpoint(const fs::path& root, const model::ParamLayout& layout,
+                         const float* params, const float* adam_m, const float* adam_v,
+                         const TrainState& state, int keep) {
+  fs::create_directories(root);
+  auto final_dir = root / fmt::format("step_{:08d}", state.step);
+  auto tmp_dir = root / fmt::format(".tmp_step_{:08d}.{}", state.step, ::getpid());
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  save_model(tmp_dir, layout, params);
+  SafetensorsWriter w;
+  std::int64_t n = static_cast<std::int64_t>(layout.total());
+  w.add_f32("adamw.m", {n}, adam_m);
+  w.add_f32("adamw.v", {n}, adam_v);
+  w.set_metadata("step", std::to_string(state.step));
+  w.set_metadata("rng_state", std::to_string(state.rng_state));
+  w.set_metadata("data_position", std::to_string(state.data_position));
+  w.set_metadata("tokens_seen", std::to_string(state.tokens_seen));
+  w.set_metadata("param_count", std::to_string(layout.total()));
+  for (const auto& [k, v] : state.extra) w.set_metadata("extra." + k, v);
+  w.write(tmp_dir / "state.safetensors");
+  write_file_atomic(tmp_dir / k_done, fmt::format("step {}\n", state.step));
+  fsync_path(tmp_dir);
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step
+  fs::rename(tmp_dir, final_dir);
+  fsync_path(root);
+  // Retention: drop the oldest complete checkpoints beyond `keep`, and stale temporaries.
+  std::vector<std::pair<std::int64_t, fs::path>> done;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(".tmp_step_", 0) == 0 && e.path() != tmp_dir) {
+      std::error_code ec;
+      fs::remove_all(e.path(), ec);
+      continue;
+    }
+    auto s = step_of(e.path());
+    if (s >= 0 && fs::exists(e.path() / k_done)) done.emplace_back(s, e.path());
+  }
+  std::sort(done.begin(), done.end());
+  if (keep > 0)
+    for (std::size_t i = 0; i + keep < done.size(); ++i) fs::remove_all(done[i].second);
+  return final_dir;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  std::int64_t best = -1;
+  fs::path best_path;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto s = step_of(e.path());
+    if (s > best && fs::exists(e.path() / k_done)) {
+      best = s;
+      best_path = e.path();
+    }
+  }
+  if (best < 0) return std::nullopt;
+  return best_path;
+}
+
+TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
+                           float* adam_m, float* adam_v) {
+  if (!fs::exists(dir / k_done))
+    throw Error(fmt::format("checkpoint {} is incomplete (no DONE marker)", dir.string()),
+                "it was interrupted while saving; resume from an earlier one");
+  auto loaded = load_model(dir);
+  if (!(loaded.config == layout.config()))
+    throw Error(
+        fmt::format("checkpoint {} holds a model {} but the run configures {}", dir.string(),
+                    model::describe(loaded.config), model::describe(layout.config())),
+        "resume with the configuration the checkpoint was trained with");
+  std::copy(loaded.params.data(), loaded.params.data() + layout.total(), params);
+  auto st = SafetensorsFile::open(dir / "state.safetensors");
+  std::int64_t n = static_cast<std::int64_t>(layout.total());
+  std::int64_t shape[1] = {n};
+  st.read_f32("adamw.m", shape, adam_m);
+  st.read_f32("adamw.v", shape, adam_v);
+  TrainState s;
+  s.step = static_cast<std::int64_t>(meta_u64(st, "step"));
+  s.rng_state = meta_u64(st, "rng_state");
+  s.data_position = meta_u64(st, "data_position");
+  s.tokens_seen = static_cast<std::int64_t>(meta_u64(st, "tokens_seen"));
+  for (const auto& [k, v] : st.metadata())
+    if (k.rfind("extra.", 0) == 0) s.extra[k.substr(6)] = v;
+  return s;
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,352 @@
+#include "tessera/kernels/cpu/ops.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessera/kernels/cpu/vec_math.hpp"
+
+namespace tessera::kernels::cpu {
+
+// ---------------------------------------------------------------- embedding
+void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B,
+                       int T, int C) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (static_cast<std::int64_t>(b) * T + t) * C;
+      const float* e = wte + static_cast<std::int64_t>(inp[b * T + t]) * C;
+      const float* p = wpe + static_cast<std::int64_t>(t) * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
+                        int T, int C) {
+  // Rows of dwte can repeat (same token twice), so split the channels across threads instead of
+  // the positions: every thread walks all positions in order over its own slice of C.
+#pragma omp parallel
+  {
+    int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    int c0 = static_cast<int>(static_cast<std::int64_t>(C) * tid / nth);
+    int c1 = static_cast<int>(static_cast<std::int64_t>(C) * (tid + 1) / nth);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < T; ++t) {
+        const float* d = dout + (static_cast<std::int64_t>(b) * T + t) * C;
+        float* e = dwte + static_cast<std::int64_t>(inp[b * T + t]) * C;
+        float* p = dwpe + static_cast<std::int64_t>(t) * C;
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) {
+          e[c] += d[c];
+          p[c] += d[c];
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- layernorm
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; ++c) s += x[c];
+    float m = s / C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) {
+      float d = x[c] - m;
+      v += d * d;
+    }
+    float r = 1.0f / std::sqrt(v / C + k_layernorm_eps);
+    float* o = out + i * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = r;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t N,
+                        int C) {
+  int nth = omp_get_max_threads();
+  // Per-thread partial sums of dweight/dbias, combined in thread order: deterministic.
+  std::vector<float> partial(static_cast<std::size_t>(nth) * 2 * C, 0.0f);
+#pragma omp parallel num_threads(nth)
+  {
+    int tid = omp_get_thread_num();
+    float* dw = partial.data() + static_cast<std::size_t>(tid) * 2 * C;
+    float* db = dw + C;
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < N; ++i) {
+      const float* x = inp + i * C;
+      const float* g = dout + i * C;
+      float m = mean[i], r = rstd[i];
+      float sum_dn = 0.0f, sum_dn_n = 0.0f;
+#pragma omp simd reduction(+ : sum_dn, sum_dn_n)
+      for (int c = 0; c < C; ++c) {
+        float n = (x[c] - m) * r;
+        float dn = weight[c] * g[c];
+        sum_dn += dn;
+        sum_dn_n += dn * n;
+      }
+      float mean_dn = sum_dn / C, mean_dn_n = sum_dn_n / C;
+      float* dx = dinp + i * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {
+        float n = (x[c] - m) * r;
+        float dn = weight[c] * g[c];
+        db[c] += g[c];
+        dw[c] += n * g[c];
+        dx[c] += (dn - mean_dn - n * mean_dn_n) * r;
+      }
+    }
+  }
+  for (int t = 0; t < nth; ++t) {
+    const float* dw = partial.data() + static_cast<std::size_t>(t) * 2 * C;
+    for (int c = 0; c < C; ++c) {
+      dweight[c] += dw[c];
+      dbias[c] += dw[C + c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- linear
+void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* weight, const float* bias,
+                    std::int64_t N, int IC, int OC, bool accumulate_out) {
+  gemm(lib, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, accumulate_out ? 1.0f : 0.0f, out, OC);
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < N; ++i) {
+      float* o = out + i * OC;
+#pragma omp simd
+      for (int j = 0; j < OC; ++j) o[j] += bias[j];
+    }
+  }
+}
+
+void linear_backward(GemmLibrary lib, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, std::int64_t N, int IC, int OC) {
+  if (dinp) gemm(lib, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+  // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
+  gemm(lib, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dbias) {
+    // Column sums; each thread owns a contiguous block of columns and walks rows in order.
+#pragma omp parallel
+    {
+      int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+      int j0 = static_cast<int>(static_cast<std::int64_t>(OC) * tid / nth);
+      int j1 = static_cast<int>(static_cast<std::int64_t>(OC) * (tid + 1) / nth);
+      for (std::int64_t i = 0; i < N; ++i) {
+        const float* g = dout + i * OC;
+#pragma omp simd
+        for (int j = j0; j < j1; ++j) dbias[j] += g[j];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- gelu
+namespace {
+constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = k_gelu_scale * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanh_approx(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = k_gelu_scale * (x + 0.044715f * x * x * x);
+    float th = tanh_approx(u);
+    float sech2 = 1.0f - th * th;
+    float du = k_gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+  }
+}
+
+// ---------------------------------------------------------------- attention
+// Per (batch, head): S = scale * Q K^T (T,T) by GEMM, causal softmax row by row, O = P V.
+// Work is split over the B*NH (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN
+// detects the enclosing parallel region).
+void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T, int C,
+                       int NH) {
+  const int hs = C / NH;
+  const std::int64_t C3 = 3LL * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel
+  {
+    std::vector<float> S(static_cast<std::size_t>(T) * T);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        const float* q = qkv + static_cast<std::int64_t>(b) * T * C3 + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        gemm(lib, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, S.data(), T);
+        float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
+        for (int i = 0; i < T; ++i) {
+          float* s = S.data() + static_cast<std::int64_t>(i) * T;
+          float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+          for (int j = 0; j <= i; ++j) mx = std::max(mx, s[j]);
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int j = 0; j <= i; ++j) {
+            float e = exp_approx(s[j] - mx);
+            s[j] = e;
+            sum += e;
+          }
+          float inv = 1.0f / sum;
+#pragma omp simd
+          for (int j = 0; j <= i; ++j) s[j] *= inv;
+          for (int j = i + 1; j < T; ++j) s[j] = 0.0f;
+          l[i] = mx + std::log(sum);
+        }
+        float* o = out + static_cast<std::int64_t>(b) * T * C + h * hs;
+        gemm(lib, false, false, T, hs, T, 1.0f, S.data(), T, v, C3, 0.0f, o, C);
+      }
+    }
+  }
+}
+
+void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const std::int64_t C3 = 3LL * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel
+  {
+    std::vector<float> P(static_cast<std::size_t>(T) * T), dP(static_cast<std::size_t>(T) * T);
+    std::vector<float> D(T);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        const std::int64_t base3 = static_cast<std::int64_t>(b) * T * C3 + h * hs;
+        const std::int64_t base1 = static_cast<std::int64_t>(b) * T * C + h * hs;
+        const float* q = qkv + base3;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* dq = dqkv + base3;
+        float* dk = dq + C;
+        float* dv = dq + 2 * C;
+        const float* o = out + base1;
+        const float* dO = dout + base1;
+        const float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
+        // Recompute P from the saved log-sum-exp.
+        gemm(lib, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, P.data(), T);
+        for (int i = 0; i < T; ++i) {
+          float* p = P.data() + static_cast<std::int64_t>(i) * T;
+          float li = l[i];
+#pragma omp simd
+          for (int j = 0; j <= i; ++j) p[j] = exp_approx(p[j] - li);
+          for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
+          // D_i = sum_j P_ij dP_ij = dO_i . O_i
+          const float* oi = o + static_cast<std::int64_t>(i) * C;
+          const float* gi = dO + static_cast<std::int64_t>(i) * C;
+          float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+          for (int c = 0; c < hs; ++c) d += oi[c] * gi[c];
+          D[i] = d;
+        }
+        // dV (T,hs) = P^T (T,T) @ dO (T,hs)
+        gemm(lib, true, false, T, hs, T, 1.0f, P.data(), T, dO, C, 0.0f, dv, C3);
+        // dP (T,T) = dO (T,hs) @ V^T
+        gemm(lib, false, true, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, dP.data(), T);
+        // dS = P * (dP - D) * scale, stored in dP
+        for (int i = 0; i < T; ++i) {
+          float* dp = dP.data() + static_cast<std::int64_t>(i) * T;
+          const float* p = P.data() + static_cast<std::int64_t>(i) * T;
+          float di = D[i];
+#pragma omp simd
+          for (int j = 0; j < T; ++j) dp[j] = p[j] * (dp[j] - di) * scale;
+        }
+        // dQ (T,hs) = dS @ K ; dK (T,hs) = dS^T @ Q
+        gemm(lib, false, false, T, hs, T, 1.0f, dP.data(), T, k, C3, 0.0f, dq, C3);
+        gemm(lib, true, false, T, hs, T, 1.0f, dP.data(), T, q, C3, 0.0f, dk, C3);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy
+namespace {
+// Returns the loss of one row; if dlogits is non-null writes dloss*(softmax - onehot) to it
+// (it may alias logits).
+inline float cross_entropy_row(const float* logits, float* dlogits, std::int32_t target, int V, int Vp,
+                               float dloss) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < V; ++j) mx = std::max(mx, logits[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < V; ++j) sum += exp_approx(logits[j] - mx);
+  float lse = mx + std::log(sum);
+  float loss = lse - logits[target];
+  if (dlogits) {
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j < V; ++j) dlogits[j] = dloss * exp_approx(logits[j] - mx) * inv;
+    dlogits[target] -= dloss;
+    for (int j = V; j < Vp; ++j) dlogits[j] = 0.0f;
+  }
+  return loss;
+}
+}  // namespace
+
+void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
+                           std::int64_t N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    std::int32_t t = targets[i];
+    losses[i] = t < 0 ? 0.0f : cross_entropy_row(logits + i * Vp, nullptr, t, V, Vp, 0.0f);
+  }
+}
+
+void cross_entropy_forward_backward(float* losses, float* logits, const std::int32_t* targets,
+                                    std::int64_t N, int V, int Vp, float dloss) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    float* row = logits + i * Vp;
+    std::int32_t t = targets[i];
+    if (t < 0) {
+      losses[i] = 0.0f;
+      std::fill(row, row + Vp, 0.0f);
+    } else {
+      losses[i] = cross_entropy_row(row, row, t, V, Vp, dloss);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+void add(float* out, const float* a, const float* b, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void add_inplace(float* out, const float* a, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] += a[i];
+}
+
+void copy(float* out, const float* a, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i];
+}
+
+}  // namespace tessera::kernels::cpu

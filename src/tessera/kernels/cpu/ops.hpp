@@ -1,0 +1,71 @@
+// CPU fp32 kernels of the GPT forward and backward passes. Every op is a plain function over
+// raw pointers and shape integers. Conventions:
+//  - N = B*T rows; C channels; shapes are in the comments next to each argument.
+//  - Parameter gradients ACCUMULATE (+=), so gradient accumulation over micro-batches is free.
+//  - Activation gradients: documented per function ("+=" accumulates into the caller's buffer,
+//    "=" overwrites).
+//  - Reductions are done in a fixed order for a given thread count, so runs are bit-reproducible.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::kernels::cpu {
+
+inline constexpr float k_layernorm_eps = 1e-5f;
+
+// ---- token + position embedding ----
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]
+void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B,
+                       int T, int C);
+// dwte (V,C) +=, dwpe (maxT,C) += from dout (B,T,C)
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
+                        int T, int C);
+
+// ---- LayerNorm over the last dim ----
+// out (N,C); mean, rstd (N) saved for backward
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C);
+// dinp (N,C) +=; dweight, dbias (C) +=
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C);
+
+// ---- linear: out (N,OC) = inp (N,IC) @ weight^T (OC,IC) + bias (OC) ----
+// accumulate_out: out += (used to fuse the residual add); bias may be null.
+void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* weight, const float* bias,
+                    std::int64_t N, int IC, int OC, bool accumulate_out = false);
+// dinp (N,IC) = dout @ weight (overwrite; skipped if null); dweight (OC,IC) +=; dbias (OC) += (if non-null)
+void linear_backward(GemmLibrary lib, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, std::int64_t N, int IC, int OC);
+
+// ---- GELU, tanh approximation (GPT-2's "gelu_new") ----
+void gelu_forward(float* out, const float* inp, std::int64_t n);
+// dinp = dout * gelu'(inp) (overwrite; dinp may alias dout)
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
+
+// ---- causal multi-head self-attention ----
+// qkv (B,T,3C) holds q, k, v each (B,T,NH,hs) with hs = C/NH. out (B,T,C).
+// Only the log-sum-exp of each score row is kept, lse (B,NH,T); backward recomputes the
+// probabilities, so memory is O(B*NH*T) instead of O(B*NH*T*T).
+void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T, int C,
+                       int NH);
+// dqkv (B,T,3C) = (overwrite) from dout (B,T,C); needs out and lse from the forward.
+void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int B, int T, int C, int NH);
+
+// ---- fused softmax + cross-entropy over the real vocabulary V of padded rows Vp ----
+// losses (N) = -log softmax(logits[:, :V])[target]. Targets < 0 are ignored (loss 0, no grad).
+void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
+                           std::int64_t N, int V, int Vp);
+// Same, and overwrites logits (N,Vp) with dloss * (softmax - onehot) (padded columns zeroed).
+// dloss is the gradient of the total loss w.r.t. each row's loss (e.g. 1/(B*T*accum)).
+void cross_entropy_forward_backward(float* losses, float* logits, const std::int32_t* targets,
+                                    std::int64_t N, int V, int Vp, float dloss);
+
+// ---- elementwise ----
+void add(float* out, const float* a, const float* b, std::int64_t n);  // out = a + b
+void add_inplace(float* out, const float* a, std::int64_t n);           // out += a
+void copy(float* out, const float* a, std::int64_t n);
+
+}  // namespace tessera::kernels::cpu

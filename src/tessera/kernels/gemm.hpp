@@ -1,0 +1,25 @@
+// One GEMM interface for every backend. Row-major throughout:
+//   C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C
+// where op(X) is X or X^T. The library is a value chosen by the caller (run config, bench);
+// there is no global backend state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tessera::kernels {
+
+enum class GemmLibrary {
+  OneDnn,    // dnnl_sgemm: the fastest fp32 path measured here; threads with OpenMP
+  OpenBlas,  // cblas_sgemm: kept for comparison (make bench)
+};
+
+GemmLibrary parse_gemm_library(std::string_view name);  // "onednn" | "openblas"
+std::string_view gemm_library_name(GemmLibrary lib);
+
+void gemm(GemmLibrary lib, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
+          std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
+          std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,285 @@
+#include "tessera/model/gpt.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/kernels/cpu/vec_math.hpp"
+
+namespace tessera::model {
+
+namespace k = kernels::cpu;
+
+void init_params(const ParamLayout& layout, float* params, std::uint64_t seed) {
+  const auto& cfg = layout.config();
+  const float std_base = 0.02f;
+  const float std_resid = 0.02f / std::sqrt(2.0f * cfg.n_layer);
+  constexpr std::size_t k_chunk = 1 << 16;
+  std::fill(params, params + layout.total(), 0.0f);
+  const auto& ts = layout.tensors();
+  for (std::size_t ti = 0; ti < ts.size(); ++ti) {
+    const auto& t = ts[ti];
+    float* p = params + t.offset;
+    const std::string& n = t.name;
+    auto ends_with = [&](const char* s) {
+      std::string_view sv(s);
+      return n.size() >= sv.size() && n.compare(n.size() - sv.size(), sv.size(), sv) == 0;
+    };
+    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
+      std::fill(p, p + t.numel, 1.0f);
+      continue;
+    }
+    if (ends_with(".bias")) continue;  // zeros
+    float stdev =
+        (ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight")) ? std_resid : std_base;
+    std::size_t n_init = t.numel;
+    if (n == "wte.weight")
+      n_init = static_cast<std::size_t>(cfg.vocab_size) * cfg.n_embd;  // pad rows stay 0
+    std::size_t chunks = (n_init + k_chunk - 1) / k_chunk;
+#pragma omp parallel for schedule(static)
+    for (std::size_t c = 0; c < chunks; ++c) {
+      Rng rng(seed ^ (0x9E3779B97F4A7C15ull * (ti + 1)) ^ (0xC2B2AE3D27D4EB4Full * (c + 1)));
+      std::size_t e = std::min(n_init, (c + 1) * k_chunk);
+      for (std::size_t i = c * k_chunk; i < e; ++i) p[i] = stdev * rng.normal();
+    }
+  }
+}
+
+void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
+  if (B_ == B && T_ == T && buf.size() > 0) return;
+  B = B_;
+  T = T_;
+  const std::size_t N = static_cast<std::size_t>(B) * T, C = cfg.n_embd, NH = cfg.n_head;
+  const std::size_t Vp = cfg.padded_vocab();
+  std::size_t off = 0;
+  auto take = [&](std::size_t n) {
+    std::size_t o = off;
+    off += (n + 15) / 16 * 16;
+    return o;
+  };
+  encoded = take(N * C);
+  layers.assign(cfg.n_layer, {});
+  for (auto& l : layers) {
+    l.ln1 = take(N * C);
+    l.ln1_mean = take(N);
+    l.ln1_rstd = take(N);
+    l.qkv = take(N * 3 * C);
+    l.atty = take(N * C);
+    l.att_lse = take(N * NH);
+    l.res2 = take(N * C);
+    l.ln2 = take(N * C);
+    l.ln2_mean = take(N);
+    l.ln2_rstd = take(N);
+    l.fch = take(N * 4 * C);
+    l.fch_gelu = take(N * 4 * C);
+    l.res3 = take(N * C);
+  }
+  lnf = take(N * C);
+  lnf_mean = take(N);
+  lnf_rstd = take(N);
+  logits = take(N * Vp);
+  losses = take(N);
+  d_res = take(N * C);
+  d_ln = take(N * C);
+  d_atty = take(N * C);
+  d_qkv = take(N * 3 * C);
+  d_fch = take(N * 4 * C);
+  buf.resize(off);
+}
+
+float forward(const ParamLayout& layout, const float* params, Activations& a,
+              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+              const ForwardOptions& opt) {
+  const auto& cfg = layout.config();
+  if (T > cfg.block_size)
+    throw Error(
+        fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg.block_size));
+  a.allocate(cfg, B, T);
+  const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  const auto lib = opt.gemm;
+  const float* P = params;
+  for (std::int64_t i = 0; i < N; ++i)
+    if (inputs[i] < 0 || inputs[i] >= V)
+      throw Error(
+          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+
+  k::embedding_forward(a.at(a.encoded), inputs, P + layout.wte, P + layout.wpe, B, T, C);
+  const float* residual = a.at(a.encoded);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const auto& w = layout.layers[l];
+    auto& s = a.layers[l];
+    k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, P + w.ln1_w,
+                         P + w.ln1_b, N, C);
+    k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
+    k::attention_forward(lib, a.at(s.atty), a.at(s.att_lse), a.at(s.qkv), B, T, C, NH);
+    // res2 = residual + atty @ Wproj^T + b  (residual add fused into the GEMM's beta)
+    k::copy(a.at(s.res2), residual, N * C);
+    k::linear_forward(lib, a.at(s.res2), a.at(s.atty), P + w.attproj_w, P + w.attproj_b, N, C, C,
+                      true);
+    k::layernorm_forward(a.at(s.ln2), a.at(s.ln2_mean), a.at(s.ln2_rstd), a.at(s.res2), P + w.ln2_w,
+                         P + w.ln2_b, N, C);
+    k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), P + w.fc_w, P + w.fc_b, N, C, 4 * C);
+    k::gelu_forward(a.at(s.fch_gelu), a.at(s.fch), N * 4 * C);
+    k::copy(a.at(s.res3), a.at(s.res2), N * C);
+    k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), P + w.fcproj_w, P + w.fcproj_b, N, 4 * C,
+                      C, true);
+    residual = a.at(s.res3);
+  }
+  k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual, P + layout.lnf_w,
+                       P + layout.lnf_b, N, C);
+  // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
+  k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), P + layout.wte, nullptr, N, C, Vp);
+  if (!targets) return 0.0f;
+  for (std::int64_t i = 0; i < N; ++i)
+    if (targets[i] >= V)
+      throw Error(
+          fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+  if (opt.training)
+    k::cross_entropy_forward_backward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp, opt.dloss);
+  else
+    k::cross_entropy_forward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp);
+  double sum = 0.0;
+  std::int64_t count = 0;
+  const float* losses = a.at(a.losses);
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    ++count;
+  }
+  return count ? static_cast<float>(sum / count) : 0.0f;
+}
+
+void backward(const ParamLayout& layout, const float* params, float* grads, Activations& a,
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib) {
+  const auto& cfg = layout.config();
+  TESSERA_CHECK(a.B == B && a.T == T,
+                "backward() needs the forward() activations of the same batch");
+  const int C = cfg.n_embd, NH = cfg.n_head, Vp = cfg.padded_vocab();
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  const float* P = params;
+  float* G = grads;
+  float* d_res = a.at(a.d_res);
+  float* d_ln = a.at(a.d_ln);
+
+  // LM head: logits now hold dlogits (N,Vp)
+  k::linear_backward(lib, d_ln, G + layout.wte, nullptr, a.at(a.logits), a.at(a.lnf),
+                     P + layout.wte, N, C, Vp);
+  std::fill(d_res, d_res + N * C, 0.0f);
+  const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
+  k::layernorm_backward(d_res, G + layout.lnf_w, G + layout.lnf_b, d_ln, last, P + layout.lnf_w,
+                        a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
+
+  for (int l = cfg.n_layer - 1; l >= 0; --l) {
+    const auto& w = layout.layers[l];
+    auto& s = a.layers[l];
+    const float* residual = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
+    float* d_fch = a.at(a.d_fch);
+    // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
+    k::linear_backward(lib, d_fch, G + w.fcproj_w, G + w.fcproj_b, d_res, a.at(s.fch_gelu),
+                       P + w.fcproj_w, N, 4 * C, C);
+    k::gelu_backward(d_fch, a.at(s.fch), d_fch, N * 4 * C);
+    k::linear_backward(lib, d_ln, G + w.fc_w, G + w.fc_b, d_fch, a.at(s.ln2), P + w.fc_w, N, C,
+                       4 * C);
+    k::layernorm_backward(d_res, G + w.ln2_w, G + w.ln2_b, d_ln, a.at(s.res2), P + w.ln2_w,
+                          a.at(s.ln2_mean), a.at(s.ln2_rstd), N, C);
+    // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
+    float* d_atty = a.at(a.d_atty);
+    float* d_qkv = a.at(a.d_qkv);
+    k::linear_backward(lib, d_atty, G + w.attproj_w, G + w.attproj_b, d_res, a.at(s.atty),
+                       P + w.attproj_w, N, C, C);
+    k::attention_backward(lib, d_qkv, d_atty, a.at(s.qkv), a.at(s.atty), a.at(s.att_lse), B, T, C,
+                          NH);
+    k::linear_backward(lib, d_ln, G + w.qkv_w, G + w.qkv_b, d_qkv, a.at(s.ln1), P + w.qkv_w, N, C,
+                       3 * C);
+    k::layernorm_backward(d_res, G + w.ln1_w, G + w.ln1_b, d_ln, residual, P + w.ln1_w,
+                          a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
+  }
+  k::embedding_backward(G + layout.wte, G + layout.wpe, d_res, inputs, B, T, C);
+}
+
+// ---------------------------------------------------------------- decoding
+Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
+                 kernels::GemmLibrary gemm)
+    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm) {
+  const auto& cfg = layout.config();
+  if (max_T > cfg.block_size)
+    throw Error(
+        fmt::format("decoding length {} exceeds the model's block_size {}", max_T, cfg.block_size));
+  const std::size_t C = cfg.n_embd;
+  k_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * C);
+  v_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * C);
+  x_.resize(C);
+  ln_.resize(C);
+  qkv_.resize(3 * C);
+  att_.resize(C);
+  fch_.resize(4 * C);
+  logits_.resize(cfg.padded_vocab());
+  scores_.resize(max_T);
+}
+
+const float* Decoder::step(std::int32_t token) {
+  const auto& cfg = layout_.config();
+  if (pos_ >= max_T_)
+    throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
+  if (token < 0 || token >= cfg.vocab_size)
+    throw Error(fmt::format("token id {} is outside the vocabulary of {}", token, cfg.vocab_size));
+  const int C = cfg.n_embd, NH = cfg.n_head, hs = cfg.head_dim(), t = pos_;
+  const float* P = params_;
+  float* x = x_.data();
+  float mean, rstd;
+  const float* e = P + layout_.wte + static_cast<std::size_t>(token) * C;
+  const float* p = P + layout_.wpe + static_cast<std::size_t>(t) * C;
+  for (int c = 0; c < C; ++c) x[c] = e[c] + p[c];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const auto& w = layout_.layers[l];
+    k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + w.ln1_w, P + w.ln1_b, 1, C);
+    k::linear_forward(gemm_, qkv_.data(), ln_.data(), P + w.qkv_w, P + w.qkv_b, 1, C, 3 * C);
+    float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * C;
+    float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * C;
+    std::copy(qkv_.data() + C, qkv_.data() + 2 * C, kc + static_cast<std::size_t>(t) * C);
+    std::copy(qkv_.data() + 2 * C, qkv_.data() + 3 * C, vc + static_cast<std::size_t>(t) * C);
+    for (int h = 0; h < NH; ++h) {
+      const float* q = qkv_.data() + h * hs;
+      float* sc = scores_.data();
+      float mx = -INFINITY;
+      for (int j = 0; j <= t; ++j) {
+        const float* kj = kc + static_cast<std::size_t>(j) * C + h * hs;
+        float s = 0.0f;
+        for (int c = 0; c < hs; ++c) s += q[c] * kj[c];
+        sc[j] = s * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j <= t; ++j) {
+        sc[j] = k::exp_approx(sc[j] - mx);
+        sum += sc[j];
+      }
+      float* o = att_.data() + h * hs;
+      std::fill(o, o + hs, 0.0f);
+      for (int j = 0; j <= t; ++j) {
+        const float* vj = vc + static_cast<std::size_t>(j) * C + h * hs;
+        float pj = sc[j] / sum;
+        for (int c = 0; c < hs; ++c) o[c] += pj * vj[c];
+      }
+    }
+    k::linear_forward(gemm_, x, att_.data(), P + w.attproj_w, P + w.attproj_b, 1, C, C, true);
+    k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + w.ln2_w, P + w.ln2_b, 1, C);
+    k::linear_forward(gemm_, fch_.data(), ln_.data(), P + w.fc_w, P + w.fc_b, 1, C, 4 * C);
+    k::gelu_forward(fch_.data(), fch_.data(), 4 * C);
+    k::linear_forward(gemm_, x, fch_.data(), P + w.fcproj_w, P + w.fcproj_b, 1, 4 * C, C, true);
+  }
+  k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + layout_.lnf_w, P + layout_.lnf_b, 1, C);
+  k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.wte, nullptr, 1, C,
+                    cfg.padded_vocab());
+  ++pos_;
+  return logits_.data();
+}
+
+}  // namespace tessera::model

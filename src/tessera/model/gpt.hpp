@@ -1,0 +1,88 @@
+// GPT-2 forward and backward over explicit buffers (the llm.c model): parameters, gradients and
+// activations each live in one contiguous buffer; the functions below take them as arguments.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/buffer.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/model/layout.hpp"
+
+namespace tessera::model {
+
+// GPT-2 initialization: weights ~ N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj)
+// scaled by 1/sqrt(2L), biases 0, LayerNorm weight 1, padded vocabulary rows 0. Deterministic for
+// a seed whatever the thread count (each 64K-element chunk has its own stream).
+void init_params(const ParamLayout& layout, float* params, std::uint64_t seed);
+
+// Activations of one micro-batch (B, T), one buffer carved by offsets, plus backward scratch.
+struct Activations {
+  struct Layer {
+    std::size_t ln1, ln1_mean, ln1_rstd;  // (B,T,C), (B,T), (B,T)
+    std::size_t qkv;                      // (B,T,3C)
+    std::size_t atty;                     // (B,T,C) attention output before projection
+    std::size_t att_lse;                  // (B,NH,T)
+    std::size_t res2;                     // (B,T,C) residual after attention
+    std::size_t ln2, ln2_mean, ln2_rstd;  // (B,T,C), (B,T), (B,T)
+    std::size_t fch, fch_gelu;            // (B,T,4C)
+    std::size_t res3;                     // (B,T,C) layer output
+  };
+  int B = 0, T = 0;
+  std::size_t encoded = 0;  // (B,T,C)
+  std::vector<Layer> layers;
+  std::size_t lnf = 0, lnf_mean = 0, lnf_rstd = 0;  // (B,T,C), (B,T), (B,T)
+  std::size_t logits = 0;  // (B,T,Vp); holds dlogits after a training forward
+  std::size_t losses = 0;  // (B,T)
+  // backward scratch, reused by every layer
+  std::size_t d_res = 0, d_ln = 0, d_atty = 0;  // (B,T,C)
+  std::size_t d_qkv = 0;                        // (B,T,3C)
+  std::size_t d_fch = 0;                        // (B,T,4C)
+  Buffer<float> buf;
+
+  // (Re)allocates for a micro-batch shape; a no-op when the shape is unchanged.
+  void allocate(const ModelConfig& cfg, int B, int T);
+  float* at(std::size_t off) { return buf.data() + off; }
+  const float* at(std::size_t off) const { return buf.data() + off; }
+};
+
+struct ForwardOptions {
+  kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn;
+  // Training: the cross-entropy is fused with its backward and the logits buffer is
+  // overwritten by dloss * dlogits, ready for backward(). Evaluation keeps the logits.
+  bool training = false;
+  float dloss = 0.0f;  // d(total loss)/d(per-position loss), e.g. 1 / (B*T*grad_accum)
+};
+
+// inputs, targets: (B,T) token ids. targets may be null (logits only; returns 0).
+// Returns the mean loss over positions whose target is >= 0.
+float forward(const ParamLayout& layout, const float* params, Activations& acts,
+              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+              const ForwardOptions& opt);
+
+// Gradients ACCUMULATE into grads (same layout as params). Requires a training forward() of the
+// same micro-batch just before.
+void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm);
+
+// ---- incremental decoding with a KV cache (sampling) ----
+class Decoder {
+ public:
+  Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm);
+  // Feeds one token at the next position; returns logits (Vp) for the following token.
+  const float* step(std::int32_t token);
+  int position() const { return pos_; }
+  int capacity() const { return max_T_; }
+  void reset() { pos_ = 0; }
+
+ private:
+  const ParamLayout& layout_;
+  const float* params_;
+  int max_T_;
+  int pos_ = 0;
+  kernels::GemmLibrary gemm_;
+  Buffer<float> k_cache_, v_cache_;  // (L, max_T, C)
+  Buffer<float> x_, ln_, qkv_, att_, fch_, logits_, scores_;
+};
+
+}  // namespace tessera::model

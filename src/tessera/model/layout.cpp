@@ -1,0 +1,88 @@
+#include "tessera/model/layout.hpp"
+
+#include <cmath>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::model {
+
+void validate(const ModelConfig& c) {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) throw Error(fmt::format("model.{} must be positive, got {}", name, v));
+  };
+  positive(c.n_layer, "n_layer");
+  positive(c.n_head, "n_head");
+  positive(c.n_embd, "n_embd");
+  positive(c.block_size, "block_size");
+  positive(c.vocab_size, "vocab_size");
+  if (c.n_embd % c.n_head != 0)
+    throw Error(
+        fmt::format("model.n_embd ({}) is not divisible by model.n_head ({})", c.n_embd, c.n_head),
+        "choose n_head so that each head has n_embd / n_head channels");
+}
+
+double forward_flops_per_token(const ModelConfig& c, int T) {
+  const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  double matmul_params = L * (3 * C * C + C * C + 4 * C * C + 4 * C * C) + C * V;
+  double attention = L * 2.0 * 2.0 * T * C;  // QK^T and PV, per token
+  return 2.0 * matmul_params + attention;
+}
+
+std::string describe(const ModelConfig& c) {
+  ParamLayout layout(c);
+  return fmt::format("L={} H={} C={} T={} V={} ({:.2f}M params)", c.n_layer, c.n_head, c.n_embd,
+                     c.block_size, c.vocab_size, layout.count_unpadded() / 1e6);
+}
+
+ParamLayout::ParamLayout(const ModelConfig& cfg) : cfg_(cfg) {
+  validate(cfg);
+  const std::int64_t C = cfg.n_embd, Vp = cfg.padded_vocab(), P = cfg.block_size;
+  auto add = [&](std::string name, std::vector<std::int64_t> shape, bool decay, bool transposed,
+                 int layer) {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    // Keep every tensor 16-float aligned (64 bytes) for vector loads.
+    total_ = (total_ + 15) / 16 * 16;
+    tensors_.push_back({std::move(name), std::move(shape), total_, n, decay, transposed, layer});
+    total_ += n;
+    return tensors_.back().offset;
+  };
+  wte = add("wte.weight", {Vp, C}, true, false, -1);
+  wpe = add("wpe.weight", {P, C}, true, false, -1);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    auto p = fmt::format("h.{}.", l);
+    LayerOffsets o{};
+    o.begin = (total_ + 15) / 16 * 16;
+    o.ln1_w = add(p + "ln_1.weight", {C}, false, false, l);
+    o.ln1_b = add(p + "ln_1.bias", {C}, false, false, l);
+    o.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, true, true, l);
+    o.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, false, false, l);
+    o.attproj_w = add(p + "attn.c_proj.weight", {C, C}, true, true, l);
+    o.attproj_b = add(p + "attn.c_proj.bias", {C}, false, false, l);
+    o.ln2_w = add(p + "ln_2.weight", {C}, false, false, l);
+    o.ln2_b = add(p + "ln_2.bias", {C}, false, false, l);
+    o.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, true, true, l);
+    o.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, false, false, l);
+    o.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, true, true, l);
+    o.fcproj_b = add(p + "mlp.c_proj.bias", {C}, false, false, l);
+    o.end = total_;
+    layers.push_back(o);
+  }
+  lnf_w = add("ln_f.weight", {C}, false, false, -1);
+  lnf_b = add("ln_f.bias", {C}, false, false, -1);
+  total_ = (total_ + 15) / 16 * 16;
+}
+
+const ParamTensor* ParamLayout::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::size_t ParamLayout::count_unpadded() const {
+  std::size_t n = 0;
+  for (const auto& t : tensors_) n += t.numel;
+  return n - static_cast<std::size_t>(cfg_.padded_vocab() - cfg_.vocab_size) * cfg_.n_embd;
+}
+
+}  // namespace tessera::model

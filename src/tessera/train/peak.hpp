@@ -1,0 +1,23 @@
+// Peak FLOP/s for MFU: the configured value, or the fp32 GEMM rate measured on this machine.
+#pragma once
+
+#include <string>
+
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::train {
+
+struct Peak {
+  double flops = 0;    // FLOP/s; 0 = unknown
+  std::string source;  // "configured", "measured fp32 GEMM", "unknown"
+  std::string describe() const;
+};
+
+// peak_tflops > 0: configured. 0: measure a large fp32 GEMM for ~0.3 s (a measured value, as the
+// hardware tables of accelerators are not available for CPUs). < 0: unknown (MFU not reported).
+Peak resolve_peak(double peak_tflops, kernels::GemmLibrary lib);
+
+// Sustained GFLOP/s of an (M,N,K) GEMM, timed for at least `seconds`.
+double measure_gemm_gflops(kernels::GemmLibrary lib, int M, int N, int K, double seconds);
+
+}  // namespace tessera::train

@@ -1,0 +1,221 @@
+#include "tessera/train/trainer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/core/timer.hpp"
+#include "tessera/data/bpe.hpp"
+#include "tessera/data/loader.hpp"
+#include "tessera/eval/evaluate.hpp"
+#include "tessera/eval/generate.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/train/peak.hpp"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+model::ModelConfig model_config(const RunConfig& cfg) {
+  model::ModelConfig m;
+  m.n_layer = cfg.model.n_layer;
+  m.n_head = cfg.model.n_head;
+  m.n_embd = cfg.model.n_embd;
+  m.block_size = cfg.model.block_size;
+  m.vocab_size = cfg.model.vocab_size;
+  model::validate(m);
+  return m;
+}
+
+namespace {
+
+std::string fmt_duration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+}
+
+void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const float* params,
+                  Rng& rng, std::int64_t step) {
+  if (cfg.sample.tokens <= 0) return;
+  fs::path tok_dir = cfg.data.tokenizer;
+  if (!fs::exists(tok_dir / "encoder.json")) {
+    log_info("(no sample: tokenizer files not found in {})", tok_dir.string());
+    return;
+  }
+  auto tok = data::Tokenizer::load_gpt2(tok_dir);
+  std::vector<std::int32_t> prompt;
+  for (auto id : tok.encode(cfg.sample.prompt)) prompt.push_back(static_cast<std::int32_t>(id));
+  if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
+  eval::SampleOptions so;
+  so.max_new_tokens = cfg.sample.tokens;
+  so.temperature = static_cast<float>(cfg.sample.temperature);
+  so.top_k = cfg.sample.top_k;
+  auto out = eval::generate(layout, params, prompt, so, rng);
+  std::vector<std::uint32_t> ids;
+  for (auto t : out)
+    if (t < static_cast<std::int32_t>(tok.vocab_size()))
+      ids.push_back(static_cast<std::uint32_t>(t));
+  log_info("---- sample at step {} ----\n{}{}\n----", step, cfg.sample.prompt, tok.decode(ids));
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
+  const auto& tc = cfg.train;
+  if (tc.threads > 0) omp_set_num_threads(tc.threads);
+  const model::ModelConfig mcfg = model_config(cfg);
+  const model::ParamLayout layout(mcfg);
+  const int B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum;
+  const auto gemm = kernels::GemmLibrary::OneDnn;
+
+  // Data first: a missing shard should fail before any allocation or output.
+  data::TokenLoader train_loader(cfg.data.train, B, T);
+  std::unique_ptr<data::TokenLoader> val_loader;
+  if (tc.val_every > 0) val_loader = std::make_unique<data::TokenLoader>(cfg.data.val, B, T);
+
+  fs::path out = tc.out_dir;
+  fs::create_directories(out);
+  fs::path ckpt_dir = out / "checkpoints";
+  write_file_atomic(out / "config.toml", to_toml(cfg));
+
+  Buffer<float> params(layout.total()), grads(layout.total()), m(layout.total()), v(layout.total());
+  model::Activations acts;
+  Rng rng(tc.seed);
+  std::int64_t step = 0, tokens_seen = 0;
+  bool resumed = false;
+  if (opt.resume) {
+    if (auto latest = io::latest_checkpoint(ckpt_dir)) {
+      auto st = io::load_checkpoint(*latest, layout, params.data(), m.data(), v.data());
+      step = st.step;
+      tokens_seen = st.tokens_seen;
+      rng.set_state(st.rng_state);
+      train_loader.set_position(st.data_position);
+      resumed = true;
+      log_info("resumed from {} (step {})", latest->string(), step);
+    } else {
+      log_info("no checkpoint in {}: starting from scratch", ckpt_dir.string());
+    }
+  }
+  if (!resumed) model::init_params(layout, params.data(), tc.seed);
+  if (step >= tc.steps)
+    log_info("nothing to do: the run is already at step {} of {}", step, tc.steps);
+
+  // Metrics: append when resuming, start afresh otherwise.
+  std::ofstream metrics(out / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
+  if (!metrics) throw Error(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
+
+  const double flops_per_step =
+      3.0 * model::forward_flops_per_token(mcfg, T) * static_cast<double>(B) * T * accum;
+  const Peak peak = resolve_peak(cfg.hardware.peak_tflops, gemm);
+  log_info("model: {}", model::describe(mcfg));
+  log_info(
+      "train: {} steps x {} micro-batches of {}x{} = {} tokens/step, {:.1f} GFLOP/step, {} threads",
+      tc.steps, accum, B, T, B * T * accum, flops_per_step / 1e9, omp_get_max_threads());
+  log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, train_loader.num_tokens(),
+           peak.describe());
+
+  std::vector<std::int32_t> x(static_cast<std::size_t>(B) * T), y(static_cast<std::size_t>(B) * T);
+  optim::AdamWConfig ac{static_cast<float>(tc.lr), static_cast<float>(tc.beta1),
+                        static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
+                        static_cast<float>(tc.weight_decay)};
+  model::ForwardOptions fopt;
+  fopt.gemm = gemm;
+  fopt.training = true;
+  fopt.dloss = 1.0f / (static_cast<float>(B) * T * accum);
+
+  TrainSummary summary;
+  summary.first_step = step;
+  std::vector<double> tok_rates;
+  Timer run_timer;
+  const std::int64_t start_step = step;
+
+  auto validate_now = [&](std::int64_t at) {
+    auto r =
+        eval::evaluate_shard(layout, params.data(), acts, cfg.data.val, B, T, tc.val_batches, gemm);
+    summary.val.emplace_back(at, static_cast<float>(r.loss));
+    metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
+            << "\n";
+    metrics.flush();
+    log_info("step {:>6} | val loss {:.4f} (ppl {:.1f}, {} tokens)", at, r.loss, r.perplexity,
+             r.tokens);
+  };
+  auto checkpoint_now = [&]() {
+    io::TrainState st{
+        step, rng.state(), train_loader.position(), tokens_seen, {{"config", to_toml(cfg)}}};
+    summary.last_checkpoint = io::save_checkpoint(ckpt_dir, layout, params.data(), m.data(),
+                                                  v.data(), st, tc.keep_checkpoints);
+  };
+
+  if (tc.val_every > 0 && step == 0) validate_now(0);
+  while (step < tc.steps) {
+    Timer t;
+    grads.zero();
+    double loss = 0;
+    for (int a = 0; a < accum; ++a) {
+      train_loader.next(x.data(), y.data());
+      loss += model::forward(layout, params.data(), acts, x.data(), y.data(), B, T, fopt);
+      model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm);
+    }
+    loss /= accum;
+    if (!std::isfinite(loss))
+      throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
+                  "lower train.lr or raise train.warmup_steps; check the data");
+    double norm = optim::global_norm(grads.data(), layout.total());
+    optim::clip_by_global_norm(grads.data(), layout.total(), norm, tc.grad_clip);
+    float lr =
+        optim::lr_at(step, tc.steps, tc.warmup_steps, ac.lr, static_cast<float>(tc.min_lr_ratio));
+    optim::adamw_step(layout, params.data(), grads.data(), m.data(), v.data(), ac, lr, step + 1);
+    ++step;
+    tokens_seen += static_cast<std::int64_t>(B) * T * accum;
+    double sec = t.seconds();
+    double tps = B * T * accum / sec;
+    tok_rates.push_back(tps);
+    summary.losses.push_back(static_cast<float>(loss));
+    nlohmann::json row{{"step", step},         {"loss", loss},         {"lr", lr},
+                       {"grad_norm", norm},    {"step_ms", sec * 1e3}, {"tokens_per_s", tps},
+                       {"tokens", tokens_seen}};
+    double mfu = peak.flops > 0 ? flops_per_step / sec / peak.flops : -1;
+    row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
+    metrics << row.dump() << "\n";
+    if (!opt.quiet &&
+        (step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1)) {
+      double el = run_timer.seconds();
+      double eta =
+          el / static_cast<double>(step - start_step) * static_cast<double>(tc.steps - step);
+      log_info(
+          "step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:6.3f} | {:7.1f} ms | {:7.0f} tok/s | "
+          "MFU {} | ETA {}",
+          step, tc.steps, loss, lr, norm, sec * 1e3, tps,
+          mfu >= 0 ? fmt::format("{:5.1f}%", 100 * mfu) : std::string("unknown"),
+          fmt_duration(eta));
+    }
+    if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
+    if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != tc.steps) checkpoint_now();
+    if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != tc.steps)
+      print_sample(cfg, layout, params.data(), rng, step);
+  }
+  if (step > start_step || !resumed) checkpoint_now();
+  summary.last_step = step;
+  if (!tok_rates.empty()) {
+    std::nth_element(tok_rates.begin(), tok_rates.begin() + tok_rates.size() / 2, tok_rates.end());
+    summary.tokens_per_s = tok_rates[tok_rates.size() / 2];
+  }
+  if (step > start_step)
+    log_info("trained steps {}..{} in {} (median {:.0f} tok/s); checkpoint {}", start_step + 1,
+             step, fmt_duration(run_timer.seconds()), summary.tokens_per_s,
+             summary.last_checkpoint.string());
+  print_sample(cfg, layout, params.data(), rng, step);
+  return summary;
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,32 @@
+// The single-process training loop: data -> forward/backward over micro-batches -> clipping ->
+// AdamW -> metrics, validation, checkpoints and samples.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "tessera/model/config.hpp"
+#include "tessera/train/run_config.hpp"
+
+namespace tessera::train {
+
+struct TrainOptions {
+  bool resume = false;  // continue from the newest complete checkpoint in out_dir, if any
+  bool quiet = false;   // no per-step terminal lines (metrics are still written)
+};
+
+struct TrainSummary {
+  std::vector<float> losses;                        // training loss of each step run here
+  std::vector<std::pair<std::int64_t, float>> val;  // (step, validation loss)
+  std::int64_t first_step = 0, last_step = 0;       // steps run: (first_step, last_step]
+  double tokens_per_s = 0;                          // median over the steps run
+  std::filesystem::path last_checkpoint;
+};
+
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt);
+
+// The model configuration a run config describes.
+model::ModelConfig model_config(const RunConfig& cfg);
+
+}  // namespace tessera::train
