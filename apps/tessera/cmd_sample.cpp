@@ -1,11 +1,85 @@
+// tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
+#include <cstdio>
+
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/data/bpe.hpp"
+#include "tessera/eval/generate.hpp"
+#include "tessera/io/checkpoint.hpp"
 
 namespace tessera::app {
 
+namespace fs = std::filesystem;
+
+// A run directory, a checkpoint directory or a model file: resolves to something load_model takes.
+fs::path resolve_model_path(const fs::path& p) {
+  if (fs::is_directory(p) && !fs::exists(p / "model.safetensors")) {
+    if (auto latest = io::latest_checkpoint(p / "checkpoints")) return *latest;
+    if (auto latest = io::latest_checkpoint(p)) return *latest;
+  }
+  return p;
+}
+
 void add_sample_command(CLI::App& root) {
-  auto* cmd = root.add_subcommand("sample", "(being built)");
-  cmd->callback([] { throw Error("'sample' is not available in this build yet"); });
+  auto* cmd =
+      root.add_subcommand("sample", "generate text from a trained model (KV-cache decoding)");
+  struct Args {
+    std::string model;
+    std::string prompt;
+    std::string tokenizer = "data/gpt2";
+    int tokens = 128;
+    double temperature = 1.0;
+    int top_k = 40;
+    std::uint64_t seed = 42;
+    bool ids = false;
+    bool stop_at_eot = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option(
+         "--model,-m", a->model,
+         "run directory, checkpoint directory, or model.safetensors (Hugging Face GPT-2 works too)")
+      ->required();
+  cmd->add_option("--prompt,-p", a->prompt, "text to continue (default: start of a document)");
+  cmd->add_option("--tokens,-n", a->tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature,-t", a->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k,-k", a->top_k, "sample among the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
+      ->capture_default_str();
+  cmd->add_flag("--ids", a->ids, "print token ids instead of text");
+  cmd->add_flag("--stop-at-eot", a->stop_at_eot, "stop at <|endoftext|>");
+  cmd->callback([a] {
+    if (a->tokens < 0) throw Error("--tokens must be >= 0");
+    if (a->temperature < 0) throw Error("--temperature must be >= 0", "0 means greedy");
+    if (a->top_k < 0) throw Error("--top-k must be >= 0");
+    auto path = resolve_model_path(a->model);
+    auto loaded = io::load_model(path);
+    model::ParamLayout layout(loaded.config);
+    auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
+    std::vector<std::int32_t> prompt;
+    for (auto id : tok.encode(a->prompt)) prompt.push_back(static_cast<std::int32_t>(id));
+    if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
+    eval::SampleOptions so;
+    so.max_new_tokens = a->tokens;
+    so.temperature = static_cast<float>(a->temperature);
+    so.top_k = a->top_k;
+    if (a->stop_at_eot) so.stop_token = static_cast<std::int32_t>(tok.eot_id());
+    Rng rng(a->seed);
+    if (!a->ids) std::fputs(a->prompt.c_str(), stdout);
+    std::fflush(stdout);
+    auto out = eval::generate(layout, loaded.params.data(), prompt, so, rng, [&](std::int32_t t) {
+      if (a->ids) {
+        std::printf("%d ", t);
+      } else if (t < static_cast<std::int32_t>(tok.vocab_size())) {
+        std::uint32_t id = static_cast<std::uint32_t>(t);
+        std::fputs(tok.decode({&id, 1}).c_str(), stdout);
+      }
+      std::fflush(stdout);
+    });
+    std::fputc('\n', stdout);
+  });
 }
 
 }  // namespace tessera::app

@@ -1,11 +1,91 @@
+// tessera tokenize: text -> GPT-2 token ids, or ids -> text with --decode.
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/data/bpe.hpp"
 
 namespace tessera::app {
+namespace {
+
+struct TokenizeOptions {
+  std::string input = "-";
+  std::string tokenizer = "data/gpt2";
+  bool decode = false;
+  bool no_special = false;
+};
+
+std::string read_input(const std::string& input) {
+  if (input != "-") return read_file(input, "input file");
+  std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad()) throw Error("cannot read standard input");
+  return data;
+}
+
+void write_stdout(const std::string& s) {
+  if (!s.empty() && std::fwrite(s.data(), 1, s.size(), stdout) != s.size())
+    throw Error("cannot write to standard output");
+  std::fflush(stdout);
+}
+
+void run_tokenize(const TokenizeOptions& o) {
+  const std::string input = read_input(o.input);
+  const auto tok = data::Tokenizer::load_gpt2(o.tokenizer);
+  if (!o.decode) {
+    const auto ids = tok.encode(input, !o.no_special);
+    std::string out;
+    out.reserve(ids.size() * 6 + 1);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(ids[i]);
+    }
+    out += '\n';
+    write_stdout(out);
+    return;
+  }
+  std::vector<std::uint32_t> ids;
+  const char* p = input.data();
+  const char* end = p + input.size();
+  auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']';
+  };
+  while (p < end) {
+    while (p < end && is_space(*p)) ++p;
+    if (p == end) break;
+    const char* q = p;
+    while (q < end && !is_space(*q)) ++q;
+    std::uint32_t id = 0;
+    auto [ptr, ec] = std::from_chars(p, q, id);
+    if (ec != std::errc() || ptr != q)
+      throw Error(fmt::format("not a token id: '{}'", std::string(p, q)),
+                  "--decode reads token ids separated by spaces, newlines or commas");
+    ids.push_back(id);
+    p = q;
+  }
+  write_stdout(tok.decode(ids));
+}
+
+}  // namespace
 
 void add_tokenize_command(CLI::App& root) {
-  auto* cmd = root.add_subcommand("tokenize", "(being built)");
-  cmd->callback([] { throw Error("'tokenize' is not available in this build yet"); });
+  auto o = std::make_shared<TokenizeOptions>();
+  auto* cmd = root.add_subcommand(
+      "tokenize", "print the GPT-2 token ids of a text (or, with --decode, the text of ids)");
+  cmd->add_option("input", o->input, "file to read, or - for standard input")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer, "directory with encoder.json and vocab.bpe")
+      ->capture_default_str();
+  cmd->add_flag("--decode", o->decode, "read token ids and print their text");
+  cmd->add_flag("--no-special", o->no_special,
+                "encode <|endoftext|> as plain text instead of the special token 50256");
+  cmd->callback([o] { run_tokenize(*o); });
 }
 
 }  // namespace tessera::app

@@ -1,11 +1,48 @@
+// tessera train --config FILE [--set key=value ...] [--resume]
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/train/run_config.hpp"
+#include "tessera/train/trainer.hpp"
 
 namespace tessera::app {
 
 void add_train_command(CLI::App& root) {
-  auto* cmd = root.add_subcommand("train", "(being built)");
-  cmd->callback([] { throw Error("'train' is not available in this build yet"); });
+  auto* cmd = root.add_subcommand("train", "train a GPT model from a run config (TOML)");
+  struct Args {
+    std::string config = "configs/runs/demo.toml";
+    std::vector<std::string> sets;
+    bool resume = false;
+    bool quiet = false;
+    bool print_config = false;
+    std::int64_t stop_at = 0;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("--config,-c", args->config, "run config file (TOML)")->capture_default_str();
+  cmd->add_option("--set,-s", args->sets,
+                  "override a config key, e.g. --set train.lr=3e-4 (repeatable)")
+      ->take_all();
+  cmd->add_flag("--resume", args->resume,
+                "continue from the newest complete checkpoint in train.out_dir");
+  cmd->add_flag("--quiet,-q", args->quiet, "no per-step lines (metrics.jsonl is still written)");
+  cmd->add_option(
+      "--stop-at", args->stop_at,
+      "stop with a checkpoint after this step (the LR schedule still runs to train.steps)");
+  cmd->add_flag("--print-config", args->print_config, "print the resolved config and exit");
+  cmd->callback([args] {
+    auto cfg = train::load_run_config(args->config, args->sets);
+    std::string resolved = train::to_toml(cfg);
+    if (args->print_config) {
+      std::fputs(resolved.c_str(), stdout);
+      return;
+    }
+    train::TrainOptions opt;
+    opt.resume = args->resume;
+    opt.quiet = args->quiet;
+    if (args->stop_at < 0) throw Error("--stop-at must be >= 0");
+    opt.stop_at = args->stop_at;
+    train::run_training(cfg, opt);
+  });
 }
 
 }  // namespace tessera::app

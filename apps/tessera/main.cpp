@@ -4,10 +4,14 @@
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/device.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: train, plan, quantize and study GPT-style language models", "tessera"};
-  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  app.set_version_flag("--version", [] {
+    return std::string("tessera ") + TESSERA_VERSION + " (" +
+           tessera::kernels::cuda::describe_devices() + ")";
+  });
   app.require_subcommand(1);
   tessera::app::add_prepare_command(app);
   tessera::app::add_tokenize_command(app);

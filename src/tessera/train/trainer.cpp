@@ -84,9 +84,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   if (tc.val_every > 0) val_loader = std::make_unique<data::TokenLoader>(cfg.data.val, B, T);
 
   fs::path out = tc.out_dir;
-  fs::create_directories(out);
   fs::path ckpt_dir = out / "checkpoints";
-  write_file_atomic(out / "config.toml", to_toml(cfg));
 
   Buffer<float> params(layout.total()), grads(layout.total()), m(layout.total()), v(layout.total());
   model::Activations acts;
@@ -107,6 +105,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
     }
   }
   if (!resumed) model::init_params(layout, params.data(), tc.seed);
+  // Everything that can be wrong with the input has been checked by now: print and save the
+  // resolved config, then start.
+  if (!opt.quiet) log_info("resolved config ({}):\n{}", cfg.source, to_toml(cfg));
+  fs::create_directories(out);
+  write_file_atomic(out / "config.toml", to_toml(cfg));
   if (step >= tc.steps)
     log_info("nothing to do: the run is already at step {} of {}", step, tc.steps);
 
@@ -157,7 +160,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   };
 
   if (tc.val_every > 0 && step == 0) validate_now(0);
-  while (step < tc.steps) {
+  const std::int64_t end_step =
+      opt.stop_at > 0 ? std::min<std::int64_t>(opt.stop_at, tc.steps) : tc.steps;
+  while (step < end_step) {
     Timer t;
     grads.zero();
     double loss = 0;
@@ -200,8 +205,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
           fmt_duration(eta));
     }
     if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
-    if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != tc.steps) checkpoint_now();
-    if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != tc.steps)
+    if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint_now();
+    if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step)
       print_sample(cfg, layout, params.data(), rng, step);
   }
   if (step > start_step || !resumed) checkpoint_now();

@@ -14,6 +14,9 @@ namespace tessera::train {
 struct TrainOptions {
   bool resume = false;  // continue from the newest complete checkpoint in out_dir, if any
   bool quiet = false;   // no per-step terminal lines (metrics are still written)
+  // Stop (with a checkpoint) once this optimizer step is reached, although the schedule runs to
+  // train.steps: for preemptible jobs and time limits. 0 = run to train.steps.
+  std::int64_t stop_at = 0;
 };
 
 struct TrainSummary {

@@ -1,0 +1,443 @@
+#include "tessera/data/bpe.hpp"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <array>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+
+namespace tessera::data {
+namespace {
+
+// The GPT-2 pre-tokenizer (openai/gpt-2 src/encoder.py).
+constexpr std::string_view k_pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view k_eot_text = "<|endoftext|>";
+constexpr const char* k_setup_hint = "run scripts/setup to fetch the GPT-2 tokenizer files";
+
+// Pieces up to this many bytes use the quadratic reference loop; longer ones the heap version
+// (same result, O(n log n)). Pieces up to k_cache_max_piece bytes are cached.
+constexpr std::size_t k_small_piece = 48;
+constexpr std::size_t k_cache_max_piece = 64;
+constexpr std::size_t k_cache_shards = 16;
+constexpr std::size_t k_cache_shard_limit = std::size_t{1} << 16;
+
+// GPT-2 bytes_to_unicode(): printable latin-1 bytes map to themselves, the other 68 bytes to
+// code points 256.. in byte order. Returns byte -> code point.
+std::array<std::uint32_t, 256> bytes_to_unicode() {
+  std::array<std::uint32_t, 256> cp{};
+  std::uint32_t n = 0;
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    cp[b] = printable ? b : 256 + n++;
+  }
+  return cp;
+}
+
+// Decodes a UTF-8 key of encoder.json / vocab.bpe (unicode stand-ins for bytes) back to bytes.
+// Returns false when the key holds a code point that is not one of the 256 stand-ins.
+bool unicode_key_to_bytes(std::string_view key, const std::vector<int>& cp_to_byte,
+                          std::string& out) {
+  out.clear();
+  std::size_t i = 0;
+  while (i < key.size()) {
+    auto c = static_cast<unsigned char>(key[i]);
+    std::uint32_t cp;
+    std::size_t len;
+    if (c < 0x80) {
+      cp = c;
+      len = 1;
+    } else if ((c >> 5) == 0x6) {
+      cp = c & 0x1F;
+      len = 2;
+    } else if ((c >> 4) == 0xE) {
+      cp = c & 0x0F;
+      len = 3;
+    } else {
+      return false;  // the stand-ins are all below U+0800
+    }
+    if (i + len > key.size()) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      auto cc = static_cast<unsigned char>(key[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
+    out.push_back(static_cast<char>(cp_to_byte[cp]));
+    i += len;
+  }
+  return !out.empty();
+}
+
+struct TransparentHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+struct Merge {
+  std::uint32_t rank;
+  std::uint32_t merged;  // id of left + right
+};
+
+constexpr std::uint64_t pair_key(std::uint32_t a, std::uint32_t b) {
+  return (static_cast<std::uint64_t>(a) << 32) | b;
+}
+
+struct MatchData {
+  explicit MatchData(const pcre2_code* re) : md(pcre2_match_data_create_from_pattern(re, nullptr)) {
+    if (!md) throw std::bad_alloc();
+  }
+  ~MatchData() { pcre2_match_data_free(md); }
+  MatchData(const MatchData&) = delete;
+  MatchData& operator=(const MatchData&) = delete;
+  pcre2_match_data* md;
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  pcre2_code* re = nullptr;
+  std::vector<std::string> bytes_of;  // id -> raw bytes, (vocab,)
+  std::array<std::uint32_t, 256> byte_id{};
+  std::unordered_map<std::uint64_t, Merge> merges;
+  std::uint32_t eot = 0;
+
+  struct CacheShard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<std::uint32_t>, TransparentHash, std::equal_to<>>
+        map;
+  };
+  mutable std::array<CacheShard, k_cache_shards> cache;
+
+  ~Impl() {
+    if (re) pcre2_code_free(re);
+  }
+
+  const Merge* find_merge(std::uint32_t a, std::uint32_t b) const {
+    auto it = merges.find(pair_key(a, b));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+
+  // Reference loop (openai/gpt-2 encoder.py `bpe`): repeatedly take the adjacent pair of lowest
+  // rank and merge all its occurrences left to right.
+  void bpe_small(std::string_view piece, std::vector<std::uint32_t>& out) const {
+    std::array<std::uint32_t, k_small_piece> w;
+    std::size_t n = piece.size();
+    for (std::size_t i = 0; i < n; ++i) w[i] = byte_id[static_cast<unsigned char>(piece[i])];
+    while (n > 1) {
+      const Merge* best = nullptr;
+      std::uint32_t a = 0, b = 0;
+      for (std::size_t i = 0; i + 1 < n; ++i) {
+        const Merge* m = find_merge(w[i], w[i + 1]);
+        if (m && (!best || m->rank < best->rank)) {
+          best = m;
+          a = w[i];
+          b = w[i + 1];
+        }
+      }
+      if (!best) break;
+      std::size_t j = 0;
+      for (std::size_t i = 0; i < n;) {
+        if (i + 1 < n && w[i] == a && w[i + 1] == b) {
+          w[j++] = best->merged;
+          i += 2;
+        } else {
+          w[j++] = w[i++];
+        }
+      }
+      n = j;
+    }
+    out.insert(out.end(), w.begin(), w.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+
+  // The same result in O(n log n) for long pieces: a heap of candidate pairs ordered by
+  // (rank, position). All candidates of one rank are one pair; they are merged in position order
+  // (skipping overlaps, as the reference does) before any pair created by those merges enters
+  // the heap, so the order of merges is exactly the reference's.
+  void bpe_large(std::string_view piece, std::vector<std::uint32_t>& out) const {
+    const std::size_t n = piece.size();
+    std::vector<std::uint32_t> id(n);
+    std::vector<std::int64_t> prev(n), next(n);
+    std::vector<char> dead(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
+      prev[i] = static_cast<std::int64_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<std::int64_t>(i) + 1 : -1;
+    }
+    struct Cand {
+      std::uint32_t rank;
+      std::int64_t pos;
+      std::uint32_t left, right, merged;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    auto consider = [&](std::int64_t l) {
+      std::int64_t r = next[l];
+      if (r < 0) return;
+      if (const Merge* m = find_merge(id[l], id[r]))
+        heap.push({m->rank, l, id[l], id[r], m->merged});
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) consider(static_cast<std::int64_t>(i));
+    std::vector<std::int64_t> touched;
+    while (!heap.empty()) {
+      const std::uint32_t rank = heap.top().rank;
+      touched.clear();
+      while (!heap.empty() && heap.top().rank == rank) {
+        Cand c = heap.top();
+        heap.pop();
+        std::int64_t l = c.pos;
+        if (dead[l] || id[l] != c.left) continue;
+        std::int64_t r = next[l];
+        if (r < 0 || id[r] != c.right) continue;
+        id[l] = c.merged;
+        dead[r] = 1;
+        next[l] = next[r];
+        if (next[r] >= 0) prev[next[r]] = l;
+        touched.push_back(l);
+      }
+      for (std::int64_t l : touched) {
+        if (dead[l]) continue;
+        if (prev[l] >= 0) consider(prev[l]);
+        consider(l);
+      }
+    }
+    for (std::int64_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+  }
+
+  void bpe(std::string_view piece, std::vector<std::uint32_t>& out) const {
+    if (piece.size() <= k_small_piece)
+      bpe_small(piece, out);
+    else
+      bpe_large(piece, out);
+  }
+
+  void encode_piece(std::string_view piece, std::vector<std::uint32_t>& out) const {
+    if (piece.empty()) return;
+    if (piece.size() == 1) {
+      out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    if (piece.size() > k_cache_max_piece) {
+      bpe(piece, out);
+      return;
+    }
+    const std::size_t h = TransparentHash{}(piece);
+    CacheShard& shard = cache[(h >> 7) % k_cache_shards];
+    {
+      std::lock_guard<std::mutex> lock(shard.mu);
+      auto it = shard.map.find(piece);
+      if (it != shard.map.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const std::size_t start = out.size();
+    bpe(piece, out);
+    std::vector<std::uint32_t> ids(out.begin() + static_cast<std::ptrdiff_t>(start), out.end());
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.map.size() >= k_cache_shard_limit) shard.map.clear();
+    shard.map.emplace(std::string(piece), std::move(ids));
+  }
+
+  // Pre-tokenizes `text` (no special tokens) and encodes every piece.
+  void encode_ordinary(std::string_view text, std::vector<std::uint32_t>& out) const {
+    if (text.empty()) return;
+    MatchData md(re);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    const std::size_t n = text.size();
+    std::size_t start = 0;
+    while (start < n) {
+      int rc = pcre2_match(re, subject, n, start, 0, md.md, nullptr);
+      if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+        rc = pcre2_match(re, subject, n, start, PCRE2_NO_JIT, md.md, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) {
+        encode_piece(text.substr(start), out);  // trailing bytes no match covers (invalid UTF-8)
+        return;
+      }
+      if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        throw InternalError(fmt::format("GPT-2 pre-tokenizer failed at byte {}: {}", start,
+                                        reinterpret_cast<char*>(msg)));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
+      const std::size_t s = ov[0], e = ov[1];
+      TESSERA_CHECK(s >= start && e > s && e <= n, "pre-tokenizer match [{}, {}) from {}", s, e,
+                    start);
+      if (s > start) encode_piece(text.substr(start, s - start), out);  // skipped invalid bytes
+      encode_piece(text.substr(s, e - s), out);
+      start = e;
+    }
+  }
+};
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
+  const auto enc_path = dir / "encoder.json";
+  const auto bpe_path = dir / "vocab.bpe";
+  for (const auto& p : {enc_path, bpe_path}) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec))
+      throw Error(fmt::format("GPT-2 tokenizer file not found: {}", p.string()),
+                  fmt::format("{}, or pass --tokenizer DIR", k_setup_hint));
+  }
+  auto impl = std::make_unique<Impl>();
+  const auto unicode_of = bytes_to_unicode();
+  std::vector<int> cp_to_byte(512, -1);
+  for (int b = 0; b < 256; ++b) cp_to_byte[unicode_of[b]] = b;
+  auto corrupt = [&](const std::filesystem::path& p, const std::string& why) {
+    return Error(fmt::format("corrupt GPT-2 tokenizer file {}: {}", p.string(), why), k_setup_hint);
+  };
+
+  // encoder.json: {"<token as unicode stand-ins>": id, ...}, ids 0..n-1 each once.
+  std::unordered_map<std::string, std::uint32_t> id_of;  // raw bytes -> id
+  {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(enc_path, "GPT-2 encoder.json"));
+    } catch (const nlohmann::json::exception& e) {
+      throw corrupt(enc_path, e.what());
+    }
+    if (!j.is_object() || j.empty()) throw corrupt(enc_path, "expected a JSON object of token ids");
+    const std::size_t n = j.size();
+    impl->bytes_of.assign(n, {});
+    std::vector<char> seen(n, 0);
+    std::string bytes;
+    for (const auto& [key, value] : j.items()) {
+      if (!value.is_number_unsigned() || value.get<std::uint64_t>() >= n)
+        throw corrupt(enc_path, fmt::format("token '{}' has a bad id", key));
+      auto id = value.get<std::uint32_t>();
+      if (seen[id]) throw corrupt(enc_path, fmt::format("id {} is used twice", id));
+      seen[id] = 1;
+      if (!unicode_key_to_bytes(key, cp_to_byte, bytes))
+        throw corrupt(enc_path, fmt::format("token '{}' is not byte-level BPE", key));
+      if (!id_of.emplace(bytes, id).second)
+        throw corrupt(enc_path, fmt::format("token '{}' appears twice", key));
+      impl->bytes_of[id] = bytes;
+    }
+    for (int b = 0; b < 256; ++b) {
+      auto it = id_of.find(std::string(1, static_cast<char>(b)));
+      if (it == id_of.end()) throw corrupt(enc_path, fmt::format("no token for byte {}", b));
+      impl->byte_id[b] = it->second;
+    }
+    auto it = id_of.find(std::string(k_eot_text));
+    if (it == id_of.end()) throw corrupt(enc_path, "no <|endoftext|> token");
+    impl->eot = it->second;
+  }
+
+  // vocab.bpe: "#version: 0.2" then one merge "left right" per line, in rank order.
+  {
+    const std::string text = read_file(bpe_path, "GPT-2 vocab.bpe");
+    std::size_t pos = 0, line_no = 0;
+    std::uint32_t rank = 0;
+    std::string left, right;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      std::string_view line(text.data() + pos, eol - pos);
+      pos = eol + 1;
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line_no == 1 && line.starts_with("#version")) continue;
+      if (line.empty()) continue;
+      std::size_t sp = line.find(' ');
+      if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos ||
+          !unicode_key_to_bytes(line.substr(0, sp), cp_to_byte, left) ||
+          !unicode_key_to_bytes(line.substr(sp + 1), cp_to_byte, right))
+        throw corrupt(bpe_path, fmt::format("line {} is not a merge 'left right'", line_no));
+      auto a = id_of.find(left), b = id_of.find(right), m = id_of.find(left + right);
+      if (a == id_of.end() || b == id_of.end() || m == id_of.end())
+        throw corrupt(bpe_path, fmt::format("line {}: merge uses a token missing from encoder.json",
+                                            line_no));
+      // Later duplicates win, as in the reference's dict(zip(merges, range(...))).
+      impl->merges.insert_or_assign(pair_key(a->second, b->second), Merge{rank++, m->second});
+    }
+    if (impl->merges.empty()) throw corrupt(bpe_path, "no merges");
+  }
+
+  int err = 0;
+  PCRE2_SIZE err_off = 0;
+  impl->re =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(k_pattern.data()), k_pattern.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
+  if (!impl->re) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw InternalError(fmt::format("cannot compile the GPT-2 pre-tokenizer regex: {}",
+                                    reinterpret_cast<char*>(msg)));
+  }
+  // JIT is an optimization only: without it pcre2_match interprets the same pattern.
+  (void)pcre2_jit_compile(impl->re, PCRE2_JIT_COMPLETE);
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<std::uint32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  std::vector<std::uint32_t> out;
+  out.reserve(text.size() / 4 + 8);
+  encode_append(text, out, allow_special);
+  return out;
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>& out,
+                              bool allow_special) const {
+  if (!allow_special) {
+    impl_->encode_ordinary(text, out);
+    return;
+  }
+  std::size_t pos = 0;
+  while (true) {
+    std::size_t hit = text.find(k_eot_text, pos);
+    if (hit == std::string_view::npos) {
+      impl_->encode_ordinary(text.substr(pos), out);
+      return;
+    }
+    impl_->encode_ordinary(text.substr(pos, hit - pos), out);
+    out.push_back(impl_->eot);
+    pos = hit + k_eot_text.size();
+  }
+}
+
+std::string Tokenizer::decode(std::span<const std::uint32_t> ids) const {
+  std::string out;
+  for (std::uint32_t id : ids) {
+    if (id >= impl_->bytes_of.size())
+      throw Error(fmt::format("token id {} is out of range (vocabulary has {} tokens)", id,
+                              impl_->bytes_of.size()),
+                  "ids must come from the same tokenizer (GPT-2)");
+    out += impl_->bytes_of[id];
+  }
+  return out;
+}
+
+std::string Tokenizer::token_bytes(std::uint32_t id) const {
+  if (id >= impl_->bytes_of.size())
+    throw Error(fmt::format("token id {} is out of range (vocabulary has {} tokens)", id,
+                            impl_->bytes_of.size()));
+  return impl_->bytes_of[id];
+}
+
+std::uint32_t Tokenizer::eot_id() const {
+  return impl_->eot;
+}
+std::size_t Tokenizer::vocab_size() const {
+  return impl_->bytes_of.size();
+}
+std::size_t Tokenizer::merges_count() const {
+  return impl_->merges.size();
+}
+
+}  // namespace tessera::data

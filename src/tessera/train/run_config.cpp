@@ -1,0 +1,632 @@
+#include "tessera/train/run_config.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+
+namespace tessera::train {
+namespace {
+
+// ---- the schema: every key of every section, in file order ----
+// One list serves reading, key checks, suggestions and to_toml.
+template <typename Config, typename F>
+void for_each_field(Config& c, F&& f) {
+  f("model", "preset", c.model.preset);  // first: explicit keys below override the preset
+  f("model", "n_layer", c.model.n_layer);
+  f("model", "n_head", c.model.n_head);
+  f("model", "n_embd", c.model.n_embd);
+  f("model", "block_size", c.model.block_size);
+  f("model", "vocab_size", c.model.vocab_size);
+
+  f("data", "train", c.data.train);
+  f("data", "val", c.data.val);
+  f("data", "tokenizer", c.data.tokenizer);
+
+  f("train", "batch_size", c.train.batch_size);
+  f("train", "seq_len", c.train.seq_len);
+  f("train", "grad_accum", c.train.grad_accum);
+  f("train", "steps", c.train.steps);
+  f("train", "lr", c.train.lr);
+  f("train", "min_lr_ratio", c.train.min_lr_ratio);
+  f("train", "warmup_steps", c.train.warmup_steps);
+  f("train", "weight_decay", c.train.weight_decay);
+  f("train", "beta1", c.train.beta1);
+  f("train", "beta2", c.train.beta2);
+  f("train", "eps", c.train.eps);
+  f("train", "grad_clip", c.train.grad_clip);
+  f("train", "seed", c.train.seed);
+  f("train", "val_every", c.train.val_every);
+  f("train", "val_batches", c.train.val_batches);
+  f("train", "ckpt_every", c.train.ckpt_every);
+  f("train", "keep_checkpoints", c.train.keep_checkpoints);
+  f("train", "log_every", c.train.log_every);
+  f("train", "out_dir", c.train.out_dir);
+  f("train", "threads", c.train.threads);
+
+  f("sample", "every", c.sample.every);
+  f("sample", "tokens", c.sample.tokens);
+  f("sample", "prompt", c.sample.prompt);
+  f("sample", "temperature", c.sample.temperature);
+  f("sample", "top_k", c.sample.top_k);
+
+  f("hardware", "peak_tflops", c.hardware.peak_tflops);
+}
+
+enum class Kind { Int, UInt, Float, String };
+
+template <typename T>
+constexpr Kind kind_of() {
+  if constexpr (std::is_same_v<T, int>) return Kind::Int;
+  if constexpr (std::is_same_v<T, std::uint64_t>) return Kind::UInt;
+  if constexpr (std::is_same_v<T, double>) return Kind::Float;
+  if constexpr (std::is_same_v<T, std::string>) return Kind::String;
+}
+
+struct FieldInfo {
+  std::string section, key;
+  Kind kind;
+  std::string default_toml;  // the default value written as TOML
+};
+
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f)
+          out += fmt::format("\\u{:04X}", c);
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string toml_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", x);  // shortest representation that reads back exactly
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+template <typename T>
+std::string toml_value(const T& v) {
+  if constexpr (std::is_same_v<T, std::string>)
+    return toml_string(v);
+  else if constexpr (std::is_same_v<T, double>)
+    return toml_float(v);
+  else
+    return fmt::format("{}", v);
+}
+
+const std::vector<FieldInfo>& fields() {
+  static const std::vector<FieldInfo> list = [] {
+    std::vector<FieldInfo> out;
+    RunConfig defaults;
+    for_each_field(defaults, [&](const char* s, const char* k, auto& v) {
+      using T = std::decay_t<decltype(v)>;
+      out.push_back(FieldInfo{s, k, kind_of<T>(), toml_value(v)});
+    });
+    return out;
+  }();
+  return list;
+}
+
+const std::vector<std::string>& sections() {
+  static const std::vector<std::string> list = {"model", "data", "train", "sample", "hardware"};
+  return list;
+}
+
+const FieldInfo* find_field(std::string_view section, std::string_view key) {
+  for (const auto& f : fields())
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+bool is_section(std::string_view s) {
+  return std::find(sections().begin(), sections().end(), s) != sections().end();
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest candidate if it is close enough to be a likely typo, else "".
+std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& c : candidates) {
+    std::size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+std::vector<std::string> keys_of(std::string_view section) {
+  std::vector<std::string> out;
+  for (const auto& f : fields())
+    if (f.section == section) out.push_back(f.key);
+  return out;
+}
+
+std::string type_phrase(Kind k) {
+  switch (k) {
+    case Kind::Int:
+      return "an integer";
+    case Kind::UInt:
+      return "a non-negative integer";
+    case Kind::Float:
+      return "a number";
+    case Kind::String:
+      return "a string";
+  }
+  return "?";
+}
+
+std::string node_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "value";
+  }
+}
+
+// "string \"abc\"", "float 1.5", "table"
+std::string describe(const toml::node& n) {
+  std::string v;
+  if (auto s = n.as_string())
+    v = toml_string(s->get());
+  else if (auto i = n.as_integer())
+    v = fmt::format("{}", i->get());
+  else if (auto d = n.as_floating_point())
+    v = toml_float(d->get());
+  else if (auto b = n.as_boolean())
+    v = b->get() ? "true" : "false";
+  if (v.size() > 60) v = v.substr(0, 57) + "...";
+  return v.empty() ? node_type_name(n) : node_type_name(n) + " " + v;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  // Where a node came from: "--set train.lr=x" for overrides, else "file (line N)".
+  std::string where(const std::string& dotted, const toml::source_region& src) const {
+    auto it = origin_.find(dotted);
+    if (it != origin_.end()) return it->second;
+    return where(src);
+  }
+  std::string where(const toml::source_region& src) const {
+    if (src.begin.line == 0) return source_;
+    return fmt::format("{} (line {})", source_, src.begin.line);
+  }
+
+  void apply_override(toml::table& root, const std::string& item) {
+    const std::string origin = fmt::format("--set {}", item);
+    auto eq = item.find('=');
+    auto trim = [](std::string_view s) {
+      auto b = s.find_first_not_of(" \t");
+      if (b == std::string_view::npos) return std::string();
+      auto e = s.find_last_not_of(" \t");
+      return std::string(s.substr(b, e - b + 1));
+    };
+    std::string dotted = trim(std::string_view(item).substr(0, eq == std::string::npos ? 0 : eq));
+    auto dot = dotted.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == dotted.size())
+      throw Error(fmt::format("invalid override '{}': expected section.key=value", item),
+                  "for example --set train.lr=3e-4 or --set train.out_dir=runs/x");
+    std::string section = dotted.substr(0, dot), key = dotted.substr(dot + 1);
+    if (!is_section(section)) unknown_section(section, origin);
+    const FieldInfo* field = find_field(section, key);
+    if (!field) unknown_key(section, key, origin);
+
+    std::string raw = item.substr(eq + 1);
+    std::optional<toml::table> parsed;
+    try {
+      parsed = toml::parse("v = " + raw);
+    } catch (const toml::parse_error&) {
+    }
+    const toml::node* value = nullptr;
+    if (parsed && parsed->size() == 1) value = parsed->get("v");
+    toml::table holder;
+    if (!value || (field->kind == Kind::String && !value->is_string())) {
+      // Not a TOML value, or a string key given something else: take the text literally.
+      holder.insert_or_assign("v", trim(raw));
+      value = holder.get("v");
+    }
+
+    toml::node* sec = root.get(section);
+    if (!sec) {
+      root.insert(section, toml::table{});
+      sec = root.get(section);
+    }
+    if (!sec->is_table())
+      throw Error(fmt::format("'{}' in {} must be a section ([{}]), got {}", section,
+                              where(sec->source()), section, describe(*sec)),
+                  fmt::format("write the keys under a [{}] header", section));
+    value->visit([&](const auto& v) { sec->as_table()->insert_or_assign(key, v); });
+    origin_[dotted] = origin;
+  }
+
+  [[noreturn]] void unknown_section(const std::string& name, const std::string& where) const {
+    std::string near = closest(name, sections());
+    std::string list = fmt::format("[{}]", fmt::join(sections(), "], ["));
+    throw Error(fmt::format("unknown section [{}] in {}", name, where),
+                near.empty() ? fmt::format("valid sections: {}", list)
+                             : fmt::format("did you mean [{}]? valid sections: {}", near, list));
+  }
+
+  [[noreturn]] void unknown_key(const std::string& section, const std::string& key,
+                                const std::string& where) const {
+    auto keys = keys_of(section);
+    std::string near = closest(key, keys);
+    std::string list = fmt::format("{}", fmt::join(keys, ", "));
+    throw Error(fmt::format("unknown key '{}.{}' in {}", section, key, where),
+                near.empty() ? fmt::format("valid keys in [{}]: {}", section, list)
+                             : fmt::format("did you mean '{}.{}'? valid keys in [{}]: {}", section,
+                                           near, section, list));
+  }
+
+  // Every top-level entry is a known section, every key in it a known key.
+  void check_structure(const toml::table& root) const {
+    for (auto&& [k, v] : root) {
+      std::string name(k.str());
+      if (!v.is_table()) {
+        for (const auto& f : fields())
+          if (f.key == name && !is_section(name))
+            throw Error(
+                fmt::format("key '{}' in {} is outside any section", name, where(k.source())),
+                fmt::format("put it under a [{}] header", f.section));
+        if (is_section(name))
+          throw Error(fmt::format("'{}' in {} must be a section ([{}]), got {}", name,
+                                  where(k.source()), name, describe(v)),
+                      fmt::format("write the keys under a [{}] header", name));
+        unknown_section(name, where(k.source()));
+      }
+      if (!is_section(name)) unknown_section(name, where(k.source()));
+      for (auto&& [kk, vv] : *v.as_table()) {
+        std::string key(kk.str());
+        if (!find_field(name, key)) unknown_key(name, key, where(name + "." + key, kk.source()));
+      }
+    }
+  }
+
+  [[noreturn]] void wrong_type(const FieldInfo& f, const toml::node& n) const {
+    std::string dotted = f.section + "." + f.key;
+    std::string hint;
+    if (f.kind == Kind::String)
+      hint = fmt::format("put the value in quotes, e.g. {} = {}", f.key, f.default_toml);
+    else if (n.is_string())
+      hint = fmt::format("write the number without quotes, e.g. {} = {}", f.key, f.default_toml);
+    else if (f.kind != Kind::Float && n.is_floating_point())
+      hint = fmt::format("{} takes a whole number, e.g. {} = {}", dotted, f.key, f.default_toml);
+    else
+      hint = fmt::format("e.g. {} = {}", f.key, f.default_toml);
+    throw Error(fmt::format("wrong type for '{}' in {}: expected {}, got {}", dotted,
+                            where(dotted, n.source()), type_phrase(f.kind), describe(n)),
+                hint);
+  }
+
+  void read(const FieldInfo& f, const toml::node& n, int& out) const {
+    if (!n.is_integer()) wrong_type(f, n);
+    std::int64_t v = n.as_integer()->get();
+    if (v < INT_MIN || v > INT_MAX)
+      throw Error(fmt::format("value {} for '{}.{}' in {} is out of range", v, f.section, f.key,
+                              where(f.section + "." + f.key, n.source())),
+                  fmt::format("use a value between {} and {}", INT_MIN, INT_MAX));
+    out = static_cast<int>(v);
+  }
+  void read(const FieldInfo& f, const toml::node& n, std::uint64_t& out) const {
+    if (!n.is_integer()) wrong_type(f, n);
+    std::int64_t v = n.as_integer()->get();
+    if (v < 0)
+      throw Error(fmt::format("invalid {}.{} = {} in {}: must be >= 0", f.section, f.key, v,
+                              where(f.section + "." + f.key, n.source())),
+                  fmt::format("use a non-negative integer, e.g. {} = {}", f.key, f.default_toml));
+    out = static_cast<std::uint64_t>(v);
+  }
+  void read(const FieldInfo& f, const toml::node& n, double& out) const {
+    if (n.is_floating_point())
+      out = n.as_floating_point()->get();
+    else if (n.is_integer())
+      out = static_cast<double>(n.as_integer()->get());
+    else
+      wrong_type(f, n);
+  }
+  void read(const FieldInfo& f, const toml::node& n, std::string& out) const {
+    if (!n.is_string()) wrong_type(f, n);
+    out = n.as_string()->get();
+  }
+
+  void read_all(const toml::table& root, RunConfig& c) const {
+    for_each_field(c, [&](const char* s, const char* k, auto& v) {
+      const toml::node* n = nullptr;
+      if (auto* sec = root.get_as<toml::table>(s)) n = sec->get(k);
+      if (!n) return;
+      const FieldInfo& f = *find_field(s, k);
+      read(f, *n, v);
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+        if (f.section == "model" && f.key == "preset" && !v.empty() &&
+            !apply_model_preset(c.model, v))
+          throw Error(fmt::format("unknown model preset {} in {}", toml_string(v),
+                                  where("model.preset", n->source())),
+                      fmt::format("valid presets: {} (or leave preset out and set n_layer, "
+                                  "n_head, n_embd yourself)",
+                                  fmt::join(model_preset_names(), ", ")));
+      }
+    });
+  }
+
+ private:
+  std::string source_;
+  std::map<std::string, std::string> origin_;  // "section.key" -> "--set ..." for overrides
+};
+
+struct Preset {
+  const char* name;
+  int n_layer, n_head, n_embd, block_size;
+};
+constexpr Preset k_presets[] = {
+    {"gpt2", 12, 12, 768, 1024},
+    {"gpt2-medium", 24, 16, 1024, 1024},
+    {"gpt2-large", 36, 20, 1280, 1024},
+    {"gpt2-xl", 48, 25, 1600, 1024},
+};
+constexpr int k_gpt2_vocab = 50257;
+
+// ---- validation helpers ----
+
+class Validator {
+ public:
+  explicit Validator(const RunConfig& c) : source_(c.source.empty() ? "<config>" : c.source) {}
+
+  template <typename T>
+  [[noreturn]] void fail(std::string_view key, const T& value, std::string_view requirement,
+                         std::string hint) const {
+    throw Error(
+        fmt::format("invalid {} = {} in {}: {}", key, toml_value(value), source_, requirement),
+        std::move(hint));
+  }
+  void at_least(std::string_view key, int v, int min, std::string hint = {}) const {
+    if (v < min)
+      fail(key, v, fmt::format("must be >= {}", min),
+           hint.empty() ? fmt::format("set {} to {} or more", key, min) : std::move(hint));
+  }
+  void finite(std::string_view key, double v) const {
+    if (!std::isfinite(v)) fail(key, v, "must be a finite number", "use a plain number");
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+bool apply_model_preset(ModelSection& m, std::string_view preset) {
+  for (const auto& p : k_presets)
+    if (preset == p.name) {
+      m.preset = p.name;
+      m.n_layer = p.n_layer;
+      m.n_head = p.n_head;
+      m.n_embd = p.n_embd;
+      m.block_size = p.block_size;
+      m.vocab_size = k_gpt2_vocab;
+      return true;
+    }
+  return false;
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : k_presets) out.push_back(p.name);
+  return out;
+}
+
+RunConfig parse_run_config(std::string_view toml_text, std::string_view source_name,
+                           const std::vector<std::string>& overrides) {
+  const std::string source(source_name);
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw Error(
+        fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()),
+        "see docs/config.md for the format of run configs");
+  }
+  Reader reader(source);
+  for (const auto& o : overrides) reader.apply_override(root, o);
+  reader.check_structure(root);
+  RunConfig c;
+  reader.read_all(root, c);
+  c.source = source;
+  validate(c);
+  return c;
+}
+
+RunConfig load_run_config(const std::filesystem::path& file,
+                          const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
+    throw Error(fmt::format("run config not found: {}", file.string()),
+                "check the path; example configs are in configs/runs/ (e.g. "
+                "configs/runs/demo.toml)");
+  std::string text = read_file(file, "run config");
+  return parse_run_config(text, file.string(), overrides);
+}
+
+void validate(const RunConfig& c) {
+  Validator v(c);
+  const auto& m = c.model;
+  if (!m.preset.empty()) {
+    auto names = model_preset_names();
+    if (std::find(names.begin(), names.end(), m.preset) == names.end())
+      v.fail("model.preset", m.preset, "unknown preset",
+             fmt::format("valid presets: {} (or leave it empty)", fmt::join(names, ", ")));
+  }
+  v.at_least("model.n_layer", m.n_layer, 1);
+  v.at_least("model.n_head", m.n_head, 1);
+  v.at_least("model.n_embd", m.n_embd, 1);
+  v.at_least("model.block_size", m.block_size, 1,
+             "block_size is the longest sequence the model "
+             "can see, e.g. 128 or 1024");
+  v.at_least("model.vocab_size", m.vocab_size, 1, "the GPT-2 tokenizer has 50257 tokens");
+  if (m.n_embd % m.n_head != 0)
+    v.fail("model.n_embd", m.n_embd,
+           fmt::format("must be divisible by model.n_head = {}", m.n_head),
+           fmt::format("each head gets n_embd / n_head channels; e.g. n_embd = {} or n_head = {}",
+                       (m.n_embd / m.n_head + 1) * m.n_head, std::gcd(m.n_embd, m.n_head)));
+
+  const auto& d = c.data;
+  if (d.train.empty())
+    v.fail("data.train", d.train, "must not be empty",
+           "the path of a token shard, e.g. data/brown/train.bin");
+  if (d.val.empty())
+    v.fail("data.val", d.val, "must not be empty",
+           "the path of a token shard, e.g. data/brown/val.bin");
+  if (d.tokenizer.empty())
+    v.fail("data.tokenizer", d.tokenizer, "must not be empty",
+           "the folder of the GPT-2 tokenizer files, e.g. data/gpt2");
+
+  const auto& t = c.train;
+  v.at_least("train.batch_size", t.batch_size, 1);
+  v.at_least("train.seq_len", t.seq_len, 1);
+  if (t.seq_len > m.block_size)
+    v.fail("train.seq_len", t.seq_len,
+           fmt::format("must be <= model.block_size = {}", m.block_size),
+           "lower train.seq_len or raise model.block_size (the number of positions)");
+  v.at_least("train.grad_accum", t.grad_accum, 1);
+  v.at_least("train.steps", t.steps, 1);
+  v.finite("train.lr", t.lr);
+  if (!(t.lr > 0)) v.fail("train.lr", t.lr, "must be > 0", "typical values are 1e-4 to 1e-3");
+  v.finite("train.min_lr_ratio", t.min_lr_ratio);
+  if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1))
+    v.fail("train.min_lr_ratio", t.min_lr_ratio, "must be in [0, 1]",
+           "the final learning rate is lr * min_lr_ratio; 0.1 is typical");
+  v.at_least("train.warmup_steps", t.warmup_steps, 0);
+  v.finite("train.weight_decay", t.weight_decay);
+  if (!(t.weight_decay >= 0))
+    v.fail("train.weight_decay", t.weight_decay, "must be >= 0", "0.1 is typical; 0 turns it off");
+  v.finite("train.beta1", t.beta1);
+  if (!(t.beta1 >= 0 && t.beta1 < 1))
+    v.fail("train.beta1", t.beta1, "must be in [0, 1)", "0.9 is typical");
+  v.finite("train.beta2", t.beta2);
+  if (!(t.beta2 >= 0 && t.beta2 < 1))
+    v.fail("train.beta2", t.beta2, "must be in [0, 1)", "0.95 or 0.999 are typical");
+  v.finite("train.eps", t.eps);
+  if (!(t.eps > 0)) v.fail("train.eps", t.eps, "must be > 0", "1e-8 is typical");
+  v.finite("train.grad_clip", t.grad_clip);
+  if (!(t.grad_clip >= 0))
+    v.fail("train.grad_clip", t.grad_clip, "must be >= 0", "1.0 is typical; 0 turns clipping off");
+  if (t.seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    v.fail("train.seed", t.seed, "must be < 2^63", "TOML integers are 64-bit signed");
+  v.at_least("train.val_every", t.val_every, 0, "0 turns validation off");
+  if (t.val_every > 0)
+    v.at_least("train.val_batches", t.val_batches, 1,
+               "validation averages the loss over val_batches batches; set val_every = 0 to turn "
+               "validation off");
+  else
+    v.at_least("train.val_batches", t.val_batches, 0);
+  v.at_least("train.ckpt_every", t.ckpt_every, 0, "0 writes a checkpoint only at the end");
+  v.at_least("train.keep_checkpoints", t.keep_checkpoints, 0, "0 keeps every checkpoint");
+  v.at_least("train.log_every", t.log_every, 1);
+  if (t.out_dir.empty())
+    v.fail("train.out_dir", t.out_dir, "must not be empty", "e.g. out_dir = \"runs/demo\"");
+  v.at_least("train.threads", t.threads, 0, "0 uses all cores");
+
+  const auto& s = c.sample;
+  v.at_least("sample.every", s.every, 0, "0 samples only at the end");
+  v.at_least("sample.tokens", s.tokens, 0, "0 turns sampling off");
+  v.finite("sample.temperature", s.temperature);
+  if (!(s.temperature >= 0))
+    v.fail("sample.temperature", s.temperature, "must be >= 0",
+           "1.0 samples from the model's distribution; 0 is greedy");
+  v.at_least("sample.top_k", s.top_k, 0, "0 turns top-k filtering off");
+
+  v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
+  if (!(c.hardware.peak_tflops >= 0))
+    v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",
+           "0 means unknown (looked up from the machine)");
+}
+
+std::string to_toml(const RunConfig& c) {
+  std::string out;
+  if (!c.source.empty()) {
+    std::string src = c.source;
+    std::replace_if(
+        src.begin(), src.end(), [](char ch) { return ch == '\n' || ch == '\r'; }, ' ');
+    out += fmt::format("# resolved run config (from {})\n", src);
+  }
+  std::string current;
+  for_each_field(c, [&](const char* s, const char* k, const auto& v) {
+    if (current != s) {
+      out += fmt::format("{}[{}]\n", current.empty() ? "" : "\n", s);
+      current = s;
+    }
+    out += fmt::format("{} = {}\n", k, toml_value(v));
+  });
+  return out;
+}
+
+}  // namespace tessera::train

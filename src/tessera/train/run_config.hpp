@@ -1,0 +1,109 @@
+// Run configuration: a TOML file (configs/runs/*.toml) -> typed structs -> validated.
+//
+// Every key is read with its exact type (a float key also accepts an integer); unknown sections
+// and keys are errors with a hint naming the closest valid key; `--set section.key=value`
+// overrides are applied on top of the file and checked the same way. docs/config.md lists every
+// key with its type, default and meaning.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::train {
+
+struct ModelSection {
+  // "" or one of "gpt2" (12 layers, 12 heads, 768, 1024 positions), "gpt2-medium" (24, 16, 1024,
+  // 1024), "gpt2-large" (36, 20, 1280, 1024), "gpt2-xl" (48, 25, 1600, 1024). A preset sets
+  // n_layer, n_head, n_embd, block_size and vocab_size; keys given explicitly override it.
+  std::string preset;
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 256;
+  int block_size = 128;  // max positions
+  int vocab_size = 50257;
+  bool operator==(const ModelSection&) const = default;
+};
+
+struct DataSection {
+  std::string train = "data/brown/train.bin";  // token shard for training
+  std::string val = "data/brown/val.bin";      // token shard for validation
+  std::string tokenizer = "data/gpt2";         // folder with the GPT-2 BPE files
+  bool operator==(const DataSection&) const = default;
+};
+
+struct TrainSection {
+  int batch_size = 8;         // sequences per micro-batch
+  int seq_len = 128;          // tokens per sequence, <= model.block_size
+  int grad_accum = 1;         // micro-batches per optimizer step
+  int steps = 1000;           // optimizer steps
+  double lr = 6e-4;           // peak learning rate
+  double min_lr_ratio = 0.1;  // cosine decay ends at lr * min_lr_ratio
+  int warmup_steps = 50;      // linear warmup from 0 to lr
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // max global grad norm; 0 = off
+  std::uint64_t seed = 1337;
+  int val_every = 100;  // steps between validations; 0 = never
+  int val_batches = 10;
+  int ckpt_every = 0;        // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;  // newest checkpoints kept; 0 = keep all
+  int log_every = 1;
+  std::string out_dir = "runs/demo";
+  int threads = 0;  // CPU threads; 0 = all cores
+  bool operator==(const TrainSection&) const = default;
+};
+
+struct SampleSection {
+  int every = 0;    // steps between samples; 0 = only at the end
+  int tokens = 64;  // tokens generated per sample; 0 = no sampling
+  std::string prompt = "";
+  double temperature = 1.0;  // 0 = greedy
+  int top_k = 40;            // 0 = no top-k filtering
+  bool operator==(const SampleSection&) const = default;
+};
+
+struct HardwareSection {
+  double peak_tflops = 0.0;  // peak dense TFLOP/s for MFU; 0 = look up / unknown
+  bool operator==(const HardwareSection&) const = default;
+};
+
+struct RunConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  SampleSection sample;
+  HardwareSection hardware;
+  std::string source;  // the path (or name) the config came from, used in messages
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Reads and validates a run config file. `overrides` are "section.key=value" strings (from
+// --set); the value is parsed as a TOML value (lr=3e-4, steps=10, out_dir="x"); for string keys a
+// value that is not a TOML string is taken literally (out_dir=runs/x). Throws tessera::Error.
+RunConfig load_run_config(const std::filesystem::path& file,
+                          const std::vector<std::string>& overrides = {});
+
+// Same from TOML text; `source_name` names it in messages and becomes RunConfig::source.
+RunConfig parse_run_config(std::string_view toml_text, std::string_view source_name,
+                           const std::vector<std::string>& overrides = {});
+
+// Checks ranges and cross-key constraints; throws tessera::Error naming the key and the value.
+// Called by load_run_config and parse_run_config.
+void validate(const RunConfig& config);
+
+// The resolved config as complete TOML (every key of every section), which parse_run_config
+// reads back to an equal RunConfig.
+std::string to_toml(const RunConfig& config);
+
+// Sets n_layer, n_head, n_embd, block_size and vocab_size from a preset name (see
+// ModelSection::preset); false if the name is unknown. "" is not a preset.
+bool apply_model_preset(ModelSection& model, std::string_view preset);
+// The preset names, in size order.
+std::vector<std::string> model_preset_names();
+
+}  // namespace tessera::train
