@@ -18,7 +18,7 @@ void add_train_command(CLI::App& root) {
     std::int64_t stop_at = 0;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("--config,-c", args->config, "run config file (TOML)")->capture_default_str();
+  cmd->add_option("config,--config,-c", args->config, "run config file (TOML)")->capture_default_str();
   cmd->add_option("--set,-s", args->sets,
                   "override a config key, e.g. --set train.lr=3e-4 (repeatable)")
       ->take_all();

@@ -102,48 +102,91 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   const auto lib = opt.gemm;
   const float* P = params;
+  kernels::Profile* const PROF = opt.profile;
   for (std::int64_t i = 0; i < N; ++i)
     if (inputs[i] < 0 || inputs[i] >= V)
       throw Error(
           fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
           "the data was tokenized with a larger vocabulary than model.vocab_size");
 
-  k::embedding_forward(a.at(a.encoded), inputs, P + layout.wte, P + layout.wpe, B, T, C);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
+    k::embedding_forward(a.at(a.encoded), inputs, P + layout.wte, P + layout.wpe, B, T, C);
+  }
   const float* residual = a.at(a.encoded);
   for (int l = 0; l < cfg.n_layer; ++l) {
     const auto& w = layout.layers[l];
     auto& s = a.layers[l];
-    k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, P + w.ln1_w,
-                         P + w.ln1_b, N, C);
-    k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
-    k::attention_forward(lib, a.at(s.atty), a.at(s.att_lse), a.at(s.qkv), B, T, C, NH);
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+      k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, P + w.ln1_w,
+                           P + w.ln1_b, N, C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
+      k::attention_forward(lib, a.at(s.atty), a.at(s.att_lse), a.at(s.qkv), B, T, C, NH);
+    }
     // res2 = residual + atty @ Wproj^T + b  (residual add fused into the GEMM's beta)
-    k::copy(a.at(s.res2), residual, N * C);
-    k::linear_forward(lib, a.at(s.res2), a.at(s.atty), P + w.attproj_w, P + w.attproj_b, N, C, C,
-                      true);
-    k::layernorm_forward(a.at(s.ln2), a.at(s.ln2_mean), a.at(s.ln2_rstd), a.at(s.res2), P + w.ln2_w,
-                         P + w.ln2_b, N, C);
-    k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), P + w.fc_w, P + w.fc_b, N, C, 4 * C);
-    k::gelu_forward(a.at(s.fch_gelu), a.at(s.fch), N * 4 * C);
-    k::copy(a.at(s.res3), a.at(s.res2), N * C);
-    k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), P + w.fcproj_w, P + w.fcproj_b, N, 4 * C,
-                      C, true);
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Elementwise);
+      k::copy(a.at(s.res2), residual, N * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_forward(lib, a.at(s.res2), a.at(s.atty), P + w.attproj_w, P + w.attproj_b, N, C, C,
+                        true);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+      k::layernorm_forward(a.at(s.ln2), a.at(s.ln2_mean), a.at(s.ln2_rstd), a.at(s.res2),
+                           P + w.ln2_w, P + w.ln2_b, N, C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), P + w.fc_w, P + w.fc_b, N, C, 4 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
+      k::gelu_forward(a.at(s.fch_gelu), a.at(s.fch), N * 4 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Elementwise);
+      k::copy(a.at(s.res3), a.at(s.res2), N * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), P + w.fcproj_w, P + w.fcproj_b, N,
+                        4 * C, C, true);
+    }
     residual = a.at(s.res3);
   }
-  k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual, P + layout.lnf_w,
-                       P + layout.lnf_b, N, C);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+    k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
+                         P + layout.lnf_w, P + layout.lnf_b, N, C);
+  }
   // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
-  k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), P + layout.wte, nullptr, N, C, Vp);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), P + layout.wte, nullptr, N, C, Vp);
+  }
   if (!targets) return 0.0f;
   for (std::int64_t i = 0; i < N; ++i)
     if (targets[i] >= V)
       throw Error(
           fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
           "the data was tokenized with a larger vocabulary than model.vocab_size");
-  if (opt.training)
+  if (opt.training) {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::CrossEntropy);
     k::cross_entropy_forward_backward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp, opt.dloss);
-  else
+  } else {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::CrossEntropy);
     k::cross_entropy_forward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp);
+  }
   double sum = 0.0;
   std::int64_t count = 0;
   const float* losses = a.at(a.losses);
@@ -156,7 +199,8 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
 }
 
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& a,
-              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib) {
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib,
+              kernels::Profile* PROF) {
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
@@ -168,12 +212,18 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
   float* d_ln = a.at(a.d_ln);
 
   // LM head: logits now hold dlogits (N,Vp)
-  k::linear_backward(lib, d_ln, G + layout.wte, nullptr, a.at(a.logits), a.at(a.lnf),
-                     P + layout.wte, N, C, Vp);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+    k::linear_backward(lib, d_ln, G + layout.wte, nullptr, a.at(a.logits), a.at(a.lnf),
+                       P + layout.wte, N, C, Vp);
+  }
   std::fill(d_res, d_res + N * C, 0.0f);
   const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
-  k::layernorm_backward(d_res, G + layout.lnf_w, G + layout.lnf_b, d_ln, last, P + layout.lnf_w,
-                        a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+    k::layernorm_backward(d_res, G + layout.lnf_w, G + layout.lnf_b, d_ln, last, P + layout.lnf_w,
+                          a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
+  }
 
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const auto& w = layout.layers[l];
@@ -181,26 +231,53 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
     const float* residual = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
     float* d_fch = a.at(a.d_fch);
     // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-    k::linear_backward(lib, d_fch, G + w.fcproj_w, G + w.fcproj_b, d_res, a.at(s.fch_gelu),
-                       P + w.fcproj_w, N, 4 * C, C);
-    k::gelu_backward(d_fch, a.at(s.fch), d_fch, N * 4 * C);
-    k::linear_backward(lib, d_ln, G + w.fc_w, G + w.fc_b, d_fch, a.at(s.ln2), P + w.fc_w, N, C,
-                       4 * C);
-    k::layernorm_backward(d_res, G + w.ln2_w, G + w.ln2_b, d_ln, a.at(s.res2), P + w.ln2_w,
-                          a.at(s.ln2_mean), a.at(s.ln2_rstd), N, C);
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_backward(lib, d_fch, G + w.fcproj_w, G + w.fcproj_b, d_res, a.at(s.fch_gelu),
+                         P + w.fcproj_w, N, 4 * C, C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
+      k::gelu_backward(d_fch, a.at(s.fch), d_fch, N * 4 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_backward(lib, d_ln, G + w.fc_w, G + w.fc_b, d_fch, a.at(s.ln2), P + w.fc_w, N, C,
+                         4 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+      k::layernorm_backward(d_res, G + w.ln2_w, G + w.ln2_b, d_ln, a.at(s.res2), P + w.ln2_w,
+                            a.at(s.ln2_mean), a.at(s.ln2_rstd), N, C);
+    }
     // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
     float* d_atty = a.at(a.d_atty);
     float* d_qkv = a.at(a.d_qkv);
-    k::linear_backward(lib, d_atty, G + w.attproj_w, G + w.attproj_b, d_res, a.at(s.atty),
-                       P + w.attproj_w, N, C, C);
-    k::attention_backward(lib, d_qkv, d_atty, a.at(s.qkv), a.at(s.atty), a.at(s.att_lse), B, T, C,
-                          NH);
-    k::linear_backward(lib, d_ln, G + w.qkv_w, G + w.qkv_b, d_qkv, a.at(s.ln1), P + w.qkv_w, N, C,
-                       3 * C);
-    k::layernorm_backward(d_res, G + w.ln1_w, G + w.ln1_b, d_ln, residual, P + w.ln1_w,
-                          a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_backward(lib, d_atty, G + w.attproj_w, G + w.attproj_b, d_res, a.at(s.atty),
+                         P + w.attproj_w, N, C, C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
+      k::attention_backward(lib, d_qkv, d_atty, a.at(s.qkv), a.at(s.atty), a.at(s.att_lse), B, T, C,
+                            NH);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+      k::linear_backward(lib, d_ln, G + w.qkv_w, G + w.qkv_b, d_qkv, a.at(s.ln1), P + w.qkv_w, N, C,
+                         3 * C);
+    }
+    {
+      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+      k::layernorm_backward(d_res, G + w.ln1_w, G + w.ln1_b, d_ln, residual, P + w.ln1_w,
+                            a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
+    }
   }
-  k::embedding_backward(G + layout.wte, G + layout.wpe, d_res, inputs, B, T, C);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
+    k::embedding_backward(G + layout.wte, G + layout.wpe, d_res, inputs, B, T, C);
+  }
 }
 
 // ---------------------------------------------------------------- decoding

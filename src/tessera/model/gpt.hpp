@@ -7,6 +7,7 @@
 
 #include "tessera/core/buffer.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/profile.hpp"
 #include "tessera/model/layout.hpp"
 
 namespace tessera::model {
@@ -52,6 +53,7 @@ struct ForwardOptions {
   // overwritten by dloss * dlogits, ready for backward(). Evaluation keeps the logits.
   bool training = false;
   float dloss = 0.0f;  // d(total loss)/d(per-position loss), e.g. 1 / (B*T*grad_accum)
+  kernels::Profile* profile = nullptr;  // time per op family, if set
 };
 
 // inputs, targets: (B,T) token ids. targets may be null (logits only; returns 0).
@@ -63,7 +65,8 @@ float forward(const ParamLayout& layout, const float* params, Activations& acts,
 // Gradients ACCUMULATE into grads (same layout as params). Requires a training forward() of the
 // same micro-batch just before.
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
-              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm);
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
+              kernels::Profile* profile = nullptr);
 
 // ---- incremental decoding with a KV cache (sampling) ----
 class Decoder {

@@ -13,8 +13,9 @@ struct Peak {
   std::string describe() const;
 };
 
-// peak_tflops > 0: configured. 0: measure a large fp32 GEMM for ~0.3 s (a measured value, as the
-// hardware tables of accelerators are not available for CPUs). < 0: unknown (MFU not reported).
+// peak_tflops > 0: configured. 0: measure a large fp32 GEMM for ~0.3 s (a measured value: CPUs
+// have no reliable peak table; the GPU backend will add a device table). If the measurement
+// fails to give a positive rate, the peak is unknown and MFU is reported as "unknown".
 Peak resolve_peak(double peak_tflops, kernels::GemmLibrary lib);
 
 // Sustained GFLOP/s of an (M,N,K) GEMM, timed for at least `seconds`.
