@@ -37,7 +37,8 @@ struct GemmShape {
 // per-head GEMMs are small and counted with attention).
 std::vector<GemmShape> step_gemms(const model::ModelConfig& c, int B, int T) {
   long N = static_cast<long>(B) * T, C = c.n_embd, Vp = c.padded_vocab();
-  std::vector<std::pair<long, long>> lin = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // (IC, OC)
+  std::vector<std::pair<long, long>> lin = {
+      {C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // (IC, OC)
   std::vector<GemmShape> out;
   for (int l = 0; l < c.n_layer; ++l)
     for (auto [ic, oc] : lin) {
@@ -51,7 +52,10 @@ std::vector<GemmShape> step_gemms(const model::ModelConfig& c, int B, int T) {
   return out;
 }
 
-double gemm_only_rate(kernels::GemmLibrary lib, const std::vector<GemmShape>& shapes, int reps, double* flops_out) {
+// Times `reps` passes over the step's GEMM shapes (after one warm-up pass); returns the median
+// rate. Called between training steps so both see the same machine conditions.
+double gemm_only_rate(kernels::GemmLibrary lib, const std::vector<GemmShape>& shapes, int reps,
+                      double* flops_out) {
   std::size_t maxa = 0, maxb = 0, maxc = 0;
   for (auto& s : shapes) {
     maxa = std::max<std::size_t>(maxa, s.M * s.K);
@@ -68,8 +72,8 @@ double gemm_only_rate(kernels::GemmLibrary lib, const std::vector<GemmShape>& sh
   for (int r = 0; r < reps + 1; ++r) {
     Timer t;
     for (auto& s : shapes)
-      kernels::gemm(lib, s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), s.ta ? s.M : s.K, b.data(), s.tb ? s.K : s.N,
-                    static_cast<float>(s.beta), c.data(), s.N);
+      kernels::gemm(lib, s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), s.ta ? s.M : s.K, b.data(),
+                    s.tb ? s.K : s.N, static_cast<float>(s.beta), c.data(), s.N);
     if (r > 0) times.push_back(t.seconds());  // first pass warms up
   }
   std::sort(times.begin(), times.end());
@@ -91,14 +95,22 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--B") B = std::atoi(next().c_str());
-    else if (a == "--T") T = std::atoi(next().c_str());
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--layers") layers = std::atoi(next().c_str());
-    else if (a == "--gemm") gemm_name = next();
-    else if (a == "--json") json_path = next();
+    if (a == "--B")
+      B = std::atoi(next().c_str());
+    else if (a == "--T")
+      T = std::atoi(next().c_str());
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--layers")
+      layers = std::atoi(next().c_str());
+    else if (a == "--gemm")
+      gemm_name = next();
+    else if (a == "--json")
+      json_path = next();
     else {
-      std::fprintf(stderr, "usage: bench_train_step [--B 4] [--T 256] [--steps 3] [--layers 12] [--gemm onednn|openblas] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: bench_train_step [--B 4] [--T 256] [--steps 3] [--layers 12] [--gemm "
+                   "onednn|openblas] [--json FILE]\n");
       return 2;
     }
   }
@@ -110,7 +122,9 @@ int main(int argc, char** argv) {
   model::Activations acts;
   std::vector<std::int32_t> x(B * T), y(B * T);
   Rng rng(7);
-  for (int i = 0; i < B * T; ++i) x[i] = static_cast<std::int32_t>(rng.next_u32() % 50257), y[i] = static_cast<std::int32_t>(rng.next_u32() % 50257);
+  for (int i = 0; i < B * T; ++i)
+    x[i] = static_cast<std::int32_t>(rng.next_u32() % 50257),
+    y[i] = static_cast<std::int32_t>(rng.next_u32() % 50257);
   const double step_flops = 3.0 * model::forward_flops_per_token(cfg, T) * B * T;
   optim::AdamWConfig ac;
   kernels::Profile prof;
@@ -118,9 +132,11 @@ int main(int argc, char** argv) {
   fo.gemm = lib;
   fo.training = true;
   fo.dloss = 1.0f / (B * T);
-  std::vector<double> times;
-  std::printf("GPT-2 shape L=%d H=12 C=768 V=50257, B=%d T=%d, fp32, %d threads, GEMM %s\n", layers, B, T,
-              omp_get_max_threads(), std::string(kernels::gemm_library_name(lib)).c_str());
+  std::vector<double> times, gemm_rates;
+  double gemm_flops = 0;
+  auto shapes = step_gemms(cfg, B, T);
+  std::printf("GPT-2 shape L=%d H=12 C=768 V=50257, B=%d T=%d, fp32, %d threads, GEMM %s\n", layers,
+              B, T, omp_get_max_threads(), std::string(kernels::gemm_library_name(lib)).c_str());
   for (int s = 0; s < steps + 1; ++s) {
     if (s == 1) prof.reset();  // step 0 warms up (allocation, first-touch)
     fo.profile = &prof;
@@ -136,22 +152,33 @@ int main(int argc, char** argv) {
     }
     double sec = t.seconds();
     if (s > 0) times.push_back(sec);
-    std::printf("  step %d: %.0f ms%s\n", s, sec * 1e3, s == 0 ? " (warm-up)" : "");
+    double gemm_rate = 0;
+    if (s > 0) gemm_rates.push_back(gemm_rate = gemm_only_rate(lib, shapes, 1, &gemm_flops));
+    std::printf("  step %d: %.0f ms%s", s, sec * 1e3, s == 0 ? " (warm-up)\n" : "");
+    if (s > 0)
+      std::printf(", then GEMM-only pass %.1f GFLOP/s -> ratio %.3f\n", gemm_rate / 1e9,
+                  step_flops / sec / gemm_rate);
     std::fflush(stdout);
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double med = sorted[sorted.size() / 2];
-  double gemm_flops = 0;
-  auto shapes = step_gemms(cfg, B, T);
-  double rate_dnnl = gemm_only_rate(kernels::GemmLibrary::OneDnn, shapes, 2, &gemm_flops);
-  double rate_blas = gemm_only_rate(kernels::GemmLibrary::OpenBlas, shapes, 2, &gemm_flops);
-  double rate_used = lib == kernels::GemmLibrary::OneDnn ? rate_dnnl : rate_blas;
+  std::sort(gemm_rates.begin(), gemm_rates.end());
+  double rate_used = gemm_rates[gemm_rates.size() / 2];
+  auto other_lib = lib == kernels::GemmLibrary::OneDnn ? kernels::GemmLibrary::OpenBlas
+                                                       : kernels::GemmLibrary::OneDnn;
+  double rate_other = gemm_only_rate(other_lib, shapes, 2, &gemm_flops);
+  double rate_dnnl = lib == kernels::GemmLibrary::OneDnn ? rate_used : rate_other;
+  double rate_blas = lib == kernels::GemmLibrary::OneDnn ? rate_other : rate_used;
   double achieved = step_flops / med;
-  std::printf("\nstep (median of %d): %.0f ms, %.0f tokens/s, %.1f GFLOP/step, %.1f GFLOP/s achieved\n",
-              steps, med * 1e3, B * T / med, step_flops / 1e9, achieved / 1e9);
-  std::printf("GEMM-only rate on the step's GEMM shapes (%.1f GFLOP): onednn %.1f GFLOP/s, openblas %.1f GFLOP/s\n",
-              gemm_flops / 1e9, rate_dnnl / 1e9, rate_blas / 1e9);
+  std::printf(
+      "\nstep (median of %d): %.0f ms, %.0f tokens/s, %.1f GFLOP/step, %.1f GFLOP/s achieved\n",
+      steps, med * 1e3, B * T / med, step_flops / 1e9, achieved / 1e9);
+  std::printf(
+      "GEMM-only rate on the step's GEMM shapes (%.1f GFLOP; median of the passes between steps "
+      "for %s, one pass after for the other): onednn %.1f GFLOP/s, openblas %.1f GFLOP/s\n",
+      gemm_flops / 1e9, std::string(kernels::gemm_library_name(lib)).c_str(), rate_dnnl / 1e9,
+      rate_blas / 1e9);
   std::printf("roofline fraction (achieved / GEMM-only rate of %s): %.3f\n",
               std::string(kernels::gemm_library_name(lib)).c_str(), achieved / rate_used);
   double per_step_total = 0;
@@ -159,16 +186,20 @@ int main(int argc, char** argv) {
   std::printf("\nwhere the time goes (mean per step):\n");
   for (int f = 0; f < static_cast<int>(kernels::OpFamily::Count); ++f) {
     double s = prof.seconds[f] / times.size();
-    std::printf("  %-14s %8.1f ms  %5.1f%%\n", kernels::op_family_name(static_cast<kernels::OpFamily>(f)), s * 1e3,
+    std::printf("  %-14s %8.1f ms  %5.1f%%\n",
+                kernels::op_family_name(static_cast<kernels::OpFamily>(f)), s * 1e3,
                 100 * s / (per_step_total / times.size()));
   }
   double other = per_step_total / times.size() - prof.total() / times.size();
-  std::printf("  %-14s %8.1f ms  %5.1f%%\n", "other", other * 1e3, 100 * other / (per_step_total / times.size()));
+  std::printf("  %-14s %8.1f ms  %5.1f%%\n", "other", other * 1e3,
+              100 * other / (per_step_total / times.size()));
   if (!json_path.empty()) {
     std::ofstream j(json_path);
-    j << "{\"B\":" << B << ",\"T\":" << T << ",\"layers\":" << layers << ",\"step_ms\":" << med * 1e3
-      << ",\"tokens_per_s\":" << B * T / med << ",\"achieved_gflops\":" << achieved / 1e9
-      << ",\"gemm_only_gflops_onednn\":" << rate_dnnl / 1e9 << ",\"gemm_only_gflops_openblas\":" << rate_blas / 1e9
+    j << "{\"B\":" << B << ",\"T\":" << T << ",\"layers\":" << layers
+      << ",\"step_ms\":" << med * 1e3 << ",\"tokens_per_s\":" << B * T / med
+      << ",\"achieved_gflops\":" << achieved / 1e9
+      << ",\"gemm_only_gflops_onednn\":" << rate_dnnl / 1e9
+      << ",\"gemm_only_gflops_openblas\":" << rate_blas / 1e9
       << ",\"roofline_fraction\":" << achieved / rate_used << "}\n";
   }
   return 0;

@@ -11,8 +11,8 @@
 namespace tessera::kernels::cpu {
 
 // ---------------------------------------------------------------- embedding
-void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B,
-                       int T, int C) {
+void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe,
+                       int B, int T, int C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -74,9 +74,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t N,
-                        int C) {
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        std::int64_t N, int C) {
   int nth = omp_get_max_threads();
   // Per-thread partial sums of dweight/dbias, combined in thread order: deterministic.
   std::vector<float> partial(static_cast<std::size_t>(nth) * 2 * C, 0.0f);
@@ -120,9 +120,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 // ---------------------------------------------------------------- linear
-void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* weight, const float* bias,
-                    std::int64_t N, int IC, int OC, bool accumulate_out) {
-  gemm(lib, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, accumulate_out ? 1.0f : 0.0f, out, OC);
+void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* weight,
+                    const float* bias, std::int64_t N, int IC, int OC, bool accumulate_out) {
+  gemm(lib, false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, accumulate_out ? 1.0f : 0.0f, out,
+       OC);
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < N; ++i) {
@@ -181,14 +182,24 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
 }
 
 // ---------------------------------------------------------------- attention
+namespace {
+// The per-(batch, head) GEMMs run inside an OpenMP parallel region, one per thread. oneDNN runs
+// them sequentially there; OpenBLAS would start its own thread pool from every thread and
+// oversubscribe the cores (measured: attention 3x slower), so these always go through oneDNN.
+GemmLibrary per_thread_gemm(GemmLibrary) {
+  return GemmLibrary::OneDnn;
+}
+}  // namespace
+
 // Per (batch, head): S = scale * Q K^T (T,T) by GEMM, causal softmax row by row, O = P V.
 // Work is split over the B*NH (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN
 // detects the enclosing parallel region).
-void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T, int C,
-                       int NH) {
+void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T,
+                       int C, int NH) {
   const int hs = C / NH;
   const std::int64_t C3 = 3LL * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  lib = per_thread_gemm(lib);
 #pragma omp parallel
   {
     std::vector<float> S(static_cast<std::size_t>(T) * T);
@@ -230,6 +241,7 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
   const int hs = C / NH;
   const std::int64_t C3 = 3LL * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  lib = per_thread_gemm(lib);
 #pragma omp parallel
   {
     std::vector<float> P(static_cast<std::size_t>(T) * T), dP(static_cast<std::size_t>(T) * T);
@@ -288,8 +300,8 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
 namespace {
 // Returns the loss of one row; if dlogits is non-null writes dloss*(softmax - onehot) to it
 // (it may alias logits).
-inline float cross_entropy_row(const float* logits, float* dlogits, std::int32_t target, int V, int Vp,
-                               float dloss) {
+inline float cross_entropy_row(const float* logits, float* dlogits, std::int32_t target, int V,
+                               int Vp, float dloss) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int j = 0; j < V; ++j) mx = std::max(mx, logits[j]);
