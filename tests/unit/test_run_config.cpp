@@ -72,20 +72,14 @@ TEST(RunConfig, EmptyFileGivesDefaults) {
 TEST(RunConfig, ShippedConfigsLoad) {
   RunConfig demo = load_run_config(k_repo / "configs/runs/demo.toml");
   EXPECT_EQ(demo.source, (k_repo / "configs/runs/demo.toml").string());
-  EXPECT_EQ(demo.model.n_layer, 4);
-  EXPECT_EQ(demo.model.n_head, 4);
-  EXPECT_EQ(demo.model.n_embd, 256);
-  EXPECT_EQ(demo.model.block_size, 128);
-  EXPECT_EQ(demo.train.seq_len, 128);
-  EXPECT_EQ(demo.train.batch_size, 16);
-  EXPECT_EQ(demo.train.steps, 600);
-  EXPECT_EQ(demo.train.lr, 1e-3);
-  EXPECT_EQ(demo.train.warmup_steps, 30);
-  EXPECT_EQ(demo.train.val_every, 100);
-  EXPECT_EQ(demo.train.val_batches, 8);
+  // The demo's exact sizes are tuned to the machine (docs/performance.md); what must hold is that
+  // it is a GPT-2-architecture run on the default data, with validation and a sample.
+  EXPECT_EQ(demo.model.vocab_size, 50257);
+  EXPECT_LE(demo.train.seq_len, demo.model.block_size);
+  EXPECT_GT(demo.train.val_every, 0);
+  EXPECT_GT(demo.sample.tokens, 0);
+  EXPECT_EQ(demo.data.train, "data/brown/train.bin");
   EXPECT_EQ(demo.train.out_dir, "runs/demo");
-  EXPECT_EQ(demo.sample.tokens, 80);
-  EXPECT_EQ(demo.sample.prompt, "The");
 
   RunConfig tiny = load_run_config(k_repo / "configs/runs/tiny.toml");
   EXPECT_EQ(tiny.model.n_layer, 2);
