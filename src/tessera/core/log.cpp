@@ -38,7 +38,11 @@ void Progress::update(std::int64_t done, const std::string& detail) {
     double frac = static_cast<double>(done) / static_cast<double>(total_);
     if (frac > 1) frac = 1;
     int width = 24, fill = static_cast<int>(frac * width);
-    bar = "[" + std::string(fill, '#') + std::string(width - fill, '.') + "] ";
+    bar.reserve(64);
+    bar += '[';
+    bar.append(static_cast<std::size_t>(fill), '#');
+    bar.append(static_cast<std::size_t>(width - fill), '.');
+    bar += "] ";
     double el = t - start_;
     double eta = frac > 0 ? el / frac - el : 0;
     bar += fmt::format("{}/{} ({:.0f}%, {:.0f}s left) ", done, total_, 100 * frac, eta);
