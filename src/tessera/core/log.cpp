@@ -12,7 +12,9 @@ double now_s() {
 }
 }  // namespace
 
-bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
+bool stderr_is_terminal() {
+  return ::isatty(STDERR_FILENO) == 1;
+}
 
 void log_line(const std::string& line) {
   if (stderr_is_terminal()) std::fputs("\r\033[K", stderr);
