@@ -1,5 +1,6 @@
 // tessera train --config FILE [--set key=value ...] [--resume]
 #include "commands.hpp"
+#include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/train/run_config.hpp"
@@ -18,7 +19,8 @@ void add_train_command(CLI::App& root) {
     std::int64_t stop_at = 0;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("config,--config,-c", args->config, "run config file (TOML)")->capture_default_str();
+  cmd->add_option("config,--config,-c", args->config, "run config file (TOML)")
+      ->capture_default_str();
   cmd->add_option("--set,-s", args->sets,
                   "override a config key, e.g. --set train.lr=3e-4 (repeatable)")
       ->take_all();
@@ -30,7 +32,22 @@ void add_train_command(CLI::App& root) {
       "stop with a checkpoint after this step (the LR schedule still runs to train.steps)");
   cmd->add_flag("--print-config", args->print_config, "print the resolved config and exit");
   cmd->callback([args] {
-    auto cfg = train::load_run_config(args->config, args->sets);
+    // The runtime first: under a launcher, a bad config is then reported once, by rank 0.
+    auto rt = comm::Runtime::create();
+    auto fail_once = [&](const Error& e) {
+      if (rt->world_size() == 1) throw e;
+      if (rt->world_rank() == 0) std::fprintf(stderr, "%s\n", format_error_line(e).c_str());
+      std::fflush(stderr);
+      rt.reset();  // MPI_Finalize on every rank
+      std::exit(2);
+    };
+    train::RunConfig cfg;
+    try {
+      cfg = train::load_run_config(args->config, args->sets);
+    } catch (const Error& e) {
+      fail_once(e);
+    }
+    rt->set_collective_timeout(cfg.parallel.timeout_s);
     std::string resolved = train::to_toml(cfg);
     if (args->print_config) {
       std::fputs(resolved.c_str(), stdout);
@@ -41,7 +58,15 @@ void add_train_command(CLI::App& root) {
     opt.quiet = args->quiet;
     if (args->stop_at < 0) throw Error("--stop-at must be >= 0");
     opt.stop_at = args->stop_at;
-    train::run_training(cfg, opt);
+    bool started = false;
+    try {
+      train::run_training(cfg, opt, *rt, &started);
+    } catch (const Error& e) {
+      if (rt->world_size() == 1) throw;
+      if (!started) fail_once(e);  // validation errors are the same on every rank
+      // During training an error may hit one rank only: end the whole job rather than hang.
+      rt->abort(fmt::format("[rank {}] {}", rt->world_rank(), format_error_line(e)), 2);
+    }
   });
 }
 

@@ -200,7 +200,13 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
 
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& a,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib,
-              kernels::Profile* PROF) {
+              kernels::Profile* PROF, const BackwardHooks* hooks) {
+  auto ready = [&](std::size_t b, std::size_t e) {
+    if (hooks && hooks->grads_ready) hooks->grads_ready(b, e);
+  };
+  auto progress = [&] {
+    if (hooks && hooks->progress) hooks->progress();
+  };
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
@@ -225,6 +231,7 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
                           a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
   }
 
+  ready(layout.lnf_w, layout.total());  // ln_f (and the buffer's tail padding)
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const auto& w = layout.layers[l];
     auto& s = a.layers[l];
@@ -236,6 +243,7 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
       k::linear_backward(lib, d_fch, G + w.fcproj_w, G + w.fcproj_b, d_res, a.at(s.fch_gelu),
                          P + w.fcproj_w, N, 4 * C, C);
     }
+    progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
       k::gelu_backward(d_fch, a.at(s.fch), d_fch, N * 4 * C);
@@ -245,6 +253,7 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
       k::linear_backward(lib, d_ln, G + w.fc_w, G + w.fc_b, d_fch, a.at(s.ln2), P + w.fc_w, N, C,
                          4 * C);
     }
+    progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
       k::layernorm_backward(d_res, G + w.ln2_w, G + w.ln2_b, d_ln, a.at(s.res2), P + w.ln2_w,
@@ -258,11 +267,13 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
       k::linear_backward(lib, d_atty, G + w.attproj_w, G + w.attproj_b, d_res, a.at(s.atty),
                          P + w.attproj_w, N, C, C);
     }
+    progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
       k::attention_backward(lib, d_qkv, d_atty, a.at(s.qkv), a.at(s.atty), a.at(s.att_lse), B, T, C,
                             NH);
     }
+    progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
       k::linear_backward(lib, d_ln, G + w.qkv_w, G + w.qkv_b, d_qkv, a.at(s.ln1), P + w.qkv_w, N, C,
@@ -273,11 +284,15 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
       k::layernorm_backward(d_res, G + w.ln1_w, G + w.ln1_b, d_ln, residual, P + w.ln1_w,
                             a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
     }
+    // this layer's gradients are final: [its begin, the next layer's begin or ln_f)
+    ready(w.begin, l + 1 < cfg.n_layer ? layout.layers[l + 1].begin : layout.lnf_w);
   }
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
     k::embedding_backward(G + layout.wte, G + layout.wpe, d_res, inputs, B, T, C);
   }
+  ready(0, cfg.n_layer > 0 ? layout.layers[0].begin
+                           : layout.lnf_w);  // wte (incl. the LM head) and wpe
 }
 
 // ---------------------------------------------------------------- decoding

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
@@ -62,11 +63,19 @@ float forward(const ParamLayout& layout, const float* params, Activations& acts,
               const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
               const ForwardOptions& opt);
 
+// Hooks for data parallelism: backward says when a range of the gradient buffer is final, in
+// the order it completes them (ln_f, layers L-1 .. 0, then the embeddings; the ranges tile the
+// whole buffer), and calls progress() between ops so non-blocking reductions move on.
+struct BackwardHooks {
+  std::function<void(std::size_t begin, std::size_t end)> grads_ready;
+  std::function<void()> progress;
+};
+
 // Gradients ACCUMULATE into grads (same layout as params). Requires a training forward() of the
 // same micro-batch just before.
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
-              kernels::Profile* profile = nullptr);
+              kernels::Profile* profile = nullptr, const BackwardHooks* hooks = nullptr);
 
 // ---- incremental decoding with a KV cache (sampling) ----
 class Decoder {

@@ -62,9 +62,18 @@ void for_each_field(Config& c, F&& f) {
   f("sample", "top_k", c.sample.top_k);
 
   f("hardware", "peak_tflops", c.hardware.peak_tflops);
+
+  f("parallel", "dp", c.parallel.dp);
+  f("parallel", "pp", c.parallel.pp);
+  f("parallel", "tx", c.parallel.tx);
+  f("parallel", "ty", c.parallel.ty);
+  f("parallel", "tz", c.parallel.tz);
+  f("parallel", "zero", c.parallel.zero);
+  f("parallel", "overlap", c.parallel.overlap);
+  f("parallel", "timeout_s", c.parallel.timeout_s);
 }
 
-enum class Kind { Int, UInt, Float, String };
+enum class Kind { Int, UInt, Float, String, Bool };
 
 template <typename T>
 constexpr Kind kind_of() {
@@ -72,6 +81,7 @@ constexpr Kind kind_of() {
   if constexpr (std::is_same_v<T, std::uint64_t>) return Kind::UInt;
   if constexpr (std::is_same_v<T, double>) return Kind::Float;
   if constexpr (std::is_same_v<T, std::string>) return Kind::String;
+  if constexpr (std::is_same_v<T, bool>) return Kind::Bool;
 }
 
 struct FieldInfo {
@@ -122,6 +132,8 @@ template <typename T>
 std::string toml_value(const T& v) {
   if constexpr (std::is_same_v<T, std::string>)
     return toml_string(v);
+  else if constexpr (std::is_same_v<T, bool>)
+    return std::string(v ? "true" : "false");
   else if constexpr (std::is_same_v<T, double>)
     return toml_float(v);
   else
@@ -142,7 +154,8 @@ const std::vector<FieldInfo>& fields() {
 }
 
 const std::vector<std::string>& sections() {
-  static const std::vector<std::string> list = {"model", "data", "train", "sample", "hardware"};
+  static const std::vector<std::string> list = {"model",  "data",     "train",
+                                                "sample", "hardware", "parallel"};
   return list;
 }
 
@@ -203,6 +216,8 @@ std::string type_phrase(Kind k) {
       return "a number";
     case Kind::String:
       return "a string";
+    case Kind::Bool:
+      return "true or false";
   }
   return "?";
 }
@@ -393,6 +408,10 @@ class Reader {
       out = static_cast<double>(n.as_integer()->get());
     else
       wrong_type(f, n);
+  }
+  void read(const FieldInfo& f, const toml::node& n, bool& out) const {
+    if (!n.is_boolean()) wrong_type(f, n);
+    out = n.as_boolean()->get();
   }
   void read(const FieldInfo& f, const toml::node& n, std::string& out) const {
     if (!n.is_string()) wrong_type(f, n);
@@ -607,7 +626,21 @@ void validate(const RunConfig& c) {
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",
-           "0 means unknown (looked up from the machine)");
+           "0 measures this machine's fp32 GEMM rate at start-up");
+
+  const auto& p = c.parallel;
+  v.at_least("parallel.dp", p.dp, 1);
+  v.at_least("parallel.pp", p.pp, 1);
+  v.at_least("parallel.tx", p.tx, 1);
+  v.at_least("parallel.ty", p.ty, 1);
+  v.at_least("parallel.tz", p.tz, 1);
+  if (p.zero < 0 || p.zero > 3)
+    v.fail("parallel.zero", p.zero, "must be 0, 1, 2 or 3",
+           "0 replicates everything; 1 shards AdamW moments; 2 also gradients; 3 also parameters");
+  v.finite("parallel.timeout_s", p.timeout_s);
+  if (!(p.timeout_s >= 0))
+    v.fail("parallel.timeout_s", p.timeout_s, "must be >= 0",
+           "0 turns the collective watchdog off");
 }
 
 std::string to_toml(const RunConfig& c) {

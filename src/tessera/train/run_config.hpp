@@ -72,12 +72,22 @@ struct HardwareSection {
   bool operator==(const HardwareSection&) const = default;
 };
 
+// The parallel grid (dp x pp x tx x ty x tz must equal the number of ranks) and ZeRO stage.
+struct ParallelSection {
+  int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
+  int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
+  bool overlap = true;      // reduce gradient buckets during backward (false: after it, to measure)
+  double timeout_s = 60.0;  // a collective longer than this ends the job with its log; 0 = never
+  bool operator==(const ParallelSection&) const = default;
+};
+
 struct RunConfig {
   ModelSection model;
   DataSection data;
   TrainSection train;
   SampleSection sample;
   HardwareSection hardware;
+  ParallelSection parallel;
   std::string source;  // the path (or name) the config came from, used in messages
   bool operator==(const RunConfig&) const = default;
 };

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tessera/comm/runtime.hpp"
+#include "tessera/comm/topology.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
@@ -19,6 +21,7 @@
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
+#include "tessera/parallel/data_parallel.hpp"
 #include "tessera/train/peak.hpp"
 
 namespace tessera::train {
@@ -70,7 +73,8 @@ void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const 
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm::Runtime& rt,
+                          bool* started) {
   const auto& tc = cfg.train;
   if (tc.threads > 0) omp_set_num_threads(tc.threads);
   const model::ModelConfig mcfg = model_config(cfg);
@@ -78,22 +82,55 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   const int B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum;
   const auto gemm = kernels::GemmLibrary::OneDnn;
 
+  // The grid, validated before anything else happens.
+  const auto& pc = cfg.parallel;
+  comm::GridShape shape{pc.dp, pc.pp, pc.tx, pc.ty, pc.tz};
+  comm::GridRequirements req;
+  req.world_size = rt.world_size();
+  req.n_layer = mcfg.n_layer;
+  req.n_head = mcfg.n_head;
+  req.n_embd = mcfg.n_embd;
+  req.vocab_size = mcfg.vocab_size;
+  req.batch_size = B;
+  req.grad_accum = accum;
+  comm::validate_grid(shape, req);
+  for (auto [axis, size] : {std::pair{"pp", pc.pp}, {"tx", pc.tx}, {"ty", pc.ty}, {"tz", pc.tz}})
+    if (size > 1)
+      throw Error(
+          fmt::format(
+              "parallel.{}={}: pipeline and tensor parallelism are not in this version of tessera",
+              axis, size),
+          "use data parallelism (parallel.dp) with ZeRO stage 0 or 1");
+  comm::Topology topo(shape, rt.world_rank());
+  comm::Communicator& dp_comm = rt.group(topo, {comm::Axis::DP});
+  parallel::DataParallel dp(dp_comm, layout, pc.zero, pc.overlap);
+  const bool lead = rt.world_rank() == 0;  // logs, metrics, checkpoints, samples
+  TrainOptions opt = opt_in;
+  if (!lead) opt.quiet = true;
+  const int ndp = dp.dp_size();
+
   // Data first: a missing shard should fail before any allocation or output.
-  data::TokenLoader train_loader(cfg.data.train, B, T);
+  data::TokenLoader train_loader(cfg.data.train, B, T, static_cast<std::size_t>(dp.dp_rank()),
+                                 static_cast<std::size_t>(ndp));
   std::unique_ptr<data::TokenLoader> val_loader;
   if (tc.val_every > 0) val_loader = std::make_unique<data::TokenLoader>(cfg.data.val, B, T);
 
   fs::path out = tc.out_dir;
   fs::path ckpt_dir = out / "checkpoints";
 
-  Buffer<float> params(layout.total()), grads(layout.total()), m(layout.total()), v(layout.total());
+  Buffer<float> params(layout.total()), grads(layout.total()), m(dp.moment_size()),
+      v(dp.moment_size());
   model::Activations acts;
   Rng rng(tc.seed);
   std::int64_t step = 0, tokens_seen = 0;
   bool resumed = false;
   if (opt.resume) {
     if (auto latest = io::latest_checkpoint(ckpt_dir)) {
-      auto st = io::load_checkpoint(*latest, layout, params.data(), m.data(), v.data());
+      // Checkpoints hold the full state; each rank keeps its shard (any dp size or stage loads).
+      Buffer<float> m_full(layout.total()), v_full(layout.total());
+      auto st = io::load_checkpoint(*latest, layout, params.data(), m_full.data(), v_full.data());
+      std::copy(m_full.data() + dp.shard_begin(), m_full.data() + dp.shard_end(), m.data());
+      std::copy(v_full.data() + dp.shard_begin(), v_full.data() + dp.shard_end(), v.data());
       step = st.step;
       tokens_seen = st.tokens_seen;
       rng.set_state(st.rng_state);
@@ -108,25 +145,44 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   // Everything that can be wrong with the input has been checked by now: print and save the
   // resolved config, then start.
   if (!opt.quiet) log_info("resolved config ({}):\n{}", cfg.source, to_toml(cfg));
-  fs::create_directories(out);
-  write_file_atomic(out / "config.toml", to_toml(cfg));
+  if (lead) {
+    fs::create_directories(out);
+    write_file_atomic(out / "config.toml", to_toml(cfg));
+  }
+  if (started) *started = true;
   if (step >= tc.steps)
     log_info("nothing to do: the run is already at step {} of {}", step, tc.steps);
 
   // Metrics: append when resuming, start afresh otherwise.
-  std::ofstream metrics(out / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw Error(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
+  std::ofstream metrics;
+  if (lead) {
+    metrics.open(out / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw Error(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
+  }
 
+  // Per rank: MFU is per device.
   const double flops_per_step =
       3.0 * model::forward_flops_per_token(mcfg, T) * static_cast<double>(B) * T * accum;
-  Peak peak = resolve_peak(cfg.hardware.peak_tflops, gemm);
+  const std::int64_t tokens_per_step = static_cast<std::int64_t>(B) * T * accum * ndp;
+  Peak peak;
+  if (lead || cfg.hardware.peak_tflops > 0) peak = resolve_peak(cfg.hardware.peak_tflops, gemm);
+  {  // every rank uses rank 0's measurement (measuring on all ranks at once would compete)
+    double f = peak.flops;
+    rt.world().broadcast_bytes(&f, sizeof f, 0);
+    if (!lead) peak = {f, "measured fp32 GEMM on rank 0"};
+  }
   const bool peak_measured = cfg.hardware.peak_tflops <= 0;
-  log_info("model: {}", model::describe(mcfg));
-  log_info(
-      "train: {} steps x {} micro-batches of {}x{} = {} tokens/step, {:.1f} GFLOP/step, {} threads",
-      tc.steps, accum, B, T, B * T * accum, flops_per_step / 1e9, omp_get_max_threads());
-  log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, train_loader.num_tokens(),
-           peak.describe());
+  if (!opt.quiet) {
+    log_info("model: {}", model::describe(mcfg));
+    log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}", shape.describe(),
+             rt.world_size(), dp.stage(), pc.overlap ? "on" : "off");
+    log_info(
+        "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
+        "GFLOP/step/rank, {} threads",
+        tc.steps, accum, B, T, ndp, tokens_per_step, flops_per_step / 1e9, omp_get_max_threads());
+    log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, train_loader.num_tokens(),
+             peak.describe());
+  }
 
   std::vector<std::int32_t> x(static_cast<std::size_t>(B) * T), y(static_cast<std::size_t>(B) * T);
   optim::AdamWConfig ac{static_cast<float>(tc.lr), static_cast<float>(tc.beta1),
@@ -135,7 +191,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   model::ForwardOptions fopt;
   fopt.gemm = gemm;
   fopt.training = true;
-  fopt.dloss = 1.0f / (static_cast<float>(B) * T * accum);
+  fopt.dloss = 1.0f / (static_cast<float>(B) * T * accum * ndp);
 
   TrainSummary summary;
   summary.first_step = step;
@@ -144,9 +200,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
   const std::int64_t start_step = step;
 
   auto validate_now = [&](std::int64_t at) {
+    // Every rank scores the same batches (the parameters are replicated), so the figure is the
+    // single-process one whatever the grid.
     auto r =
         eval::evaluate_shard(layout, params.data(), acts, cfg.data.val, B, T, tc.val_batches, gemm);
     summary.val.emplace_back(at, static_cast<float>(r.loss));
+    if (!lead) return;
     metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
             << "\n";
     metrics.flush();
@@ -154,10 +213,24 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
              r.tokens);
   };
   auto checkpoint_now = [&]() {
-    io::TrainState st{
-        step, rng.state(), train_loader.position(), tokens_seen, {{"config", to_toml(cfg)}}};
-    summary.last_checkpoint = io::save_checkpoint(ckpt_dir, layout, params.data(), m.data(),
-                                                  v.data(), st, tc.keep_checkpoints);
+    // One consolidated checkpoint (the single-process format): moments gathered from the shards.
+    Buffer<float> m_full, v_full;
+    const float* mp = m.data();
+    const float* vp = v.data();
+    if (dp.stage() > 0) {
+      m_full.resize(layout.total());
+      v_full.resize(layout.total());
+      dp.gather_moments(m.data(), v.data(), m_full.data(), v_full.data());
+      mp = m_full.data();
+      vp = v_full.data();
+    }
+    if (lead) {
+      io::TrainState st{
+          step, rng.state(), train_loader.position(), tokens_seen, {{"config", to_toml(cfg)}}};
+      summary.last_checkpoint =
+          io::save_checkpoint(ckpt_dir, layout, params.data(), mp, vp, st, tc.keep_checkpoints);
+    }
+    rt.world().barrier();  // nobody goes on (or exits) before the checkpoint is complete
   };
 
   if (tc.val_every > 0 && step == 0) validate_now(0);
@@ -170,21 +243,28 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
     for (int a = 0; a < accum; ++a) {
       train_loader.next(x.data(), y.data());
       loss += model::forward(layout, params.data(), acts, x.data(), y.data(), B, T, fopt);
-      model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm);
+      if (a + 1 == accum) {  // the last micro-batch: gradients become final layer by layer
+        auto hooks = dp.hooks(grads.data());
+        model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm, nullptr,
+                        &hooks);
+      } else {
+        model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm);
+      }
     }
-    loss /= accum;
+    dp.finish(grads.data());
+    loss = dp.mean(loss / accum);
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                   "lower train.lr or raise train.warmup_steps; check the data");
-    double norm = optim::global_norm(grads.data(), layout.total());
-    optim::clip_by_global_norm(grads.data(), layout.total(), norm, tc.grad_clip);
+    double norm = dp.grad_norm(grads.data());
+    dp.clip(grads.data(), norm, tc.grad_clip);
     float lr =
         optim::lr_at(step, tc.steps, tc.warmup_steps, ac.lr, static_cast<float>(tc.min_lr_ratio));
-    optim::adamw_step(layout, params.data(), grads.data(), m.data(), v.data(), ac, lr, step + 1);
+    dp.step(params.data(), grads.data(), m.data(), v.data(), ac, lr, step + 1);
     ++step;
-    tokens_seen += static_cast<std::int64_t>(B) * T * accum;
+    tokens_seen += tokens_per_step;
     double sec = t.seconds();
-    double tps = B * T * accum / sec;
+    double tps = static_cast<double>(tokens_per_step) / sec;
     tok_rates.push_back(tps);
     summary.losses.push_back(static_cast<float>(loss));
     nlohmann::json row{{"step", step},         {"loss", loss},         {"lr", lr},
@@ -195,15 +275,19 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
       // peak is at least this step's rate. Say so once instead of printing MFU > 100%.
       if (peak.source.find("raised") == std::string::npos) {
         peak.source += ", raised to the best step rate seen";
-        log_info("note: step {} ran at {:.1f} GFLOP/s, above the measured GEMM peak; using it as the peak",
-                 step, flops_per_step / sec / 1e9);
+        if (!opt.quiet)
+          log_info(
+              "note: step {} ran at {:.1f} GFLOP/s, above the measured GEMM peak; using it as the "
+              "peak",
+              step, flops_per_step / sec / 1e9);
       }
       peak.flops = flops_per_step / sec;
     }
     double mfu = peak.flops > 0 ? flops_per_step / sec / peak.flops : -1;
     row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
     row["mfu_peak"] = peak.describe();
-    metrics << row.dump() << "\n";
+    if (ndp > 1) row["grad_overlap"] = dp.overlap_fraction();
+    if (lead) metrics << row.dump() << "\n";
     if (!opt.quiet &&
         (step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1)) {
       double el = run_timer.seconds();
@@ -218,7 +302,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
     }
     if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
     if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint_now();
-    if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step)
+    if (lead && cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step)
       print_sample(cfg, layout, params.data(), rng, step);
   }
   if (step > start_step || !resumed) checkpoint_now();
@@ -227,11 +311,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt) {
     std::nth_element(tok_rates.begin(), tok_rates.begin() + tok_rates.size() / 2, tok_rates.end());
     summary.tokens_per_s = tok_rates[tok_rates.size() / 2];
   }
-  if (step > start_step)
+  if (step > start_step && !opt.quiet)
     log_info("trained steps {}..{} in {} (median {:.0f} tok/s); checkpoint {}", start_step + 1,
              step, fmt_duration(run_timer.seconds()), summary.tokens_per_s,
              summary.last_checkpoint.string());
-  print_sample(cfg, layout, params.data(), rng, step);
+  if (lead) print_sample(cfg, layout, params.data(), rng, step);
   return summary;
 }
 

@@ -9,7 +9,11 @@
 #include "tessera/model/config.hpp"
 #include "tessera/train/run_config.hpp"
 
-namespace tessera::train {
+namespace tessera {
+namespace comm {
+class Runtime;
+}
+namespace train {
 
 struct TrainOptions {
   bool resume = false;  // continue from the newest complete checkpoint in out_dir, if any
@@ -27,9 +31,13 @@ struct TrainSummary {
   std::filesystem::path last_checkpoint;
 };
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt);
+// Runs on every rank of the runtime (one process: a runtime of one). Throws tessera::Error for
+// bad input before any work starts; `started` (if given) turns true once the first step begins.
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt, comm::Runtime& rt,
+                          bool* started = nullptr);
 
 // The model configuration a run config describes.
 model::ModelConfig model_config(const RunConfig& cfg);
 
-}  // namespace tessera::train
+}  // namespace train
+}  // namespace tessera

@@ -1,0 +1,80 @@
+#include "tessera/comm/communicator.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+namespace tessera::comm {
+
+namespace {
+double steady_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+CollectiveLog::CollectiveLog(std::size_t capacity) : capacity_(capacity), t0_(steady_now()) {}
+
+double CollectiveLog::now() const {
+  return steady_now() - t0_;
+}
+
+std::uint64_t CollectiveLog::begin(std::string op, const std::string& group, int group_size,
+                                   std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  CollectiveRecord r;
+  r.seq = next_seq_++;
+  r.op = std::move(op);
+  r.group = group;
+  r.group_size = group_size;
+  r.bytes = bytes;
+  r.start = now();
+  ring_.push_back(std::move(r));
+  // Drop completed records beyond capacity (in-flight ones are kept until they end).
+  while (ring_.size() > capacity_ && ring_.front().end >= 0) ring_.pop_front();
+  return ring_.back().seq;
+}
+
+void CollectiveLog::end(std::uint64_t seq) {
+  std::lock_guard lock(mu_);
+  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
+    if (it->seq == seq) {
+      it->end = now();
+      return;
+    }
+}
+
+bool CollectiveLog::oldest_in_flight(CollectiveRecord& out) const {
+  std::lock_guard lock(mu_);
+  for (const auto& r : ring_)
+    if (r.end < 0) {
+      out = r;
+      return true;
+    }
+  return false;
+}
+
+std::vector<CollectiveRecord> CollectiveLog::snapshot() const {
+  std::lock_guard lock(mu_);
+  return {ring_.begin(), ring_.end()};
+}
+
+void CollectiveLog::clear() {
+  std::lock_guard lock(mu_);
+  ring_.clear();
+}
+
+std::string CollectiveLog::dump() const {
+  auto recs = snapshot();
+  std::string s;
+  std::size_t first = recs.size() > 32 ? recs.size() - 32 : 0;
+  for (std::size_t i = first; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    s += fmt::format("  #{:<6} {:<15} group {:<8} ({} ranks) {:>12} bytes  start {:9.3f}s  {}\n",
+                     r.seq, r.op, r.group, r.group_size, r.bytes, r.start,
+                     r.end >= 0 ? fmt::format("took {:.3f} ms", (r.end - r.start) * 1e3)
+                                : std::string("IN FLIGHT"));
+  }
+  return s;
+}
+
+}  // namespace tessera::comm
