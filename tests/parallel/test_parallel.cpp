@@ -181,6 +181,38 @@ TEST(Resharding, SaveAtDp4Zero1ResumeAtDp2Zero0AndDp1) {
   }
 }
 
+// The bytes each rank holds match the ZeRO accounting for fp32 training (Psi = parameters in the
+// flat buffer, N = dp): stage 0 holds 4Psi + 4Psi + 8Psi = 16Psi; stage 1 holds 4Psi + 4Psi +
+// 8*ceil(Psi/N) (rank 0's shard). Read from the buffers the trainer allocated (metrics.jsonl).
+TEST(ZeroMemory, PerRankBytesMatchTheAccounting) {
+  if (!have_tokenizer()) GTEST_SKIP();
+  const auto data = data_dir();
+  for (int zero : {0, 1}) {
+    auto out = scratch("memory" + std::to_string(zero));
+    auto r = sh(mpirun(4) + train_args(data, out, 2, 1, 1) +
+                " parallel.dp=4 parallel.zero=" + std::to_string(zero));
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::istringstream in(slurp(out / "metrics.jsonl"));
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    ASSERT_NE(line.find("\"event\":\"memory\""), std::string::npos) << line;
+    auto num = [&](const std::string& key) {
+      auto a = line.find("\"" + key + "\":");
+      EXPECT_NE(a, std::string::npos) << key;
+      return std::stoull(line.substr(a + key.size() + 3));
+    };
+    const unsigned long long psi = num("param_count"), n = 4;
+    EXPECT_EQ(num("params_bytes"), 4 * psi);
+    EXPECT_EQ(num("grads_bytes"), 4 * psi);
+    const unsigned long long moments = zero == 0 ? 8 * psi : 8 * ((psi + n - 1) / n);
+    EXPECT_EQ(num("optimizer_bytes"), moments) << "zero=" << zero;
+    const double total =
+        static_cast<double>(num("params_bytes") + num("grads_bytes") + num("optimizer_bytes"));
+    const double model = zero == 0 ? 16.0 * psi : 8.0 * psi + 8.0 * psi / n;
+    EXPECT_NEAR(total / model, 1.0, 1e-6) << "zero=" << zero;
+  }
+}
+
 TEST(ParallelGrid, BadGridsAreRejectedBeforeAnyWork) {
   if (!have_tokenizer()) GTEST_SKIP();
   const auto data = data_dir();

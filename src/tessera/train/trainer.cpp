@@ -159,6 +159,22 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     metrics.open(out / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
     if (!metrics) throw Error(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
   }
+  {
+    // What this rank holds, measured from the buffers themselves (ZeRO accounting, fp32).
+    nlohmann::json mem{{"event", "memory"},
+                       {"rank", rt.world_rank()},
+                       {"param_count", layout.total()},
+                       {"dp", ndp},
+                       {"zero", dp.stage()},
+                       {"params_bytes", params.bytes()},
+                       {"grads_bytes", grads.bytes()},
+                       {"optimizer_bytes", m.bytes() + v.bytes()},
+                       {"activations_bytes", acts.buf.bytes()}};
+    if (lead) metrics << mem.dump() << "\n";
+    if (!opt.quiet)
+      log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",
+               params.bytes() / 1e6, grads.bytes() / 1e6, (m.bytes() + v.bytes()) / 1e6);
+  }
 
   // Per rank: MFU is per device.
   const double flops_per_step =
@@ -251,7 +267,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
         model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm);
       }
     }
-    dp.finish(grads.data());
+    Timer comm_timer;
+    dp.finish(grads.data());  // waits for the gradient reduction still in flight
+    const double comm_wait = comm_timer.seconds();
     loss = dp.mean(loss / accum);
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
@@ -286,7 +304,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     double mfu = peak.flops > 0 ? flops_per_step / sec / peak.flops : -1;
     row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
     row["mfu_peak"] = peak.describe();
-    if (ndp > 1) row["grad_overlap"] = dp.overlap_fraction();
+    if (ndp > 1) {
+      row["grad_overlap"] = dp.overlap_fraction();  // fraction reduced before backward ended
+      row["comm_wait_ms"] = comm_wait * 1e3;        // exposed gradient-reduction time
+    }
     if (lead) metrics << row.dump() << "\n";
     if (!opt.quiet &&
         (step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1)) {
