@@ -90,7 +90,7 @@ void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
   buf.resize(off);
 }
 
-float forward(const ParamLayout& layout, const float* params, Activations& a,
+float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
               const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
               const ForwardOptions& opt) {
   const auto& cfg = layout.config();
@@ -101,8 +101,12 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
   const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   const auto lib = opt.gemm;
-  const float* P = params;
   kernels::Profile* const PROF = opt.profile;
+  store.begin_forward();
+  // Block pointers: the store decides where each block's parameters are (flat buffer, gathered
+  // shard, ...); offsets in the layout are made relative to the block's start.
+  const float* E = store.params(0);
+  auto PE = [&](std::size_t off) { return E + off; };
   for (std::int64_t i = 0; i < N; ++i)
     if (inputs[i] < 0 || inputs[i] >= V)
       throw Error(
@@ -111,20 +115,22 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
 
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_forward(a.at(a.encoded), inputs, P + layout.wte, P + layout.wpe, B, T, C);
+    k::embedding_forward(a.at(a.encoded), inputs, PE(layout.wte), PE(layout.wpe), B, T, C);
   }
   const float* residual = a.at(a.encoded);
   for (int l = 0; l < cfg.n_layer; ++l) {
     const auto& w = layout.layers[l];
     auto& s = a.layers[l];
+    const float* blk = store.params(l + 1);
+    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, P + w.ln1_w,
-                           P + w.ln1_b, N, C);
+      k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, PL(w.ln1_w),
+                           PL(w.ln1_b), N, C);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
+      k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), PL(w.qkv_w), PL(w.qkv_b), N, C, 3 * C);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
@@ -137,17 +143,17 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.res2), a.at(s.atty), P + w.attproj_w, P + w.attproj_b, N, C, C,
+      k::linear_forward(lib, a.at(s.res2), a.at(s.atty), PL(w.attproj_w), PL(w.attproj_b), N, C, C,
                         true);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
       k::layernorm_forward(a.at(s.ln2), a.at(s.ln2_mean), a.at(s.ln2_rstd), a.at(s.res2),
-                           P + w.ln2_w, P + w.ln2_b, N, C);
+                           PL(w.ln2_w), PL(w.ln2_b), N, C);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), P + w.fc_w, P + w.fc_b, N, C, 4 * C);
+      k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), PL(w.fc_w), PL(w.fc_b), N, C, 4 * C);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
@@ -159,21 +165,25 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), P + w.fcproj_w, P + w.fcproj_b, N,
+      k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), PL(w.fcproj_w), PL(w.fcproj_b), N,
                         4 * C, C, true);
     }
     residual = a.at(s.res3);
+    store.release(l + 1);
   }
+  const float* F = store.params(cfg.n_layer + 1);
+  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
     k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
-                         P + layout.lnf_w, P + layout.lnf_b, N, C);
+                         PF(layout.lnf_w), PF(layout.lnf_b), N, C);
   }
   // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), P + layout.wte, nullptr, N, C, Vp);
+    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), PE(layout.wte), nullptr, N, C, Vp);
   }
+  store.release(cfg.n_layer + 1);
   if (!targets) return 0.0f;
   for (std::int64_t i = 0; i < N; ++i)
     if (targets[i] >= V)
@@ -198,50 +208,58 @@ float forward(const ParamLayout& layout, const float* params, Activations& a,
   return count ? static_cast<float>(sum / count) : 0.0f;
 }
 
-void backward(const ParamLayout& layout, const float* params, float* grads, Activations& a,
+void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib,
-              kernels::Profile* PROF, const BackwardHooks* hooks) {
-  auto ready = [&](std::size_t b, std::size_t e) {
-    if (hooks && hooks->grads_ready) hooks->grads_ready(b, e);
-  };
-  auto progress = [&] {
-    if (hooks && hooks->progress) hooks->progress();
-  };
+              kernels::Profile* PROF) {
+  auto progress = [&] { store.progress(); };
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
   const int C = cfg.n_embd, NH = cfg.n_head, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
-  const float* P = params;
-  float* G = grads;
+  store.begin_backward();
+  const float* E = store.params(0);
+  float* GEb = store.grads(0);
+  auto PE = [&](std::size_t off) { return E + off; };
+  auto GE = [&](std::size_t off) { return GEb + off; };
+  const int LB = cfg.n_layer + 1;  // the final LayerNorm's block
+  const float* F = store.params(LB);
+  float* GFb = store.grads(LB);
+  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
+  auto GF = [&](std::size_t off) { return GFb + (off - layout.lnf_w); };
   float* d_res = a.at(a.d_res);
   float* d_ln = a.at(a.d_ln);
 
   // LM head: logits now hold dlogits (N,Vp)
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    k::linear_backward(lib, d_ln, G + layout.wte, nullptr, a.at(a.logits), a.at(a.lnf),
-                       P + layout.wte, N, C, Vp);
+    k::linear_backward(lib, d_ln, GE(layout.wte), nullptr, a.at(a.logits), a.at(a.lnf),
+                       PE(layout.wte), N, C, Vp);
   }
   std::fill(d_res, d_res + N * C, 0.0f);
   const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-    k::layernorm_backward(d_res, G + layout.lnf_w, G + layout.lnf_b, d_ln, last, P + layout.lnf_w,
+    k::layernorm_backward(d_res, GF(layout.lnf_w), GF(layout.lnf_b), d_ln, last, PF(layout.lnf_w),
                           a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
   }
 
-  ready(layout.lnf_w, layout.total());  // ln_f (and the buffer's tail padding)
+  store.grads_done(LB);  // ln_f
+  store.release(LB);
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const auto& w = layout.layers[l];
     auto& s = a.layers[l];
+    const float* blk = store.params(l + 1);
+    float* gblk = store.grads(l + 1);
+    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+    auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
     const float* residual = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
     float* d_fch = a.at(a.d_fch);
     // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_fch, G + w.fcproj_w, G + w.fcproj_b, d_res, a.at(s.fch_gelu),
-                         P + w.fcproj_w, N, 4 * C, C);
+      k::linear_backward(lib, d_fch, GL(w.fcproj_w), GL(w.fcproj_b), d_res, a.at(s.fch_gelu),
+                         PL(w.fcproj_w), N, 4 * C, C);
     }
     progress();
     {
@@ -250,13 +268,13 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_ln, G + w.fc_w, G + w.fc_b, d_fch, a.at(s.ln2), P + w.fc_w, N, C,
+      k::linear_backward(lib, d_ln, GL(w.fc_w), GL(w.fc_b), d_fch, a.at(s.ln2), PL(w.fc_w), N, C,
                          4 * C);
     }
     progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_backward(d_res, G + w.ln2_w, G + w.ln2_b, d_ln, a.at(s.res2), P + w.ln2_w,
+      k::layernorm_backward(d_res, GL(w.ln2_w), GL(w.ln2_b), d_ln, a.at(s.res2), PL(w.ln2_w),
                             a.at(s.ln2_mean), a.at(s.ln2_rstd), N, C);
     }
     // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -264,8 +282,8 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
     float* d_qkv = a.at(a.d_qkv);
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_atty, G + w.attproj_w, G + w.attproj_b, d_res, a.at(s.atty),
-                         P + w.attproj_w, N, C, C);
+      k::linear_backward(lib, d_atty, GL(w.attproj_w), GL(w.attproj_b), d_res, a.at(s.atty),
+                         PL(w.attproj_w), N, C, C);
     }
     progress();
     {
@@ -276,23 +294,70 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
     progress();
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_ln, G + w.qkv_w, G + w.qkv_b, d_qkv, a.at(s.ln1), P + w.qkv_w, N, C,
+      k::linear_backward(lib, d_ln, GL(w.qkv_w), GL(w.qkv_b), d_qkv, a.at(s.ln1), PL(w.qkv_w), N, C,
                          3 * C);
     }
     {
       kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_backward(d_res, G + w.ln1_w, G + w.ln1_b, d_ln, residual, P + w.ln1_w,
+      k::layernorm_backward(d_res, GL(w.ln1_w), GL(w.ln1_b), d_ln, residual, PL(w.ln1_w),
                             a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
     }
-    // this layer's gradients are final: [its begin, the next layer's begin or ln_f)
-    ready(w.begin, l + 1 < cfg.n_layer ? layout.layers[l + 1].begin : layout.lnf_w);
+    store.grads_done(l + 1);  // this layer's gradients are final
+    store.release(l + 1);
   }
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_backward(G + layout.wte, G + layout.wpe, d_res, inputs, B, T, C);
+    k::embedding_backward(GE(layout.wte), GE(layout.wpe), d_res, inputs, B, T, C);
   }
-  ready(0, cfg.n_layer > 0 ? layout.layers[0].begin
-                           : layout.lnf_w);  // wte (incl. the LM head) and wpe
+  store.grads_done(0);  // wte (with the tied LM head's part) and wpe
+  store.release(0);
+}
+
+// ---------------------------------------------------------------- blocks and stores
+int num_blocks(const ParamLayout& layout) {
+  return layout.config().n_layer + 2;
+}
+
+std::size_t block_begin(const ParamLayout& layout, int b) {
+  const int L = layout.config().n_layer;
+  if (b == 0) return 0;
+  if (b <= L) return layout.layers[b - 1].begin;
+  return layout.lnf_w;
+}
+
+std::size_t block_end(const ParamLayout& layout, int b) {
+  const int L = layout.config().n_layer;
+  if (b == L + 1) return layout.total();
+  return block_begin(layout, b + 1);
+}
+
+const float* FlatStore::params(int b) {
+  return params_ + block_begin(layout_, b);
+}
+float* FlatStore::grads(int b) {
+  TESSERA_CHECK(grads_, "backward needs a gradient buffer");
+  return grads_ + block_begin(layout_, b);
+}
+void FlatStore::grads_done(int b) {
+  if (hooks_ && hooks_->grads_ready)
+    hooks_->grads_ready(block_begin(layout_, b), block_end(layout_, b));
+}
+void FlatStore::progress() {
+  if (hooks_ && hooks_->progress) hooks_->progress();
+}
+
+float forward(const ParamLayout& layout, const float* params, Activations& acts,
+              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+              const ForwardOptions& opt) {
+  FlatStore store(layout, params, nullptr);
+  return forward(layout, store, acts, inputs, targets, B, T, opt);
+}
+
+void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
+              kernels::Profile* profile, const BackwardHooks* hooks) {
+  FlatStore store(layout, params, grads, hooks);
+  backward(layout, store, acts, inputs, B, T, gemm, profile);
 }
 
 // ---------------------------------------------------------------- decoding

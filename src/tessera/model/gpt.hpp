@@ -57,19 +57,69 @@ struct ForwardOptions {
   kernels::Profile* profile = nullptr;  // time per op family, if set
 };
 
-// inputs, targets: (B,T) token ids. targets may be null (logits only; returns 0).
-// Returns the mean loss over positions whose target is >= 0.
-float forward(const ParamLayout& layout, const float* params, Activations& acts,
-              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
-              const ForwardOptions& opt);
+// ---- where the parameters and gradients are: blocks and stores ----
+// The flat buffer is cut into blocks: 0 = embeddings (wte, wpe), 1..L = the layers, L+1 = the
+// final LayerNorm. Blocks tile [0, layout.total()).
+int num_blocks(const ParamLayout& layout);
+std::size_t block_begin(const ParamLayout& layout, int block);
+std::size_t block_end(const ParamLayout& layout, int block);
 
-// Hooks for data parallelism: backward says when a range of the gradient buffer is final, in
-// the order it completes them (ln_f, layers L-1 .. 0, then the embeddings; the ranges tile the
-// whole buffer), and calls progress() between ops so non-blocking reductions move on.
+// forward/backward ask a store for each block's parameters and gradient buffer just before use,
+// and tell it when they are done with them. A store can be one flat buffer (FlatStore), or
+// shards gathered on demand with prefetch (ZeRO-3), or per-block gradient buffers that are
+// reduce-scattered as soon as they are final (ZeRO-2).
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  virtual void begin_forward() {}
+  virtual void begin_backward() {}
+  // The block's parameters, laid out as in the flat buffer from block_begin(block); valid until
+  // release(block).
+  virtual const float* params(int block) = 0;
+  // Where backward ACCUMULATES the block's gradients (same layout).
+  virtual float* grads(int block) = 0;
+  virtual void release(int block) {}
+  virtual void grads_done(int block) {}  // backward has finished the block's gradients
+  virtual void progress() {}             // called between ops: drive non-blocking communication
+};
+
+// Hooks for data parallelism over a flat buffer: backward says when a range of the gradient
+// buffer is final, in the order it completes them (ln_f, layers L-1 .. 0, then the embeddings;
+// the ranges tile the whole buffer), and calls progress() between ops.
 struct BackwardHooks {
   std::function<void(std::size_t begin, std::size_t end)> grads_ready;
   std::function<void()> progress;
 };
+
+class FlatStore final : public ParamStore {
+ public:
+  FlatStore(const ParamLayout& layout, const float* params, float* grads,
+            const BackwardHooks* hooks = nullptr)
+      : layout_(layout), params_(params), grads_(grads), hooks_(hooks) {}
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void grads_done(int block) override;
+  void progress() override;
+
+ private:
+  const ParamLayout& layout_;
+  const float* params_;
+  float* grads_;
+  const BackwardHooks* hooks_;
+};
+
+// inputs, targets: (B,T) token ids. targets may be null (logits only; returns 0).
+// Returns the mean loss over positions whose target is >= 0.
+float forward(const ParamLayout& layout, ParamStore& store, Activations& acts,
+              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+              const ForwardOptions& opt);
+void backward(const ParamLayout& layout, ParamStore& store, Activations& acts,
+              const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
+              kernels::Profile* profile = nullptr);
+// The same over one flat parameter (and gradient) buffer.
+float forward(const ParamLayout& layout, const float* params, Activations& acts,
+              const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+              const ForwardOptions& opt);
 
 // Gradients ACCUMULATE into grads (same layout as params). Requires a training forward() of the
 // same micro-batch just before.
