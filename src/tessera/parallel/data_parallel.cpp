@@ -8,21 +8,45 @@
 
 namespace tessera::parallel {
 
+namespace {
+constexpr int k_grad_pool = 3;   // staging buffers for layer gradients in flight (stages 2-3)
+constexpr int k_param_pool = 2;  // gathered layers: the one in use and the prefetched one (stage 3)
+}  // namespace
+
 DataParallel::DataParallel(comm::Communicator& dp, const model::ParamLayout& layout, int zero_stage,
                            bool overlap)
-    : comm_(dp), layout_(layout), stage_(zero_stage), overlap_(overlap) {
-  if (zero_stage < 0 || zero_stage > 1)
-    throw Error(
-        fmt::format("parallel.zero={} is not supported by this version of tessera", zero_stage),
-        "use parallel.zero=0 (replicated) or 1 (sharded AdamW moments)");
-  const std::size_t total = layout.total(), n = static_cast<std::size_t>(comm_.size());
-  per_rank_ = (total + n - 1) / n;
-  if (stage_ == 0) {
-    shard_begin_ = 0;
-    shard_end_ = total;
-  } else {
-    shard_begin_ = shard_begin_of(comm_.rank());
-    shard_end_ = shard_begin_of(comm_.rank() + 1);
+    : comm_(dp),
+      layout_(layout),
+      stage_(zero_stage),
+      overlap_(overlap),
+      nblocks_(model::num_blocks(layout)) {
+  if (zero_stage < 0 || zero_stage > 3)
+    throw Error(fmt::format("parallel.zero={} is not a ZeRO stage", zero_stage),
+                "use 0, 1, 2 or 3");
+  const std::size_t P = layout.total(), n = static_cast<std::size_t>(comm_.size());
+  per_rank_ = (P + n - 1) / n;
+  shard_begin_ = stage_ == 0 ? 0 : shard_begin_of(comm_.rank());
+  shard_end_ = stage_ == 0 ? P : shard_begin_of(comm_.rank() + 1);
+  for (int b = 1; b < nblocks_; ++b)
+    max_block_ = std::max(max_block_, model::block_end(layout, b) - model::block_begin(layout, b));
+  const std::size_t block0 = model::block_end(layout, 0);
+  params_.resize(stage_ < 3 ? P : shard_size());
+  grads_.resize(stage_ < 2 ? P : shard_size());
+  m_.resize(stage_ == 0 ? P : shard_size());
+  v_.resize(stage_ == 0 ? P : shard_size());
+  if (stage_ >= 2) {
+    grad_stage0_.resize(block0);
+    for (int i = 0; i < k_grad_pool; ++i) {
+      grad_pool_.emplace_back(max_block_);
+      free_grad_bufs_.push_back(grad_pool_.back().data());
+    }
+  }
+  if (stage_ == 3) {
+    param_stage0_.resize(block0);
+    for (int i = 0; i < k_param_pool; ++i) {
+      param_pool_.emplace_back(max_block_);
+      free_param_bufs_.push_back(param_pool_.back().data());
+    }
   }
 }
 
@@ -39,92 +63,145 @@ std::vector<std::size_t> DataParallel::counts_in(std::size_t b, std::size_t e) c
   return c;
 }
 
-void DataParallel::issue(float* grads, std::size_t b, std::size_t e) {
-  covered_ += e - b;
-  if (comm_.size() == 1 || e == b) return;
+MemoryReport DataParallel::memory() const {
+  MemoryReport r;
+  r.params_bytes = params_.bytes();
+  r.grads_bytes = grads_.bytes();
+  r.optimizer_bytes = m_.bytes() + v_.bytes();
+  r.transient_bytes = grad_stage0_.bytes() + param_stage0_.bytes() + full_tmp_.bytes();
+  for (const auto& b : grad_pool_) r.transient_bytes += b.bytes();
+  for (const auto& b : param_pool_) r.transient_bytes += b.bytes();
+  return r;
+}
+
+// ------------------------------------------------------------------ state
+void DataParallel::load(const float* pf, const float* mf, const float* vf) {
+  const std::size_t P = layout_.total();
+  if (stage_ < 3)
+    std::copy(pf, pf + P, params_.data());
+  else
+    std::copy(pf + shard_begin_, pf + shard_end_, params_.data());
+  full_tmp_ = Buffer<float>();
+  if (mf)
+    std::copy(mf + shard_begin_, mf + shard_end_, m_.data());
+  else
+    m_.zero();
+  if (vf)
+    std::copy(vf + shard_begin_, vf + shard_end_, v_.data());
+  else
+    v_.zero();
+}
+
+const float* DataParallel::full_params() {
+  if (stage_ < 3) return params_.data();
+  if (full_tmp_.size() != layout_.total()) {
+    full_tmp_.resize(layout_.total());
+    comm_.iall_gather(params_.data(), full_tmp_.data(), counts_in(0, layout_.total())).wait();
+  }
+  return full_tmp_.data();
+}
+
+void DataParallel::gather_moments(float* mf, float* vf) {
   if (stage_ == 0) {
-    pending_.push_back({comm_.iall_reduce_sum(grads + b, e - b), b, e});
-  } else {
-    // In place: the sum of this rank's part of [b, e) lands at grads[b..); finish() moves it.
-    pending_.push_back({comm_.ireduce_scatter_sum(grads + b, grads + b, counts_in(b, e)), b, e});
+    std::copy(m_.data(), m_.data() + m_.size(), mf);
+    std::copy(v_.data(), v_.data() + v_.size(), vf);
+    return;
+  }
+  auto counts = counts_in(0, layout_.total());
+  comm_.iall_gather(m_.data(), mf, counts).wait();
+  comm_.iall_gather(v_.data(), vf, counts).wait();
+}
+
+// ------------------------------------------------------------------ step
+void DataParallel::begin_step() {
+  grads_.zero();
+}
+
+void DataParallel::begin_micro_batch(bool last) {
+  last_micro_ = last;
+  covered_ = issued_ = 0;
+}
+
+void DataParallel::issue_reduction(int block, float* data) {
+  const std::size_t bb = model::block_begin(layout_, block), be = model::block_end(layout_, block);
+  covered_ += be - bb;
+  Pending p{comm::Request(), block, stage_ >= 2 ? data : nullptr};
+  if (comm_.size() > 1) {
+    if (stage_ == 0)
+      p.req = comm_.iall_reduce_sum(data, be - bb);
+    else  // in place: this rank's sum lands at data[0..)
+      p.req = comm_.ireduce_scatter_sum(data, data, counts_in(bb, be));
+    issued_ += be - bb;
+  }
+  pending_.push_back(std::move(p));
+}
+
+void DataParallel::complete(Pending& p) {
+  p.req.wait();
+  const std::size_t bb = model::block_begin(layout_, p.block),
+                    be = model::block_end(layout_, p.block);
+  const std::size_t mine = counts_in(bb, be)[comm_.rank()];
+  const std::size_t at = std::max(bb, shard_begin_);  // where this rank's part starts (flat index)
+  if (stage_ == 1 && comm_.size() > 1 && mine) {
+    std::memmove(grads_.data() + at, grads_.data() + bb, mine * sizeof(float));
+  } else if (stage_ >= 2) {
+    // accumulate this micro-batch's reduced part into the gradient shard
+    float* dst = grads_.data() + (at - shard_begin_);
+    const float* src = p.staging;
+    const std::int64_t n = static_cast<std::int64_t>(mine);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    grad_of_block_.erase(p.block);
+    if (p.block != 0) free_grad_bufs_.push_back(p.staging);
   }
 }
 
-void DataParallel::progress() {
-  for (auto& p : pending_) p.req.test();
-}
-
-model::BackwardHooks DataParallel::hooks(float* grads) {
-  covered_ = 0;
+void DataParallel::end_micro_batch() {
+  if (stage_ < 2 && !last_micro_) return;  // stages 0-1 reduce once per step
+  for (int b : deferred_) issue_reduction(b, grads_.data() + model::block_begin(layout_, b));
   deferred_.clear();
-  done_during_backward_ = 0;
-  model::BackwardHooks h;
-  h.grads_ready = [this, grads](std::size_t b, std::size_t e) {
-    if (overlap_) {
-      issue(grads, b, e);
-      progress();
-    } else {
-      deferred_.push_back({b, e});
-    }
-  };
-  h.progress = [this] {
-    if (overlap_) progress();
-  };
-  return h;
-}
-
-void DataParallel::finish(float* grads) {
-  if (covered_ == 0 && deferred_.empty())
-    deferred_.push_back({0, layout_.total()});  // no hooks were used
-  for (const auto& d : deferred_) issue(grads, d.begin, d.end);
-  deferred_.clear();
-  TESSERA_CHECK(covered_ == layout_.total(), "gradient buckets covered {} of {} elements", covered_,
+  TESSERA_CHECK(covered_ == layout_.total(), "gradient blocks covered {} of {} elements", covered_,
                 layout_.total());
-  // How much was already reduced when backward ended (overlap measure).
-  std::size_t done = 0, all = 0;
-  for (auto& p : pending_) {
-    all += p.end - p.begin;
-    if (!p.req.pending()) done += p.end - p.begin;
-  }
-  overlapped_fraction_ = all ? static_cast<double>(done) / static_cast<double>(all) : 1.0;
-  for (auto& p : pending_) {
-    p.req.wait();
-    if (stage_ >= 1) {
-      auto c = counts_in(p.begin, p.end);
-      std::size_t mine = c[comm_.rank()];
-      if (mine)
-        std::memmove(grads + std::max(p.begin, shard_begin_), grads + p.begin,
-                     mine * sizeof(float));
-    }
-  }
+  std::size_t done = 0;
+  for (auto& p : pending_)
+    if (!p.req.pending())
+      done += model::block_end(layout_, p.block) - model::block_begin(layout_, p.block);
+  std::size_t all = 0;
+  for (auto& p : pending_)
+    all += model::block_end(layout_, p.block) - model::block_begin(layout_, p.block);
+  if (last_micro_)
+    overlapped_fraction_ = all ? static_cast<double>(done) / static_cast<double>(all) : 1.0;
+  for (auto& p : pending_) complete(p);
   pending_.clear();
 }
 
-double DataParallel::grad_norm(const float* grads) {
-  double local = optim::global_norm(grads + shard_begin_, shard_size());
-  if (stage_ == 0) return local;  // every rank holds the whole reduced gradient
+double DataParallel::grad_norm() {
+  const float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
+  double local = optim::global_norm(g, shard_size());
+  if (stage_ == 0) return local;
   double sq = local * local;
   comm_.all_reduce_sum(&sq, 1);
   return std::sqrt(sq);
 }
 
-void DataParallel::clip(float* grads, double norm, double max_norm) {
-  optim::clip_by_global_norm(grads + shard_begin_, shard_size(), norm, max_norm);
+void DataParallel::clip(double norm, double max_norm) {
+  float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
+  optim::clip_by_global_norm(g, shard_size(), norm, max_norm);
 }
 
-void DataParallel::step(float* params, const float* grads, float* m, float* v,
-                        const optim::AdamWConfig& cfg, float lr, std::int64_t step) {
+void DataParallel::step(const optim::AdamWConfig& cfg, float lr, std::int64_t step) {
+  const std::size_t sb = shard_begin_;
   for (const auto& t : layout_.tensors()) {
-    std::size_t lo = std::max(t.offset, shard_begin_),
-                hi = std::min(t.offset + t.numel, shard_end_);
+    std::size_t lo = std::max(t.offset, sb), hi = std::min(t.offset + t.numel, shard_end_);
     if (hi <= lo) continue;
-    optim::adamw_update_range(params + lo, grads + lo, m + (lo - shard_begin_),
-                              v + (lo - shard_begin_), hi - lo, cfg, lr, t.decay, step);
+    float* p = stage_ < 3 ? params_.data() + lo : params_.data() + (lo - sb);
+    const float* g = stage_ < 2 ? grads_.data() + lo : grads_.data() + (lo - sb);
+    optim::adamw_update_range(p, g, m_.data() + (lo - sb), v_.data() + (lo - sb), hi - lo, cfg, lr,
+                              t.decay, step);
   }
-  if (stage_ >= 1 && comm_.size() > 1) {
-    auto counts = counts_in(0, layout_.total());
-    comm_.iall_gather(params + shard_begin_, params, counts).wait();
-  }
+  if ((stage_ == 1 || stage_ == 2) && comm_.size() > 1)
+    comm_.iall_gather(params_.data() + sb, params_.data(), counts_in(0, layout_.total())).wait();
+  full_tmp_ = Buffer<float>();  // stage 3: the gathered copy is stale now
 }
 
 double DataParallel::mean(double x) {
@@ -132,16 +209,108 @@ double DataParallel::mean(double x) {
   return x / comm_.size();
 }
 
-void DataParallel::gather_moments(const float* m_shard, const float* v_shard, float* m_full,
-                                  float* v_full) {
-  if (stage_ == 0) {
-    std::copy(m_shard, m_shard + layout_.total(), m_full);
-    std::copy(v_shard, v_shard + layout_.total(), v_full);
+// ------------------------------------------------------------------ ParamStore
+void DataParallel::begin_forward() {
+  direction_ = 1;
+  if (stage_ == 3 && !gathers_.count(0)) start_gather(0);
+}
+
+void DataParallel::begin_backward() {
+  direction_ = -1;
+}
+
+void DataParallel::start_gather(int block) {
+  const std::size_t bb = model::block_begin(layout_, block), be = model::block_end(layout_, block);
+  float* buf;
+  if (block == 0) {
+    buf = param_stage0_.data();
+  } else {
+    TESSERA_CHECK(!free_param_bufs_.empty(), "no free buffer to gather block {}", block);
+    buf = free_param_bufs_.back();
+    free_param_bufs_.pop_back();
+  }
+  const std::size_t lo = std::max(bb, shard_begin_);
+  const float* in = lo < shard_end_ ? params_.data() + (lo - shard_begin_) : params_.data();
+  gathers_[block] = Gather{comm_.iall_gather(in, buf, counts_in(bb, be)), buf};
+}
+
+float* DataParallel::gathered(int block) {
+  auto it = gathers_.find(block);
+  if (it == gathers_.end()) {
+    start_gather(block);
+    it = gathers_.find(block);
+  }
+  it->second.req.wait();
+  return it->second.buf;
+}
+
+const float* DataParallel::params(int block) {
+  if (stage_ < 3) return params_.data() + model::block_begin(layout_, block);
+  float* buf = gathered(block);
+  // Prefetch the block that comes next in this pass (the embeddings stay gathered).
+  const int L = nblocks_ - 2;
+  int next = -1;
+  if (direction_ > 0 && block >= 0 && block <= L) next = block + 1;
+  if (direction_ < 0 && block >= 2) next = block - 1;
+  if (next > 0 && !gathers_.count(next) && !free_param_bufs_.empty()) start_gather(next);
+  return buf;
+}
+
+void DataParallel::release(int block) {
+  if (stage_ < 3) return;
+  if (block == 0 && direction_ > 0) return;  // the embeddings are needed again by backward
+  auto it = gathers_.find(block);
+  if (it == gathers_.end()) return;
+  it->second.req.wait();
+  if (block != 0) free_param_bufs_.push_back(it->second.buf);
+  gathers_.erase(it);
+}
+
+float* DataParallel::take_staging(int block) {
+  if (block == 0) return grad_stage0_.data();
+  while (free_grad_bufs_.empty()) {
+    TESSERA_CHECK(!pending_.empty(), "gradient staging pool exhausted");
+    complete(pending_.front());
+    pending_.pop_front();
+  }
+  float* b = free_grad_bufs_.back();
+  free_grad_bufs_.pop_back();
+  return b;
+}
+
+float* DataParallel::grads(int block) {
+  const std::size_t bb = model::block_begin(layout_, block);
+  if (stage_ < 2) return grads_.data() + bb;
+  auto it = grad_of_block_.find(block);
+  if (it != grad_of_block_.end()) return it->second;
+  float* buf = take_staging(block);
+  std::fill(buf, buf + (model::block_end(layout_, block) - bb), 0.0f);
+  grad_of_block_[block] = buf;
+  return buf;
+}
+
+void DataParallel::grads_done(int block) {
+  if (stage_ < 2) {
+    if (!last_micro_) return;  // gradients keep accumulating in the full buffer
+    if (!overlap_) {
+      deferred_.push_back(block);  // the measured baseline: reduce after backward
+      return;
+    }
+    issue_reduction(block, grads_.data() + model::block_begin(layout_, block));
+    progress();
     return;
   }
-  auto counts = counts_in(0, layout_.total());
-  comm_.iall_gather(m_shard, m_full, counts).wait();
-  comm_.iall_gather(v_shard, v_full, counts).wait();
+  issue_reduction(block, grad_of_block_.at(block));
+  if (!overlap_) {
+    complete(pending_.back());
+    pending_.pop_back();
+  }
+  progress();
+}
+
+void DataParallel::progress() {
+  if (!overlap_) return;
+  for (auto& p : pending_) p.req.test();
 }
 
 }  // namespace tessera::parallel

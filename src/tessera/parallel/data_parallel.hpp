@@ -1,24 +1,38 @@
-// Data parallelism with ZeRO sharding over the dp group.
-//  stage 0: gradients all-reduced, every rank runs the whole optimizer.
-//  stage 1: gradients reduce-scattered, each rank owns 1/dp of the flat buffer (its shard):
-//           AdamW moments exist for the shard only, the rank updates its shard, and the updated
-//           parameters are all-gathered.
-// Gradients are reduced per bucket (ln_f, each layer, the embeddings) as soon as backward has
-// finished them, non-blocking, with progress driven between backward's ops (Open MPI has no
-// progress thread), so communication overlaps the rest of backward.
+// Data parallelism with ZeRO sharding over the dp group. DataParallel owns the parameter,
+// gradient and AdamW buffers of this rank and is the ParamStore forward/backward run on.
+//
+//  stage 0: everything replicated; gradients all-reduced.
+//  stage 1: AdamW moments sharded: gradients reduce-scattered (in place), each rank updates its
+//           shard of the flat buffer, the updated shards are all-gathered.
+//  stage 2: gradients sharded as well: backward writes each block into a transient buffer that
+//           is reduce-scattered as soon as the block is final and accumulated into the shard.
+//  stage 3: parameters sharded as well: each block is all-gathered just before use, with the
+//           next block prefetched, and released after; the embeddings stay gathered for the
+//           step (they are used at both ends of forward and of backward).
+// Shards: rank r owns elements [r*ceil(P/N), min(P, (r+1)*ceil(P/N))) of the flat buffer.
+// Reductions are non-blocking, issued per block as backward finishes it, with progress driven
+// between backward's ops (Open MPI has no progress thread).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/buffer.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 
 namespace tessera::parallel {
 
-class DataParallel {
+struct MemoryReport {
+  std::size_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;  // persistent
+  std::size_t transient_bytes = 0;  // gather / gradient staging buffers (stages 2, 3)
+};
+
+class DataParallel final : public model::ParamStore {
  public:
   DataParallel(comm::Communicator& dp, const model::ParamLayout& layout, int zero_stage,
                bool overlap);
@@ -26,55 +40,89 @@ class DataParallel {
   int stage() const { return stage_; }
   int dp_size() const { return comm_.size(); }
   int dp_rank() const { return comm_.rank(); }
-  // The part of the flat buffer this rank owns: the whole buffer at stage 0.
   std::size_t shard_begin() const { return shard_begin_; }
   std::size_t shard_end() const { return shard_end_; }
   std::size_t shard_size() const { return shard_end_ - shard_begin_; }
   std::size_t shard_begin_of(int rank) const;
-  // Elements of AdamW moment buffers this rank needs (each of m and v).
-  std::size_t moment_size() const { return stage_ == 0 ? layout_.total() : shard_size(); }
+  MemoryReport memory() const;
 
-  // Hooks for the backward of the LAST micro-batch of a step (the gradients are then final).
-  model::BackwardHooks hooks(float* grads);
-  // Completes the reduction: afterwards grads[shard] holds the sum over dp ranks (stage 0: all
-  // of grads). Issues whatever backward did not (overlap off, or no hooks used).
-  void finish(float* grads);
+  // ---- state ----
+  // Sets every rank's state from full (layout.total()) buffers: parameters, and optionally
+  // moments (null: zero). Each rank keeps what its stage needs.
+  void load(const float* params_full, const float* m_full, const float* v_full);
+  // The full parameters: the replicated buffer (stages 0-2), or all-gathered into a transient
+  // buffer (stage 3; valid until the next call that changes parameters).
+  const float* full_params();
+  // Full moments on every rank (checkpoints).
+  void gather_moments(float* m_full, float* v_full);
 
-  double grad_norm(const float* grads);  // global L2 norm of the reduced gradient
-  void clip(float* grads, double norm, double max_norm);
-  // AdamW on this rank's shard (m, v hold moment_size() elements), then (stage 1) all-gather.
-  void step(float* params, const float* grads, float* m, float* v, const optim::AdamWConfig& cfg,
-            float lr, std::int64_t step);
+  // ---- a training step ----
+  void begin_step();                  // zero gradients
+  void begin_micro_batch(bool last);  // gradients become final in this micro-batch's backward
+  void end_micro_batch();             // complete the reductions this backward issued
+  double grad_norm();                 // global L2 norm of the reduced gradient
+  void clip(double norm, double max_norm);
+  void step(const optim::AdamWConfig& cfg, float lr, std::int64_t step);  // AdamW, then gathers
   double mean(double x);  // average of a scalar over the dp group
-
-  // Full moment buffers (layout.total()) from the shards, on every rank (checkpoints).
-  void gather_moments(const float* m_shard, const float* v_shard, float* m_full, float* v_full);
-
-  // Bytes of communication issued during the last finish() and step() (for reports/tests).
   double overlap_fraction() const { return overlapped_fraction_; }
 
+  // ---- model::ParamStore ----
+  void begin_forward() override;
+  void begin_backward() override;
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void release(int block) override;
+  void grads_done(int block) override;
+  void progress() override;
+
  private:
-  struct Bucket {
-    std::size_t begin, end;
+  struct Pending {
+    comm::Request req;
+    int block;
+    float* staging;  // stages 2-3: the transient buffer being reduce-scattered
   };
-  void issue(float* grads, std::size_t b, std::size_t e);
-  void progress();
   std::vector<std::size_t> counts_in(std::size_t b, std::size_t e) const;
+  void issue_reduction(int block, float* data);
+  void complete(Pending& p);
+  float* take_staging(int block);
+  // stage 3
+  void start_gather(int block);
+  float* gathered(int block);
 
   comm::Communicator& comm_;
   const model::ParamLayout& layout_;
   int stage_;
   bool overlap_;
-  std::size_t shard_begin_ = 0, shard_end_ = 0, per_rank_ = 0;
-  struct Pending {
-    comm::Request req;
-    std::size_t begin, end;
-  };
-  std::vector<Pending> pending_;
-  std::vector<Bucket> deferred_;
-  std::size_t covered_ = 0;  // elements issued this step (checks the buckets tile the buffer)
+  int nblocks_;
+  std::size_t shard_begin_ = 0, shard_end_ = 0, per_rank_ = 0, max_block_ = 0;
+
+  Buffer<float> params_;    // full (0-2) or shard (3)
+  Buffer<float> grads_;     // full (0-1) or shard (2-3)
+  Buffer<float> m_, v_;     // full (0) or shard (1-3)
+  Buffer<float> full_tmp_;  // stage 3: full parameters for eval and checkpoints
+
+  bool last_micro_ = true;
+  std::deque<Pending> pending_;
+  std::vector<int> deferred_;  // stages 0-1 with overlap off: blocks to reduce after backward
+  std::size_t covered_ = 0, issued_ = 0, done_in_backward_ = 0;
   double overlapped_fraction_ = 0;
-  std::size_t done_during_backward_ = 0;
+
+  // stages 2-3: gradient staging (block 0 has its own buffer; layers share a small pool)
+  Buffer<float> grad_stage0_;
+  std::vector<Buffer<float>> grad_pool_;
+  std::vector<float*> free_grad_bufs_;
+  std::map<int, float*> grad_of_block_;
+
+  // stage 3: gathered parameters (block 0 has its own buffer; layers share a pool of two)
+  struct Gather {
+    comm::Request req;
+    float* buf;
+  };
+  Buffer<float> param_stage0_;
+  std::vector<Buffer<float>> param_pool_;
+  std::vector<float*> free_param_bufs_;
+  std::map<int, Gather> gathers_;
+  int direction_ = 1;
 };
 
 }  // namespace tessera::parallel

@@ -118,8 +118,6 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   fs::path out = tc.out_dir;
   fs::path ckpt_dir = out / "checkpoints";
 
-  Buffer<float> params(layout.total()), grads(layout.total()), m(dp.moment_size()),
-      v(dp.moment_size());
   model::Activations acts;
   Rng rng(tc.seed);
   std::int64_t step = 0, tokens_seen = 0;
@@ -127,10 +125,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (opt.resume) {
     if (auto latest = io::latest_checkpoint(ckpt_dir)) {
       // Checkpoints hold the full state; each rank keeps its shard (any dp size or stage loads).
-      Buffer<float> m_full(layout.total()), v_full(layout.total());
-      auto st = io::load_checkpoint(*latest, layout, params.data(), m_full.data(), v_full.data());
-      std::copy(m_full.data() + dp.shard_begin(), m_full.data() + dp.shard_end(), m.data());
-      std::copy(v_full.data() + dp.shard_begin(), v_full.data() + dp.shard_end(), v.data());
+      Buffer<float> p_full(layout.total()), m_full(layout.total()), v_full(layout.total());
+      auto st = io::load_checkpoint(*latest, layout, p_full.data(), m_full.data(), v_full.data());
+      dp.load(p_full.data(), m_full.data(), v_full.data());
       step = st.step;
       tokens_seen = st.tokens_seen;
       rng.set_state(st.rng_state);
@@ -141,7 +138,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       log_info("no checkpoint in {}: starting from scratch", ckpt_dir.string());
     }
   }
-  if (!resumed) model::init_params(layout, params.data(), tc.seed);
+  if (!resumed) {
+    Buffer<float> p_full(layout.total());
+    model::init_params(layout, p_full.data(), tc.seed);
+    dp.load(p_full.data(), nullptr, nullptr);
+  }
   // Everything that can be wrong with the input has been checked by now: print and save the
   // resolved config, then start.
   if (!opt.quiet) log_info("resolved config ({}):\n{}", cfg.source, to_toml(cfg));
@@ -161,19 +162,21 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   }
   {
     // What this rank holds, measured from the buffers themselves (ZeRO accounting, fp32).
-    nlohmann::json mem{{"event", "memory"},
+    const auto mem = dp.memory();
+    nlohmann::json row{{"event", "memory"},
                        {"rank", rt.world_rank()},
                        {"param_count", layout.total()},
                        {"dp", ndp},
                        {"zero", dp.stage()},
-                       {"params_bytes", params.bytes()},
-                       {"grads_bytes", grads.bytes()},
-                       {"optimizer_bytes", m.bytes() + v.bytes()},
+                       {"params_bytes", mem.params_bytes},
+                       {"grads_bytes", mem.grads_bytes},
+                       {"optimizer_bytes", mem.optimizer_bytes},
+                       {"transient_bytes", mem.transient_bytes},
                        {"activations_bytes", acts.buf.bytes()}};
-    if (lead) metrics << mem.dump() << "\n";
+    if (lead) metrics << row.dump() << "\n";
     if (!opt.quiet)
       log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",
-               params.bytes() / 1e6, grads.bytes() / 1e6, (m.bytes() + v.bytes()) / 1e6);
+               mem.params_bytes / 1e6, mem.grads_bytes / 1e6, mem.optimizer_bytes / 1e6);
   }
 
   // Per rank: MFU is per device.
@@ -218,8 +221,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   auto validate_now = [&](std::int64_t at) {
     // Every rank scores the same batches (the parameters are replicated), so the figure is the
     // single-process one whatever the grid.
-    auto r =
-        eval::evaluate_shard(layout, params.data(), acts, cfg.data.val, B, T, tc.val_batches, gemm);
+    auto r = eval::evaluate_shard(layout, dp.full_params(), acts, cfg.data.val, B, T,
+                                  tc.val_batches, gemm);
     summary.val.emplace_back(at, static_cast<float>(r.loss));
     if (!lead) return;
     metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
@@ -230,21 +233,16 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   };
   auto checkpoint_now = [&]() {
     // One consolidated checkpoint (the single-process format): moments gathered from the shards.
-    Buffer<float> m_full, v_full;
-    const float* mp = m.data();
-    const float* vp = v.data();
-    if (dp.stage() > 0) {
-      m_full.resize(layout.total());
-      v_full.resize(layout.total());
-      dp.gather_moments(m.data(), v.data(), m_full.data(), v_full.data());
-      mp = m_full.data();
-      vp = v_full.data();
-    }
+    Buffer<float> m_full(layout.total()), v_full(layout.total());
+    dp.gather_moments(m_full.data(), v_full.data());
+    const float* mp = m_full.data();
+    const float* vp = v_full.data();
+    const float* pp = dp.full_params();
     if (lead) {
       io::TrainState st{
           step, rng.state(), train_loader.position(), tokens_seen, {{"config", to_toml(cfg)}}};
       summary.last_checkpoint =
-          io::save_checkpoint(ckpt_dir, layout, params.data(), mp, vp, st, tc.keep_checkpoints);
+          io::save_checkpoint(ckpt_dir, layout, pp, mp, vp, st, tc.keep_checkpoints);
     }
     rt.world().barrier();  // nobody goes on (or exits) before the checkpoint is complete
   };
@@ -254,31 +252,26 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       opt.stop_at > 0 ? std::min<std::int64_t>(opt.stop_at, tc.steps) : tc.steps;
   while (step < end_step) {
     Timer t;
-    grads.zero();
-    double loss = 0;
+    dp.begin_step();
+    double loss = 0, comm_wait = 0;
     for (int a = 0; a < accum; ++a) {
       train_loader.next(x.data(), y.data());
-      loss += model::forward(layout, params.data(), acts, x.data(), y.data(), B, T, fopt);
-      if (a + 1 == accum) {  // the last micro-batch: gradients become final layer by layer
-        auto hooks = dp.hooks(grads.data());
-        model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm, nullptr,
-                        &hooks);
-      } else {
-        model::backward(layout, params.data(), grads.data(), acts, x.data(), B, T, gemm);
-      }
+      dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
+      loss += model::forward(layout, dp, acts, x.data(), y.data(), B, T, fopt);
+      model::backward(layout, dp, acts, x.data(), B, T, gemm);
+      Timer comm_timer;
+      dp.end_micro_batch();  // waits for the reductions still in flight
+      comm_wait += comm_timer.seconds();
     }
-    Timer comm_timer;
-    dp.finish(grads.data());  // waits for the gradient reduction still in flight
-    const double comm_wait = comm_timer.seconds();
     loss = dp.mean(loss / accum);
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                   "lower train.lr or raise train.warmup_steps; check the data");
-    double norm = dp.grad_norm(grads.data());
-    dp.clip(grads.data(), norm, tc.grad_clip);
+    double norm = dp.grad_norm();
+    dp.clip(norm, tc.grad_clip);
     float lr =
         optim::lr_at(step, tc.steps, tc.warmup_steps, ac.lr, static_cast<float>(tc.min_lr_ratio));
-    dp.step(params.data(), grads.data(), m.data(), v.data(), ac, lr, step + 1);
+    dp.step(ac, lr, step + 1);
     ++step;
     tokens_seen += tokens_per_step;
     double sec = t.seconds();
@@ -324,7 +317,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
     if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint_now();
     if (lead && cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step)
-      print_sample(cfg, layout, params.data(), rng, step);
+      print_sample(cfg, layout, dp.full_params(), rng, step);
   }
   if (step > start_step || !resumed) checkpoint_now();
   summary.last_step = step;
@@ -336,7 +329,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     log_info("trained steps {}..{} in {} (median {:.0f} tok/s); checkpoint {}", start_step + 1,
              step, fmt_duration(run_timer.seconds()), summary.tokens_per_s,
              summary.last_checkpoint.string());
-  if (lead) print_sample(cfg, layout, params.data(), rng, step);
+  if (lead) print_sample(cfg, layout, dp.full_params(), rng, step);
   return summary;
 }
 
