@@ -218,7 +218,9 @@ TEST(ZeroMemory, PerRankBytesMatchTheAccounting) {
                          : zero == 2 ? 4.0 * psi + 12.0 * psi / n
                                      : 16.0 * psi / n;
     EXPECT_NEAR(total / model, 1.0, 1e-4) << "zero=" << zero;
-    if (zero < 2) EXPECT_EQ(num("transient_bytes"), 0u) << "zero=" << zero;
+    if (zero < 2) {
+      EXPECT_EQ(num("transient_bytes"), 0u) << "zero=" << zero;
+    }
   }
 }
 

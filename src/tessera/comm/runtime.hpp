@@ -21,7 +21,8 @@ struct RuntimeOptions {
 class Runtime {
  public:
   // Detects a launcher from its environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK,
-  // SLURM_PROCID with SLURM_NTASKS > 1) and initialises MPI (MPI_THREAD_MULTIPLE requested);
+  // SLURM_PROCID with SLURM_NTASKS > 1) and initialises MPI (MPI_THREAD_FUNNELED: only the
+  // main thread calls MPI; the watchdog thread never does);
   // otherwise a single-process runtime with no MPI at all.
   static std::unique_ptr<Runtime> create(const RuntimeOptions& opt = {});
   ~Runtime();

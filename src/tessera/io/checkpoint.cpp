@@ -49,18 +49,6 @@ std::int64_t step_of(const fs::path& dir) {
   return v;
 }
 
-std::uint64_t meta_u64(const SafetensorsFile& f, const char* key) {
-  auto it = f.metadata().find(key);
-  if (it == f.metadata().end())
-    throw Error(fmt::format("checkpoint state {} lacks '{}'", f.path().string(), key),
-                "the file is not a tessera training state, or it is damaged");
-  std::uint64_t v = 0;
-  auto r = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
-  if (r.ec != std::errc() || r.ptr != it->second.data() + it->second.size())
-    throw Error(fmt::format("checkpoint state {}: '{}' is not a number ('{}')", f.path().string(),
-                            key, it->second));
-  return v;
-}
 
 }  // namespace
 
@@ -179,47 +167,103 @@ LoadedModel load_model(const fs::path& path) {
   return out;
 }
 
-fs::path save_checkpoint(const fs::path& root, const model::ParamLayout& layout,
-                         const float* params, const float* adam_m, const float* adam_v,
-                         const TrainState& state, int keep) {
+namespace {
+fs::path tmp_dir_of(const fs::path& root, std::int64_t step) {
+  return root / fmt::format(".tmp_step_{:08d}", step);
+}
+std::string shard_file(int rank, int nshards) {
+  return fmt::format("state_{:05d}-of-{:05d}.safetensors", rank, nshards);
+}
+}  // namespace
+
+fs::path begin_checkpoint(const fs::path& root, std::int64_t step) {
   fs::create_directories(root);
-  auto final_dir = root / fmt::format("step_{:08d}", state.step);
-  auto tmp_dir = root / fmt::format(".tmp_step_{:08d}.{}", state.step, ::getpid());
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
-  save_model(tmp_dir, layout, params);
+  auto tmp = tmp_dir_of(root, step);
+  fs::remove_all(tmp);  // a save of this step that was interrupted earlier
+  fs::create_directories(tmp);
+  return tmp;
+}
+
+void write_state_shard(const fs::path& root, std::int64_t step, int rank, int nshards,
+                       const StateShard& shard) {
+  auto tmp = tmp_dir_of(root, step);
   SafetensorsWriter w;
-  std::int64_t n = static_cast<std::int64_t>(layout.total());
-  w.add_f32("adamw.m", {n}, adam_m);
-  w.add_f32("adamw.v", {n}, adam_v);
-  w.set_metadata("step", std::to_string(state.step));
-  w.set_metadata("rng_state", std::to_string(state.rng_state));
-  w.set_metadata("data_position", std::to_string(state.data_position));
-  w.set_metadata("tokens_seen", std::to_string(state.tokens_seen));
-  w.set_metadata("param_count", std::to_string(layout.total()));
-  for (const auto& [k, v] : state.extra) w.set_metadata("extra." + k, v);
-  w.write(tmp_dir / "state.safetensors");
-  write_file_atomic(tmp_dir / k_done, fmt::format("step {}\n", state.step));
-  fsync_path(tmp_dir);
+  std::int64_t n = static_cast<std::int64_t>(shard.end - shard.begin);
+  w.add_f32("adamw.m", {n}, shard.m);
+  w.add_f32("adamw.v", {n}, shard.v);
+  w.set_metadata("begin", std::to_string(shard.begin));
+  w.set_metadata("end", std::to_string(shard.end));
+  w.write(tmp / shard_file(rank, nshards));
+}
+
+fs::path commit_checkpoint(const fs::path& root, const model::ParamLayout& layout,
+                           const float* params, const TrainState& state,
+                           const std::vector<std::pair<std::size_t, std::size_t>>& shards,
+                           int keep) {
+  auto tmp = tmp_dir_of(root, state.step);
+  auto final_dir = root / fmt::format("step_{:08d}", state.step);
+  save_model(tmp, layout, params);
+  // The index: every tensor's global shape and offset, and the slice of it each shard holds.
+  json idx;
+  idx["format"] = "tessera-train-state-1";
+  idx["step"] = state.step;
+  idx["rng_state"] =
+      std::to_string(state.rng_state);  // as text: JSON numbers lose 64-bit precision
+  idx["data_position"] = std::to_string(state.data_position);
+  idx["tokens_seen"] = state.tokens_seen;
+  idx["param_count"] = layout.total();
+  idx["extra"] = state.extra;
+  json sh = json::array();
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    sh.push_back({{"file", shard_file(static_cast<int>(r), static_cast<int>(shards.size()))},
+                  {"begin", shards[r].first},
+                  {"end", shards[r].second}});
+  idx["shards"] = sh;
+  json ts = json::array();
+  for (const auto& t : layout.tensors()) {
+    json slices = json::array();
+    for (std::size_t r = 0; r < shards.size(); ++r) {
+      std::size_t lo = std::max(t.offset, shards[r].first),
+                  hi = std::min(t.offset + t.numel, shards[r].second);
+      if (hi > lo)
+        slices.push_back({r, lo - t.offset, hi - t.offset});  // [shard, start, end) in the tensor
+    }
+    ts.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"slices", slices}});
+  }
+  idx["tensors"] = ts;
+  write_file_atomic(tmp / "state_index.json", idx.dump(1) + "\n");
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    if (!fs::exists(tmp / shard_file(static_cast<int>(r), static_cast<int>(shards.size()))))
+      throw InternalError(fmt::format("state shard {} is missing from {}", r, tmp.string()));
+  write_file_atomic(tmp / k_done, fmt::format("step {}\n", state.step));
+  fsync_path(tmp);
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step
-  fs::rename(tmp_dir, final_dir);
+  fs::rename(tmp, final_dir);
   fsync_path(root);
   // Retention: drop the oldest complete checkpoints beyond `keep`, and stale temporaries.
   std::vector<std::pair<std::int64_t, fs::path>> done;
   for (const auto& e : fs::directory_iterator(root)) {
     std::string name = e.path().filename().string();
-    if (name.rfind(".tmp_step_", 0) == 0 && e.path() != tmp_dir) {
+    if (name.rfind(".tmp_step_", 0) == 0) {
       std::error_code ec;
       fs::remove_all(e.path(), ec);
       continue;
     }
-    auto s = step_of(e.path());
-    if (s >= 0 && fs::exists(e.path() / k_done)) done.emplace_back(s, e.path());
+    auto st = step_of(e.path());
+    if (st >= 0 && fs::exists(e.path() / k_done)) done.emplace_back(st, e.path());
   }
   std::sort(done.begin(), done.end());
   if (keep > 0)
     for (std::size_t i = 0; i + keep < done.size(); ++i) fs::remove_all(done[i].second);
   return final_dir;
+}
+
+fs::path save_checkpoint(const fs::path& root, const model::ParamLayout& layout,
+                         const float* params, const float* adam_m, const float* adam_v,
+                         const TrainState& state, int keep) {
+  begin_checkpoint(root, state.step);
+  write_state_shard(root, state.step, 0, 1, StateShard{0, layout.total(), adam_m, adam_v});
+  return commit_checkpoint(root, layout, params, state, {{0, layout.total()}}, keep);
 }
 
 std::optional<fs::path> latest_checkpoint(const fs::path& root) {
@@ -239,7 +283,7 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
 }
 
 TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
-                           float* adam_m, float* adam_v) {
+                           std::size_t begin, std::size_t end, float* adam_m, float* adam_v) {
   if (!fs::exists(dir / k_done))
     throw Error(fmt::format("checkpoint {} is incomplete (no DONE marker)", dir.string()),
                 "it was interrupted while saving; resume from an earlier one");
@@ -250,19 +294,70 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
                     model::describe(loaded.config), model::describe(layout.config())),
         "resume with the configuration the checkpoint was trained with");
   std::copy(loaded.params.data(), loaded.params.data() + layout.total(), params);
-  auto st = SafetensorsFile::open(dir / "state.safetensors");
-  std::int64_t n = static_cast<std::int64_t>(layout.total());
-  std::int64_t shape[1] = {n};
-  st.read_f32("adamw.m", shape, adam_m);
-  st.read_f32("adamw.v", shape, adam_v);
+  const fs::path index_path = dir / "state_index.json";
+  json idx = json::parse(read_file(index_path, "checkpoint state index"), nullptr, false);
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("checkpoint state index {} is damaged: {}", index_path.string(), what),
+                 "resume from another checkpoint");
+  };
+  if (idx.is_discarded() || !idx.is_object() || idx.value("format", "") != "tessera-train-state-1")
+    throw bad("not a tessera state index");
+  auto num = [&](const char* key) -> std::uint64_t {
+    if (!idx.contains(key)) throw bad(fmt::format("'{}' missing", key));
+    const auto& v = idx[key];
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+      return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    if (v.is_string()) {
+      std::uint64_t x = 0;
+      const auto& str = v.get_ref<const std::string&>();
+      auto r = std::from_chars(str.data(), str.data() + str.size(), x);
+      if (r.ec == std::errc() && r.ptr == str.data() + str.size()) return x;
+    }
+    throw bad(fmt::format("'{}' is not a non-negative integer", key));
+  };
+  if (num("param_count") != layout.total())
+    throw bad(fmt::format("it holds {} parameters, the model has {}", num("param_count"),
+                          layout.total()));
+  if (!idx.contains("shards") || !idx["shards"].is_array() || idx["shards"].empty())
+    throw bad("no shards");
+  // Shards must tile [0, param_count) in order; read the overlap of each with [begin, end).
+  std::size_t expect = 0;
+  for (const auto& sh : idx["shards"]) {
+    if (!sh.is_object() || !sh.contains("file") || !sh["file"].is_string() ||
+        !sh.contains("begin") || !sh.contains("end") || !sh["begin"].is_number_unsigned() ||
+        !sh["end"].is_number_unsigned())
+      throw bad("malformed shard entry");
+    std::size_t sb = sh["begin"].get<std::size_t>(), se = sh["end"].get<std::size_t>();
+    std::string file = sh["file"].get<std::string>();
+    if (sb != expect || se < sb || se > layout.total() || file.find('/') != std::string::npos)
+      throw bad(fmt::format("shard {} covers [{}, {})", file, sb, se));
+    expect = se;
+    std::size_t lo = std::max(sb, begin), hi = std::min(se, end);
+    if (hi <= lo) continue;
+    auto st = SafetensorsFile::open(dir / file);
+    std::int64_t shape[1] = {static_cast<std::int64_t>(se - sb)};
+    std::vector<float> tmp(se - sb);
+    st.read_f32("adamw.m", shape, tmp.data());
+    std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), adam_m + (lo - begin));
+    st.read_f32("adamw.v", shape, tmp.data());
+    std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), adam_v + (lo - begin));
+  }
+  if (expect != layout.total()) throw bad("the shards do not cover every parameter");
   TrainState s;
-  s.step = static_cast<std::int64_t>(meta_u64(st, "step"));
-  s.rng_state = meta_u64(st, "rng_state");
-  s.data_position = meta_u64(st, "data_position");
-  s.tokens_seen = static_cast<std::int64_t>(meta_u64(st, "tokens_seen"));
-  for (const auto& [k, v] : st.metadata())
-    if (k.rfind("extra.", 0) == 0) s.extra[k.substr(6)] = v;
+  s.step = static_cast<std::int64_t>(num("step"));
+  s.rng_state = num("rng_state");
+  s.data_position = num("data_position");
+  s.tokens_seen = static_cast<std::int64_t>(num("tokens_seen"));
+  if (idx.contains("extra") && idx["extra"].is_object())
+    for (auto& [k, v] : idx["extra"].items())
+      if (v.is_string()) s.extra[k] = v.get<std::string>();
   return s;
+}
+
+TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
+                           float* adam_m, float* adam_v) {
+  return load_checkpoint(dir, layout, params, 0, layout.total(), adam_m, adam_v);
 }
 
 }  // namespace tessera::io

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
@@ -46,8 +47,27 @@ struct TrainState {
   std::map<std::string, std::string> extra;  // free-form metadata (e.g. the run config)
 };
 
-// Writes <checkpoints_dir>/step_NNNNNNNN atomically; keeps at most `keep` complete checkpoints
-// (0 = keep all). Returns the final directory.
+// Sharded save, collective (see the trainer): the lead rank calls begin_checkpoint; after a
+// barrier every rank writes its shard of the AdamW state; after another barrier the lead rank
+// commits: it writes the model (consolidated parameters, HF layout), the index
+// (state_index.json: every tensor's global shape and offset, and the slice of it each shard
+// holds), the DONE marker, and renames the directory into place. Keeps at most `keep` complete
+// checkpoints (0 = all). The temporary directory has a fixed name per step, so an interrupted
+// save is cleaned up by the next one.
+struct StateShard {
+  std::size_t begin = 0, end = 0;          // the flat range this shard holds
+  const float *m = nullptr, *v = nullptr;  // (end - begin) elements each
+};
+std::filesystem::path begin_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                       std::int64_t step);
+void write_state_shard(const std::filesystem::path& checkpoints_dir, std::int64_t step, int rank,
+                       int nshards, const StateShard& shard);
+std::filesystem::path commit_checkpoint(
+    const std::filesystem::path& checkpoints_dir, const model::ParamLayout& layout,
+    const float* params, const TrainState& state,
+    const std::vector<std::pair<std::size_t, std::size_t>>& shards, int keep);
+
+// Single-process save (one shard): begin, write, commit.
 std::filesystem::path save_checkpoint(const std::filesystem::path& checkpoints_dir,
                                       const model::ParamLayout& layout, const float* params,
                                       const float* adam_m, const float* adam_v,
@@ -57,8 +77,13 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& checkpoints_d
 std::optional<std::filesystem::path> latest_checkpoint(
     const std::filesystem::path& checkpoints_dir);
 
-// Loads a checkpoint into buffers sized for `layout`; throws tessera::Error (with the file named)
-// on a missing file, corrupt data or a model that does not match the run's configuration.
+// Loads a checkpoint: all parameters (layout.total()) and the moments of the flat range
+// [begin, end) into adam_m/adam_v (end - begin elements), from whichever shards hold them, so any
+// number of shards loads into any other. Throws tessera::Error (naming the file) on a missing
+// file, damaged data or a model that does not match the run's configuration.
+TrainState load_checkpoint(const std::filesystem::path& dir, const model::ParamLayout& layout,
+                           float* params, std::size_t begin, std::size_t end, float* adam_m,
+                           float* adam_v);
 TrainState load_checkpoint(const std::filesystem::path& dir, const model::ParamLayout& layout,
                            float* params, float* adam_m, float* adam_v);
 

@@ -92,6 +92,19 @@ void DataParallel::load(const float* pf, const float* mf, const float* vf) {
     v_.zero();
 }
 
+void DataParallel::load_shard(const float* pf, const float* ms, const float* vs) {
+  load(pf, nullptr, nullptr);
+  std::copy(ms, ms + shard_size(), m_.data());
+  std::copy(vs, vs + shard_size(), v_.data());
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> DataParallel::state_shards() const {
+  if (stage_ == 0) return {{0, layout_.total()}};
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (int r = 0; r < comm_.size(); ++r) out.emplace_back(shard_begin_of(r), shard_begin_of(r + 1));
+  return out;
+}
+
 const float* DataParallel::full_params() {
   if (stage_ < 3) return params_.data();
   if (full_tmp_.size() != layout_.total()) {

@@ -50,6 +50,13 @@ class DataParallel final : public model::ParamStore {
   // Sets every rank's state from full (layout.total()) buffers: parameters, and optionally
   // moments (null: zero). Each rank keeps what its stage needs.
   void load(const float* params_full, const float* m_full, const float* v_full);
+  // Same, with the moments of this rank's range only ([shard_begin, shard_end): state_size()).
+  void load_shard(const float* params_full, const float* m_shard, const float* v_shard);
+  const float* m_shard() const { return m_.data(); }
+  const float* v_shard() const { return v_.data(); }
+  // The flat ranges the ranks' moments cover: one (the whole buffer) at stage 0, dp shards
+  // otherwise.
+  std::vector<std::pair<std::size_t, std::size_t>> state_shards() const;
   // The full parameters: the replicated buffer (stages 0-2), or all-gathered into a transient
   // buffer (stage 3; valid until the next call that changes parameters).
   const float* full_params();

@@ -125,9 +125,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (opt.resume) {
     if (auto latest = io::latest_checkpoint(ckpt_dir)) {
       // Checkpoints hold the full state; each rank keeps its shard (any dp size or stage loads).
-      Buffer<float> p_full(layout.total()), m_full(layout.total()), v_full(layout.total());
-      auto st = io::load_checkpoint(*latest, layout, p_full.data(), m_full.data(), v_full.data());
-      dp.load(p_full.data(), m_full.data(), v_full.data());
+      // Each rank reads the parameters and the moments of its own range, from whichever shards
+      // of the checkpoint hold them: any dp size and stage resumes any other.
+      Buffer<float> p_full(layout.total()), m_s(dp.shard_size()), v_s(dp.shard_size());
+      auto st = io::load_checkpoint(*latest, layout, p_full.data(), dp.shard_begin(),
+                                    dp.shard_end(), m_s.data(), v_s.data());
+      dp.load_shard(p_full.data(), m_s.data(), v_s.data());
       step = st.step;
       tokens_seen = st.tokens_seen;
       rng.set_state(st.rng_state);
@@ -232,17 +235,22 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
              r.tokens);
   };
   auto checkpoint_now = [&]() {
-    // One consolidated checkpoint (the single-process format): moments gathered from the shards.
-    Buffer<float> m_full(layout.total()), v_full(layout.total());
-    dp.gather_moments(m_full.data(), v_full.data());
-    const float* mp = m_full.data();
-    const float* vp = v_full.data();
-    const float* pp = dp.full_params();
+    // Sharded: every rank that owns a part of the AdamW state writes it; the lead rank writes
+    // the (consolidated) model and the index, and commits after all shards are on disk.
+    const float* full = dp.full_params();  // collective at ZeRO-3
+    const auto shards = dp.state_shards();
+    if (lead) io::begin_checkpoint(ckpt_dir, step);
+    rt.world().barrier();
+    if (shards.size() > 1 || dp.dp_rank() == 0)
+      io::write_state_shard(
+          ckpt_dir, step, dp.dp_rank(), static_cast<int>(shards.size()),
+          io::StateShard{dp.shard_begin(), dp.shard_end(), dp.m_shard(), dp.v_shard()});
+    rt.world().barrier();
     if (lead) {
       io::TrainState st{
           step, rng.state(), train_loader.position(), tokens_seen, {{"config", to_toml(cfg)}}};
       summary.last_checkpoint =
-          io::save_checkpoint(ckpt_dir, layout, pp, mp, vp, st, tc.keep_checkpoints);
+          io::commit_checkpoint(ckpt_dir, layout, full, st, shards, tc.keep_checkpoints);
     }
     rt.world().barrier();  // nobody goes on (or exits) before the checkpoint is complete
   };
