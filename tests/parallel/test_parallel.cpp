@@ -235,6 +235,7 @@ TEST(ParallelGrid, BadGridsAreRejectedBeforeAnyWork) {
            {2, "parallel.dp=4", "has 4 ranks but the job has 2"},
            {4, "parallel.tx=4", "n_head=2 is not divisible by tx*ty=4"},
            {2, "parallel.zero=7", "parallel.zero"},
+           {4, "parallel.dp=4 train.global_batch=10", "train.global_batch=10 is not divisible by grad_accum x parallel.dp"},
        }) {
     auto out = scratch("badgrid");
     auto r = sh(mpirun(c.n) + train_args(data, out, 2, 1, 5) + " " + c.set);

@@ -37,6 +37,7 @@ void for_each_field(Config& c, F&& f) {
   f("train", "batch_size", c.train.batch_size);
   f("train", "seq_len", c.train.seq_len);
   f("train", "grad_accum", c.train.grad_accum);
+  f("train", "global_batch", c.train.global_batch);
   f("train", "steps", c.train.steps);
   f("train", "lr", c.train.lr);
   f("train", "min_lr_ratio", c.train.min_lr_ratio);
@@ -577,6 +578,7 @@ void validate(const RunConfig& c) {
            "lower train.seq_len or raise model.block_size (the number of positions)");
   v.at_least("train.grad_accum", t.grad_accum, 1);
   v.at_least("train.steps", t.steps, 1);
+  v.at_least("train.global_batch", t.global_batch, 0, "0 means batch_size x grad_accum x parallel.dp");
   v.finite("train.lr", t.lr);
   if (!(t.lr > 0)) v.fail("train.lr", t.lr, "must be > 0", "typical values are 1e-4 to 1e-3");
   v.finite("train.min_lr_ratio", t.min_lr_ratio);

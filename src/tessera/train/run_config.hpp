@@ -38,6 +38,8 @@ struct TrainSection {
   int batch_size = 8;         // sequences per micro-batch
   int seq_len = 128;          // tokens per sequence, <= model.block_size
   int grad_accum = 1;         // micro-batches per optimizer step
+  int global_batch = 0;       // sequences per optimizer step over all ranks; 0 = batch_size x
+                              // grad_accum x dp; else batch_size is derived from it
   int steps = 1000;           // optimizer steps
   double lr = 6e-4;           // peak learning rate
   double min_lr_ratio = 0.1;  // cosine decay ends at lr * min_lr_ratio

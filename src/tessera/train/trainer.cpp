@@ -79,7 +79,14 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (tc.threads > 0) omp_set_num_threads(tc.threads);
   const model::ModelConfig mcfg = model_config(cfg);
   const model::ParamLayout layout(mcfg);
-  const int B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum;
+  const int T = tc.seq_len, accum = tc.grad_accum;
+  // train.global_batch (if set) fixes the sequences per step over all dp ranks; the micro-batch
+  // of one rank follows from it and must come out whole.
+  if (tc.global_batch > 0 && tc.global_batch % (accum * cfg.parallel.dp) != 0)
+    throw Error(fmt::format("train.global_batch={} is not divisible by grad_accum x parallel.dp = {} x {} = {}",
+                            tc.global_batch, accum, cfg.parallel.dp, accum * cfg.parallel.dp),
+                "choose a global batch that splits evenly into micro-batches over the data-parallel ranks");
+  const int B = tc.global_batch > 0 ? tc.global_batch / (accum * cfg.parallel.dp) : tc.batch_size;
   const auto gemm = kernels::GemmLibrary::OneDnn;
 
   // The grid, validated before anything else happens.
@@ -93,6 +100,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   req.vocab_size = mcfg.vocab_size;
   req.batch_size = B;
   req.grad_accum = accum;
+  req.global_batch = tc.global_batch;
   comm::validate_grid(shape, req);
   for (auto [axis, size] : {std::pair{"pp", pc.pp}, {"tx", pc.tx}, {"ty", pc.ty}, {"tz", pc.tz}})
     if (size > 1)
