@@ -1,0 +1,201 @@
+#include "tessera/parallel/tensor_linear.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::parallel {
+
+using comm::Axis;
+
+std::int64_t TensorLinearLayout::local_rows(std::int64_t n_global) const {
+  if (n_global % tz != 0)
+    throw Error(fmt::format("a batch of {} rows cannot be split over tz={}", n_global, tz),
+                "use a batch (rows = micro-batch x sequence) divisible by tz");
+  return n_global / tz;
+}
+
+std::int64_t TensorLinearLayout::row_offset(std::int64_t n_global) const {
+  return local_rows(n_global) * tz_index;
+}
+
+TensorLinearLayout make_tensor_linear_layout(const comm::Topology& topo, int in, int out,
+                                             bool transposed) {
+  TensorLinearLayout l;
+  l.in = in;
+  l.out = out;
+  l.transposed = transposed;
+  l.in_axis = transposed ? Axis::TY : Axis::TX;
+  l.out_axis = transposed ? Axis::TX : Axis::TY;
+  l.in_parts = topo.shape().size(l.in_axis);
+  l.out_parts = topo.shape().size(l.out_axis);
+  l.in_index = topo.coord(l.in_axis);
+  l.out_index = topo.coord(l.out_axis);
+  l.tz = topo.shape().tz;
+  l.tz_index = topo.coord(Axis::TZ);
+  if (in <= 0 || out <= 0)
+    throw Error(fmt::format("a linear layer needs positive sizes, got in={} out={}", in, out));
+  if (in % l.in_parts != 0)
+    throw Error(fmt::format("linear in_features={} is not divisible by {}={}", in, l.in_parts,
+                            comm::axis_name(l.in_axis)),
+                "choose tx and ty that divide the model's hidden sizes");
+  if (out % l.out_parts != 0)
+    throw Error(fmt::format("linear out_features={} is not divisible by {}={}", out, l.out_parts,
+                            comm::axis_name(l.out_axis)),
+                "choose tx and ty that divide the model's hidden sizes");
+  l.in_local = in / l.in_parts;
+  l.out_local = out / l.out_parts;
+  l.in_offset = l.in_index * l.in_local;
+  l.out_offset = l.out_index * l.out_local;
+  l.block_numel = static_cast<std::int64_t>(l.in_local) * l.out_local;
+  // The ZeRO convention of data_parallel: shard z = [z*ceil(B/tz), min(B, (z+1)*ceil(B/tz))).
+  const std::int64_t per = (l.block_numel + l.tz - 1) / l.tz;
+  l.shard_counts.resize(l.tz);
+  for (int z = 0; z < l.tz; ++z) {
+    const std::int64_t lo = std::min(l.block_numel, z * per);
+    const std::int64_t hi = std::min(l.block_numel, (z + 1) * per);
+    l.shard_counts[z] = static_cast<std::size_t>(hi - lo);
+  }
+  l.shard_offset = std::min(l.block_numel, l.tz_index * per);
+  l.shard_numel = static_cast<std::int64_t>(l.shard_counts[l.tz_index]);
+  return l;
+}
+
+TensorLinearComms tensor_linear_comms(comm::Runtime& rt, const comm::Topology& topo,
+                                      bool transposed) {
+  comm::Communicator* tx = &rt.group(topo, comm::AxisSet{Axis::TX});
+  comm::Communicator* ty = &rt.group(topo, comm::AxisSet{Axis::TY});
+  comm::Communicator* tz = &rt.group(topo, comm::AxisSet{Axis::TZ});
+  TensorLinearComms c;
+  c.in_group = transposed ? ty : tx;
+  c.out_group = transposed ? tx : ty;
+  c.depth = tz;
+  return c;
+}
+
+TensorLinearWorkspace::TensorLinearWorkspace(const TensorLinearLayout& l)
+    : w_block(l.block_numel, 0.0f),
+      dw_block(l.block_numel, 0.0f),
+      dw_shard(l.shard_numel, 0.0f),
+      db(l.out_local, 0.0f) {}
+
+// ---- slices of global tensors ----
+
+void extract_weight_block(const TensorLinearLayout& l, const float* w, float* w_block) {
+  for (int o = 0; o < l.out_local; ++o) {
+    const float* src = w + static_cast<std::int64_t>(l.out_offset + o) * l.in + l.in_offset;
+    std::copy(src, src + l.in_local, w_block + static_cast<std::int64_t>(o) * l.in_local);
+  }
+}
+
+void extract_weight_shard(const TensorLinearLayout& l, const float* w, float* w_shard) {
+  std::vector<float> block(l.block_numel);
+  extract_weight_block(l, w, block.data());
+  std::copy(block.begin() + l.shard_offset, block.begin() + l.shard_offset + l.shard_numel,
+            w_shard);
+}
+
+void extract_bias(const TensorLinearLayout& l, const float* b, float* b_local) {
+  std::copy(b + l.out_offset, b + l.out_offset + l.out_local, b_local);
+}
+
+namespace {
+void extract_rows_cols(const float* src, std::int64_t cols, std::int64_t row0, std::int64_t rows,
+                       std::int64_t col0, std::int64_t ncols, float* dst) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* s = src + (row0 + r) * cols + col0;
+    std::copy(s, s + ncols, dst + r * ncols);
+  }
+}
+}  // namespace
+
+void extract_input(const TensorLinearLayout& l, const float* x, std::int64_t n_global,
+                   float* x_local) {
+  extract_rows_cols(x, l.in, l.row_offset(n_global), l.local_rows(n_global), l.in_offset,
+                    l.in_local, x_local);
+}
+
+void extract_output(const TensorLinearLayout& l, const float* y, std::int64_t n_global,
+                    float* y_local) {
+  extract_rows_cols(y, l.out, l.row_offset(n_global), l.local_rows(n_global), l.out_offset,
+                    l.out_local, y_local);
+}
+
+// ---- the layer ----
+
+void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
+                                 const float* w_shard, float* w_block) {
+  TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
+  c.depth->iall_gather(w_shard, w_block, l.shard_counts).wait();
+}
+
+void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                           const TensorLinearComms& c, float* y, const float* x,
+                           const float* w_shard, const float* bias, std::int64_t n,
+                           TensorLinearWorkspace& ws) {
+  TESSERA_CHECK(c.in_group && c.in_group->size() == l.in_parts,
+                "input-axis communicator does not match the layout");
+  TESSERA_CHECK(static_cast<std::int64_t>(ws.w_block.size()) == l.block_numel,
+                "workspace was built for another layout");
+  tensor_linear_gather_weight(l, c, w_shard, ws.w_block.data());
+  // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
+  kernels::gemm(lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local,
+                ws.w_block.data(), l.in_local, 0.0f, y, l.out_local);
+  c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
+  // The bias once, after the sum (each input-axis rank adds it to its copy of the full sum).
+  if (bias) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      float* row = y + r * l.out_local;
+      for (int o = 0; o < l.out_local; ++o) row[o] += bias[o];
+    }
+  }
+}
+
+void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                            const TensorLinearComms& c, float* dx, float* dw_shard, float* db,
+                            const float* dy, const float* x, const float* w_block, std::int64_t n,
+                            TensorLinearWorkspace& ws) {
+  TESSERA_CHECK(c.out_group && c.out_group->size() == l.out_parts,
+                "output-axis communicator does not match the layout");
+  TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
+  TESSERA_CHECK(static_cast<std::int64_t>(ws.dw_block.size()) == l.block_numel &&
+                    static_cast<std::int64_t>(ws.dw_shard.size()) == l.shard_numel &&
+                    static_cast<int>(ws.db.size()) == l.out_local,
+                "workspace was built for another layout");
+  // 1. dx (n, in_local) = dy (n, out_local) @ w_block (out_local, in_local): partial over this
+  //    rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
+  comm::Request dx_req;
+  if (dx) {
+    kernels::gemm(lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
+                  l.in_local, 0.0f, dx, l.in_local);
+    dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
+  }
+  // 2. dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the
+  //    batch shards of tz and scattered: this rank receives its shard.
+  kernels::gemm(lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
+                0.0f, ws.dw_block.data(), l.in_local);
+  dx_req.test();  // drive progress (Open MPI has no progress thread)
+  comm::Request dw_req =
+      c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
+  // 3. db (out_local): column sums of dy, summed over tz (complete over the input axis already).
+  comm::Request db_req;
+  if (db) {
+    std::fill(ws.db.begin(), ws.db.end(), 0.0f);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* row = dy + r * l.out_local;
+      for (int o = 0; o < l.out_local; ++o) ws.db[o] += row[o];
+    }
+    db_req = c.depth->iall_reduce_sum(ws.db.data(), ws.db.size());
+  }
+  dx_req.wait();
+  dw_req.wait();
+  for (std::int64_t i = 0; i < l.shard_numel; ++i) dw_shard[i] += ws.dw_shard[i];
+  if (db) {
+    db_req.wait();
+    for (int o = 0; o < l.out_local; ++o) db[o] += ws.db[o];
+  }
+}
+
+}  // namespace tessera::parallel
