@@ -1,0 +1,264 @@
+#include "tessera/parallel/tensor_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
+
+namespace tessera::parallel {
+
+using comm::Axis;
+
+int TensorAttentionLayout::local_batch(int B) const {
+  if (B <= 0 || B % tz != 0)
+    throw Error(fmt::format("a batch of {} sequences cannot be split over tz={}", B, tz),
+                "attention needs whole sequences per rank: use a micro-batch divisible by tz");
+  return B / tz;
+}
+
+int TensorAttentionLayout::batch_offset(int B) const {
+  return local_batch(B) * tz_index;
+}
+
+TensorAttentionLayout make_tensor_attention_layout(const comm::Topology& topo, int C, int n_head) {
+  TensorAttentionLayout l;
+  const comm::GridShape& s = topo.shape();
+  l.tx = s.tx;
+  l.ty = s.ty;
+  l.tz = s.tz;
+  l.tx_index = topo.coord(Axis::TX);
+  l.ty_index = topo.coord(Axis::TY);
+  l.tz_index = topo.coord(Axis::TZ);
+  if (C <= 0 || n_head <= 0 || C % n_head != 0)
+    throw Error(fmt::format("attention needs C divisible by n_head, got C={} n_head={}", C, n_head),
+                "fix the model config");
+  if (n_head % l.ty != 0)
+    throw Error(fmt::format("n_head={} is not divisible by ty={}", n_head, l.ty),
+                "attention heads are split over ty: choose ty dividing the number of heads");
+  if (C % l.tx != 0)
+    throw Error(fmt::format("n_embd={} is not divisible by tx={}", C, l.tx),
+                "choose tx dividing the model's hidden size");
+  l.C = C;
+  l.n_head = n_head;
+  l.head_size = C / n_head;
+  l.c_local = C / l.tx;
+  l.c_offset = l.tx_index * l.c_local;
+  l.heads_local = n_head / l.ty;
+  l.head_offset = l.ty_index * l.heads_local;
+  l.att_local = l.heads_local * l.head_size;
+  l.qkv = make_tensor_linear_layout(topo, C, 3 * C, false);
+  l.proj = make_tensor_linear_layout(topo, C, C, true);
+  TESSERA_CHECK(l.qkv.in_local == l.c_local && l.qkv.out_local == 3 * l.att_local,
+                "qkv layout does not match the attention layout");
+  TESSERA_CHECK(l.proj.in_local == l.att_local && l.proj.out_local == l.c_local,
+                "proj layout does not match the attention layout");
+  return l;
+}
+
+TensorAttentionComms tensor_attention_comms(comm::Runtime& rt, const comm::Topology& topo) {
+  TensorAttentionComms c;
+  c.qkv = tensor_linear_comms(rt, topo, false);
+  c.proj = tensor_linear_comms(rt, topo, true);
+  c.tx = &rt.group(topo, comm::AxisSet{Axis::TX});
+  c.tz = &rt.group(topo, comm::AxisSet{Axis::TZ});
+  return c;
+}
+
+// ---- head-grouped order ----
+
+int qkv_head_grouped_source_row(int C, int ty, int r) {
+  const int per_head_group = C / ty;  // rows of one of q, k, v on one ty rank
+  const int j = r / (3 * per_head_group);
+  const int s = (r % (3 * per_head_group)) / per_head_group;
+  const int i = r % per_head_group;
+  return s * C + j * per_head_group + i;
+}
+
+void qkv_rows_to_head_grouped(const float* src, float* dst, int C, int ty, std::int64_t row_len) {
+  for (int r = 0; r < 3 * C; ++r) {
+    const float* s =
+        src + static_cast<std::int64_t>(qkv_head_grouped_source_row(C, ty, r)) * row_len;
+    std::copy(s, s + row_len, dst + r * row_len);
+  }
+}
+
+void qkv_rows_from_head_grouped(const float* src, float* dst, int C, int ty, std::int64_t row_len) {
+  for (int r = 0; r < 3 * C; ++r) {
+    const float* s = src + r * row_len;
+    std::copy(s, s + row_len,
+              dst + static_cast<std::int64_t>(qkv_head_grouped_source_row(C, ty, r)) * row_len);
+  }
+}
+
+// ---- buffers ----
+
+TensorAttentionActivations::TensorAttentionActivations(const TensorAttentionLayout& l, int B,
+                                                       int T) {
+  const std::int64_t bl = l.local_batch(B), n = bl * T;
+  ln_out.assign(n * l.c_local, 0.0f);
+  ln_mean.assign(n, 0.0f);
+  ln_rstd.assign(n, 0.0f);
+  qkv.assign(n * 3 * l.att_local, 0.0f);
+  att.assign(n * l.att_local, 0.0f);
+  lse.assign(bl * l.heads_local * T, 0.0f);
+}
+
+TensorAttentionWorkspace::TensorAttentionWorkspace(const TensorAttentionLayout& l, int B, int T)
+    : qkv(l.qkv), proj(l.proj) {
+  const std::int64_t n = static_cast<std::int64_t>(l.local_batch(B)) * T;
+  row_stats.assign(2 * n, 0.0f);
+  proj_out.assign(n * l.c_local, 0.0f);
+  d_att.assign(n * l.att_local, 0.0f);
+  d_qkv.assign(n * 3 * l.att_local, 0.0f);
+  d_ln.assign(n * l.c_local, 0.0f);
+  d_ln_params.assign(2 * l.c_local, 0.0f);
+}
+
+namespace {
+
+void check_buffers(const TensorAttentionLayout& l, int B, int T,
+                   const TensorAttentionActivations& acts, const TensorAttentionWorkspace& ws) {
+  const std::int64_t n = static_cast<std::int64_t>(l.local_batch(B)) * T;
+  TESSERA_CHECK(static_cast<std::int64_t>(acts.ln_out.size()) == n * l.c_local &&
+                    static_cast<std::int64_t>(acts.qkv.size()) == n * 3 * l.att_local &&
+                    static_cast<std::int64_t>(acts.lse.size()) ==
+                        static_cast<std::int64_t>(l.local_batch(B)) * l.heads_local * T,
+                "attention activations were built for another layout or batch");
+  TESSERA_CHECK(static_cast<std::int64_t>(ws.row_stats.size()) == 2 * n &&
+                    static_cast<std::int64_t>(ws.d_qkv.size()) == n * 3 * l.att_local &&
+                    static_cast<int>(ws.d_ln_params.size()) == 2 * l.c_local,
+                "attention workspace was built for another layout or batch");
+}
+
+}  // namespace
+
+// ---- forward ----
+
+void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
+                              const TensorAttentionComms& c, float* y, const float* x,
+                              const TensorAttentionParams& p, int B, int T,
+                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws) {
+  check_buffers(l, B, T, acts, ws);
+  TESSERA_CHECK(c.tx && c.tx->size() == l.tx, "tx communicator does not match the layout");
+  const int bl = l.local_batch(B);
+  const std::int64_t n = static_cast<std::int64_t>(bl) * T;
+  const int cl = l.c_local;
+
+  // 1. LayerNorm over the full C of rows split over tx: two passes like the single-rank kernel,
+  //    each pass's per-row partial sums all-reduced over tx.
+  float* sums = ws.row_stats.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    float s = 0.0f;
+    for (int k = 0; k < cl; ++k) s += xi[k];
+    sums[i] = s;
+  }
+  c.tx->iall_reduce_sum(sums, static_cast<std::size_t>(n)).wait();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float m = sums[i] / l.C;
+    acts.ln_mean[i] = m;
+    float v = 0.0f;
+    for (int k = 0; k < cl; ++k) {
+      const float d = xi[k] - m;
+      v += d * d;
+    }
+    sums[n + i] = v;
+  }
+  c.tx->iall_reduce_sum(sums + n, static_cast<std::size_t>(n)).wait();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float m = acts.ln_mean[i];
+    const float r = 1.0f / std::sqrt(sums[n + i] / l.C + kernels::cpu::k_layernorm_eps);
+    acts.ln_rstd[i] = r;
+    float* o = acts.ln_out.data() + i * cl;
+    for (int k = 0; k < cl; ++k) o[k] = (xi[k] - m) * r * p.ln_w[k] + p.ln_b[k];
+  }
+
+  // 2. qkv: normal linear, (n, c_local) -> (n, 3*att_local) = [q | k | v] of this rank's heads.
+  tensor_linear_forward(lib, l.qkv, c.qkv, acts.qkv.data(), acts.ln_out.data(), p.qkv_w, p.qkv_b, n,
+                        ws.qkv);
+  // 3. attention of this rank's heads (replicated over tx).
+  kernels::cpu::attention_forward(lib, acts.att.data(), acts.lse.data(), acts.qkv.data(), bl, T,
+                                  l.att_local, l.heads_local);
+  // 4. proj: transposed linear, (n, att_local) -> (n, c_local), then the residual add.
+  tensor_linear_forward(lib, l.proj, c.proj, ws.proj_out.data(), acts.att.data(), p.proj_w,
+                        p.proj_b, n, ws.proj);
+  kernels::cpu::add(y, x, ws.proj_out.data(), n * cl);
+}
+
+// ---- backward ----
+
+void tensor_attention_backward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
+                               const TensorAttentionComms& c, float* dx,
+                               const TensorAttentionGrads& g, const float* dy, const float* x,
+                               const TensorAttentionParams& p, int B, int T,
+                               const TensorAttentionActivations& acts,
+                               TensorAttentionWorkspace& ws) {
+  check_buffers(l, B, T, acts, ws);
+  TESSERA_CHECK(c.tx && c.tx->size() == l.tx, "tx communicator does not match the layout");
+  TESSERA_CHECK(c.tz && c.tz->size() == l.tz, "tz communicator does not match the layout");
+  const int bl = l.local_batch(B);
+  const std::int64_t n = static_cast<std::int64_t>(bl) * T;
+  const int cl = l.c_local;
+
+  // 1. proj (transposed): d_att (n, att_local) all-reduced over tx (proj's output axis).
+  tensor_linear_backward(lib, l.proj, c.proj, ws.d_att.data(), g.proj_w, g.proj_b, dy,
+                         acts.att.data(), ws.proj.w_block.data(), n, ws.proj);
+  // 2. attention of this rank's heads.
+  kernels::cpu::attention_backward(lib, ws.d_qkv.data(), ws.d_att.data(), acts.qkv.data(),
+                                   acts.att.data(), acts.lse.data(), bl, T, l.att_local,
+                                   l.heads_local);
+  // 3. qkv (normal): d_ln (n, c_local) all-reduced over ty (qkv's output axis).
+  tensor_linear_backward(lib, l.qkv, c.qkv, ws.d_ln.data(), g.qkv_w, g.qkv_b, ws.d_qkv.data(),
+                         acts.ln_out.data(), ws.qkv.w_block.data(), n, ws.qkv);
+
+  // 4. LayerNorm: per-row sums of dn = w*g and dn*xhat over the full C (all-reduce over tx).
+  float* sums = ws.row_stats.data();  // [sum_dn (n) | sum_dn_xhat (n)]
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float* gi = ws.d_ln.data() + i * cl;
+    const float m = acts.ln_mean[i], r = acts.ln_rstd[i];
+    float s_dn = 0.0f, s_dn_n = 0.0f;
+    for (int k = 0; k < cl; ++k) {
+      const float xh = (xi[k] - m) * r;
+      const float dn = p.ln_w[k] * gi[k];
+      s_dn += dn;
+      s_dn_n += dn * xh;
+    }
+    sums[i] = s_dn;
+    sums[n + i] = s_dn_n;
+  }
+  c.tx->iall_reduce_sum(sums, static_cast<std::size_t>(2 * n)).wait();
+  float* dlw = ws.d_ln_params.data();
+  float* dlb = dlw + cl;
+  std::fill(ws.d_ln_params.begin(), ws.d_ln_params.end(), 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float* gi = ws.d_ln.data() + i * cl;
+    const float* dyi = dy + i * cl;
+    float* dxi = dx + i * cl;
+    const float m = acts.ln_mean[i], r = acts.ln_rstd[i];
+    const float mean_dn = sums[i] / l.C, mean_dn_n = sums[n + i] / l.C;
+    for (int k = 0; k < cl; ++k) {
+      const float xh = (xi[k] - m) * r;
+      const float dn = p.ln_w[k] * gi[k];
+      dlb[k] += gi[k];
+      dlw[k] += xh * gi[k];
+      // residual path + LayerNorm path
+      dxi[k] = dyi[k] + (dn - mean_dn - xh * mean_dn_n) * r;
+    }
+  }
+  // ln parameter gradients: complete over ty already (replicated rows), summed over the batch
+  // shards of tz.
+  c.tz->iall_reduce_sum(ws.d_ln_params.data(), ws.d_ln_params.size()).wait();
+  for (int k = 0; k < cl; ++k) {
+    g.ln_w[k] += dlw[k];
+    g.ln_b[k] += dlb[k];
+  }
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,164 @@
+// The attention sub-block of a GPT block on the tx x ty x tz tensor grid (AxoNN,
+// ../shared/reference/papers.md §2.2-2.3):
+//
+//   y = x + proj(attention(qkv(ln1(x))))        x, y (B, T, C) global
+//
+// qkv (C -> 3C) is a NORMAL 3D-parallel linear (tensor_linear.hpp: in over tx, out over ty) and
+// proj (C -> C) a TRANSPOSED one (in over ty, out over tx), so qkv's local output is proj's local
+// input after the attention, without any re-layout.
+//
+// Layouts (n = B*T/tz local rows, cx, cy, cz the rank's tx, ty, tz coordinates):
+//  - residual stream x, y, dx, dy: (n, C/tx): the rank's batch shard (whole sequences
+//    [cz*B/tz, (cz+1)*B/tz), so B % tz == 0) and channels [cx*C/tx, (cx+1)*C/tx); replicated over
+//    ty. It is the input layout of the normal qkv linear and the output layout of the transposed
+//    proj linear, so the residual stream stays in one layout through the block (and the next
+//    block's normal linear takes it as is).
+//  - heads: ty rank cy owns the NH/ty heads [cy*NH/ty, (cy+1)*NH/ty) (NH % ty == 0 required), i.e.
+//    channels [cy*C/ty, (cy+1)*C/ty) of the attention output (head h is channels h*hs.. of it).
+//    The attention of those heads runs on the rank's rows, replicated over tx.
+//  - qkv "head-grouped" order (the permutation): the global c_attn weight W (3C, C) and bias b (3C)
+//    keep GPT-2's order (rows [0,C) = q, [C,2C) = k, [2C,3C) = v, head h at rows h*hs.. of each).
+//    The normal linear splits its 3C output rows into ty contiguous ranges of 3C/ty, so it is
+//    given the rows in head-grouped order: row r of the permuted matrix, with
+//      j = r / (3C/ty) (ty rank), s = (r % (3C/ty)) / (C/ty) (0 = q, 1 = k, 2 = v),
+//      i = r % (C/ty),
+//    is global row s*C + j*(C/ty) + i. Rank cy's local qkv output (n, 3C/ty) is then
+//    [q | k | v] of its heads, exactly the (B, T, 3C') layout of kernels::cpu::attention_forward
+//    with C' = C/ty and NH' = NH/ty. The permutation only reorders whole rows of W, b (and of their
+//    gradients), so checkpoints keep the global order: qkv_rows_to_head_grouped() converts a
+//    global tensor to the order the linear's extract_* helpers expect, and
+//    qkv_rows_from_head_grouped() back. For ty = 1 the permutation is the identity.
+//  - proj weight: the global c_proj W (C, C), no permutation (its input channels are the attention
+//    output channels, already split over ty by whole heads).
+//
+// LayerNorm over channels split over tx: the mean and variance need the full row of C, so the
+// forward all-reduces the per-row partial sums over tx, in two passes like the single-rank kernel
+// (sum x -> mean; sum (x-mean)^2 -> variance), n floats each. The backward all-reduces the two
+// per-row partial sums sum(w*g) and sum(w*g*xhat) over tx (2n floats, one call).
+//
+// Replicated parameters and their gradients:
+//  - ln1 weight and bias: the rank holds the channel slice [cx*C/tx, (cx+1)*C/tx) (the residual
+//    stream's channels), replicated over ty and tz. Their gradient is a sum over rows: the rank's
+//    rows are complete over ty (every ty rank computes the same LayerNorm on the same rows, and dy
+//    of LayerNorm is replicated over ty after the qkv linear's dx all-reduce over ty), so the only
+//    missing terms are the other batch shards: ALL-REDUCE OVER tz (never over ty, which would
+//    count each row ty times). Result: replicated over ty and tz, like the parameter.
+//  - qkv and proj biases: as in tensor_linear.hpp (all-reduce over tz; the bias slice lives on the
+//    linear's output axis, replicated over its input axis and tz).
+//  - weights: shards over tz, gradient reduce-scatter over tz (tensor_linear.hpp).
+//  (Data parallelism adds its own all-reduce over dp for all of them; not done here.)
+//
+// Collectives per call, in this order on every rank:
+//  forward:  ln sums over tx (2 all-reduces), qkv linear (tz all-gather, tx all-reduce), proj
+//            linear (tz all-gather, ty all-reduce).
+//  backward: proj backward (tx all-reduce of d(att), tz reduce-scatter, tz bias all-reduce), qkv
+//            backward (ty all-reduce of d(ln), tz reduce-scatter, tz bias all-reduce), ln row sums
+//            over tx (1 all-reduce), ln parameter gradients over tz (1 all-reduce).
+// Gradients: parameter gradients ACCUMULATE (+=); dx is overwritten (dy + the LayerNorm path).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/runtime.hpp"
+#include "tessera/comm/topology.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/parallel/tensor_linear.hpp"
+
+namespace tessera::parallel {
+
+struct TensorAttentionLayout {
+  int C = 0, n_head = 0, head_size = 0;
+  int tx = 1, tx_index = 0, ty = 1, ty_index = 0, tz = 1, tz_index = 0;
+  int c_local = 0, c_offset = 0;         // residual-stream channels [c_offset, +c_local), C/tx
+  int heads_local = 0, head_offset = 0;  // heads [head_offset, +heads_local), NH/ty
+  int att_local = 0;                     // heads_local * head_size = C/ty
+  TensorLinearLayout qkv;                // normal, C -> 3C (head-grouped rows)
+  TensorLinearLayout proj;               // transposed, C -> C
+
+  // Sequences of this rank for a global batch of B sequences (split over tz; throws if B % tz).
+  int local_batch(int B) const;
+  int batch_offset(int B) const;
+};
+
+// Throws tessera::Error unless C % n_head == 0, n_head % ty == 0 and C % tx == 0.
+TensorAttentionLayout make_tensor_attention_layout(const comm::Topology& topo, int C, int n_head);
+
+struct TensorAttentionComms {
+  TensorLinearComms qkv, proj;
+  comm::Communicator* tx = nullptr;  // LayerNorm row sums
+  comm::Communicator* tz = nullptr;  // LayerNorm parameter gradients
+};
+TensorAttentionComms tensor_attention_comms(comm::Runtime& rt, const comm::Topology& topo);
+
+// ---- the head-grouped order of the c_attn rows (see the top of the file) ----
+// Global row (GPT-2 order) held at row r of the head-grouped order.
+int qkv_head_grouped_source_row(int C, int ty, int r);
+// dst (3C, row_len) <- src (3C, row_len) in head-grouped order (row_len = C for W, 1 for b).
+void qkv_rows_to_head_grouped(const float* src, float* dst, int C, int ty, std::int64_t row_len);
+// The inverse: dst (3C, row_len) in GPT-2 order <- src in head-grouped order.
+void qkv_rows_from_head_grouped(const float* src, float* dst, int C, int ty, std::int64_t row_len);
+
+// This rank's parameters (pointers into the caller's buffers).
+struct TensorAttentionParams {
+  const float* ln_w = nullptr;    // (c_local) ln1 weight slice
+  const float* ln_b = nullptr;    // (c_local) ln1 bias slice
+  const float* qkv_w = nullptr;   // (qkv.shard_numel) head-grouped c_attn weight shard
+  const float* qkv_b = nullptr;   // (qkv.out_local = 3C/ty) head-grouped c_attn bias slice
+  const float* proj_w = nullptr;  // (proj.shard_numel) c_proj weight shard
+  const float* proj_b = nullptr;  // (proj.out_local = C/tx) c_proj bias slice
+};
+// Their gradients, same shapes; accumulated (+=).
+struct TensorAttentionGrads {
+  float* ln_w = nullptr;
+  float* ln_b = nullptr;
+  float* qkv_w = nullptr;
+  float* qkv_b = nullptr;
+  float* proj_w = nullptr;
+  float* proj_b = nullptr;
+};
+
+// What the forward saves for the backward, for a global batch of B sequences of T tokens.
+struct TensorAttentionActivations {
+  TensorAttentionActivations() = default;
+  TensorAttentionActivations(const TensorAttentionLayout& l, int B, int T);
+  std::vector<float> ln_out;   // (n, c_local)
+  std::vector<float> ln_mean;  // (n)
+  std::vector<float> ln_rstd;  // (n)
+  std::vector<float> qkv;      // (n, 3*att_local) [q | k | v] of this rank's heads
+  std::vector<float> att;      // (n, att_local) attention output of this rank's heads
+  std::vector<float> lse;      // (B/tz, heads_local, T)
+};
+
+// Scratch, reusable across calls and blocks of the same shape.
+struct TensorAttentionWorkspace {
+  TensorAttentionWorkspace() = default;
+  TensorAttentionWorkspace(const TensorAttentionLayout& l, int B, int T);
+  TensorLinearWorkspace qkv, proj;  // qkv.w_block / proj.w_block: gathered blocks (fwd -> bwd)
+  std::vector<float> row_stats;     // (2n) LayerNorm partial row sums
+  std::vector<float> proj_out;      // (n, c_local) proj output before the residual add
+  std::vector<float> d_att;         // (n, att_local)
+  std::vector<float> d_qkv;         // (n, 3*att_local)
+  std::vector<float> d_ln;          // (n, c_local)
+  std::vector<float> d_ln_params;   // (2*c_local) ln weight | bias gradients before the tz sum
+};
+
+// y (n, c_local) = x + proj(attention(qkv(ln1(x)))) on this rank's slices; B, T global.
+// Fills acts and leaves the gathered weight blocks in ws for the backward.
+void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
+                              const TensorAttentionComms& c, float* y, const float* x,
+                              const TensorAttentionParams& p, int B, int T,
+                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws);
+
+// dx (n, c_local) = dy + d(ln1 path) (overwrite); parameter gradients +=. x, p, acts as given to
+// the forward; ws.qkv.w_block and ws.proj.w_block must still hold the gathered blocks (re-gather
+// with tensor_linear_gather_weight otherwise).
+void tensor_attention_backward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
+                               const TensorAttentionComms& c, float* dx,
+                               const TensorAttentionGrads& g, const float* dy, const float* x,
+                               const TensorAttentionParams& p, int B, int T,
+                               const TensorAttentionActivations& acts,
+                               TensorAttentionWorkspace& ws);
+
+}  // namespace tessera::parallel
