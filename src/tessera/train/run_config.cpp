@@ -72,6 +72,11 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "zero", c.parallel.zero);
   f("parallel", "overlap", c.parallel.overlap);
   f("parallel", "timeout_s", c.parallel.timeout_s);
+
+  f("goldfish", "k", c.goldfish.k);
+  f("goldfish", "h", c.goldfish.h);
+  f("goldfish", "strategy", c.goldfish.strategy);
+  f("goldfish", "seed", c.goldfish.seed);
 }
 
 enum class Kind { Int, UInt, Float, String, Bool };
@@ -155,8 +160,8 @@ const std::vector<FieldInfo>& fields() {
 }
 
 const std::vector<std::string>& sections() {
-  static const std::vector<std::string> list = {"model",  "data",     "train",
-                                                "sample", "hardware", "parallel"};
+  static const std::vector<std::string> list = {"model",    "data",     "train",   "sample",
+                                                "hardware", "parallel", "goldfish"};
   return list;
 }
 
@@ -643,6 +648,18 @@ void validate(const RunConfig& c) {
   if (!(p.timeout_s >= 0))
     v.fail("parallel.timeout_s", p.timeout_s, "must be >= 0",
            "0 turns the collective watchdog off");
+
+  const auto& g = c.goldfish;
+  if (g.k < 0 || g.k == 1)
+    v.fail("goldfish.k", g.k, "must be 0 (off) or >= 2",
+           "k = 4 leaves about a quarter of the targets out of the loss; 0 turns Goldfish off");
+  v.at_least("goldfish.h", g.h, 1, "h is the hashed context width; 13 is the paper's default");
+  if (g.strategy != "hash" && g.strategy != "static" && g.strategy != "random")
+    v.fail("goldfish.strategy", g.strategy, "must be \"hash\", \"static\" or \"random\"",
+           "hash drops by the last h tokens (the default), static every k-th position, random "
+           "by (seed, step, position)");
+  if (g.seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    v.fail("goldfish.seed", g.seed, "must be < 2^63", "TOML integers are 64-bit signed");
 }
 
 std::string to_toml(const RunConfig& c) {

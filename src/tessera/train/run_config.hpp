@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/train/goldfish.hpp"
+
 namespace tessera::train {
 
 struct ModelSection {
@@ -90,6 +92,7 @@ struct RunConfig {
   SampleSection sample;
   HardwareSection hardware;
   ParallelSection parallel;
+  GoldfishConfig goldfish;  // [goldfish]: Goldfish loss masking of the training targets
   std::string source;  // the path (or name) the config came from, used in messages
   bool operator==(const RunConfig&) const = default;
 };

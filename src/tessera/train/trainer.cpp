@@ -22,6 +22,7 @@
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/parallel/data_parallel.hpp"
+#include "tessera/train/goldfish.hpp"
 #include "tessera/train/peak.hpp"
 
 namespace tessera::train {
@@ -222,6 +223,22 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   fopt.gemm = gemm;
   fopt.training = true;
   fopt.dloss = 1.0f / (static_cast<float>(B) * T * accum * ndp);
+  // Goldfish (training targets only; validation scores every token): the step's micro-batches
+  // are read and masked before the first forward, and dloss becomes 1 / (kept targets of the
+  // step over all micro-batches and dp ranks).
+  const bool goldfish = cfg.goldfish.k > 0;
+  std::vector<std::vector<std::int32_t>> gx, gy;
+  std::vector<std::int64_t> kept;
+  if (goldfish) {
+    gx.assign(accum, std::vector<std::int32_t>(static_cast<std::size_t>(B) * T));
+    gy = gx;
+    kept.assign(accum, 0);
+    if (!opt.quiet)
+      log_info("goldfish: k = {}, strategy {}{}", cfg.goldfish.k, cfg.goldfish.strategy,
+               cfg.goldfish.strategy == "hash"     ? fmt::format(", h = {}", cfg.goldfish.h)
+               : cfg.goldfish.strategy == "random" ? fmt::format(", seed {}", cfg.goldfish.seed)
+                                                   : std::string());
+  }
 
   TrainSummary summary;
   summary.first_step = step;
@@ -268,18 +285,41 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       opt.stop_at > 0 ? std::min<std::int64_t>(opt.stop_at, tc.steps) : tc.steps;
   while (step < end_step) {
     Timer t;
+    double loss = 0, comm_wait = 0, kept_total = 0;
+    if (goldfish) {
+      // Read and mask the whole step first: the loss is normalized by the targets kept over all
+      // micro-batches and dp ranks, which the gradient scale needs before the first backward.
+      for (int a = 0; a < accum; ++a) {
+        const std::uint64_t pos = train_loader.position();
+        train_loader.next(gx[a].data(), gy[a].data());
+        const std::uint64_t first_target =
+            pos + static_cast<std::uint64_t>(dp.dp_rank()) * B * T + 1;  // stream index
+        kept[a] = apply_goldfish(cfg.goldfish, gy[a].data(), B, T, first_target, step);
+        kept_total += static_cast<double>(kept[a]);
+      }
+      dp_comm.all_reduce_sum(&kept_total, 1);
+      fopt.dloss = kept_total > 0 ? static_cast<float>(1.0 / kept_total) : 0.0f;
+    }
     dp.begin_step();
-    double loss = 0, comm_wait = 0;
     for (int a = 0; a < accum; ++a) {
-      train_loader.next(x.data(), y.data());
+      const std::int32_t* xa = goldfish ? gx[a].data() : x.data();
+      const std::int32_t* ya = goldfish ? gy[a].data() : y.data();
+      if (!goldfish) train_loader.next(x.data(), y.data());
       dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
-      loss += model::forward(layout, dp, acts, x.data(), y.data(), B, T, fopt);
-      model::backward(layout, dp, acts, x.data(), B, T, gemm);
+      const float mb = model::forward(layout, dp, acts, xa, ya, B, T, fopt);
+      // forward returns the mean over this micro-batch's kept targets: weight it back to a sum
+      loss += goldfish ? static_cast<double>(mb) * static_cast<double>(kept[a]) : mb;
+      model::backward(layout, dp, acts, xa, B, T, gemm);
       Timer comm_timer;
       dp.end_micro_batch();  // waits for the reductions still in flight
       comm_wait += comm_timer.seconds();
     }
-    loss = dp.mean(loss / accum);
+    if (goldfish) {
+      dp_comm.all_reduce_sum(&loss, 1);
+      loss = kept_total > 0 ? loss / kept_total : 0.0;
+    } else {
+      loss = dp.mean(loss / accum);
+    }
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                   "lower train.lr or raise train.warmup_steps; check the data");
@@ -313,6 +353,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     double mfu = peak.flops > 0 ? flops_per_step / sec / peak.flops : -1;
     row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
     row["mfu_peak"] = peak.describe();
+    if (goldfish)
+      row["goldfish_kept"] =
+          static_cast<std::int64_t>(kept_total);  // targets in the loss, all dp ranks
     if (ndp > 1) {
       row["grad_overlap"] = dp.overlap_fraction();  // fraction reduced before backward ended
       row["comm_wait_ms"] = comm_wait * 1e3;        // exposed gradient-reduction time
