@@ -1,14 +1,119 @@
 // tessera eval --model DIR --data SHARD [--batch B] [--seq T] [--batches N]
+// tessera eval memorization --model DIR --docs FILE.jsonl [--suffix 50] [--out DIR]
 #include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/data/bpe.hpp"
+#include "tessera/data/corpus.hpp"
 #include "tessera/eval/evaluate.hpp"
+#include "tessera/eval/memorization.hpp"
 #include "tessera/io/checkpoint.hpp"
 
 namespace tessera::app {
 
 std::filesystem::path resolve_model_path(const std::filesystem::path& p);
+
+namespace {
+
+// tessera eval memorization: greedy continuation of each document's prefix vs its true suffix.
+CLI::App* add_memorization_command(CLI::App& eval) {
+  auto* cmd = eval.add_subcommand(
+      "memorization", "how much of each document's ending a model reproduces (greedy decoding)");
+  struct Args {
+    std::string model;
+    std::string docs;
+    std::string out = "memorization";
+    std::string tokenizer = "data/gpt2";
+    int suffix = 50;
+    int max_docs = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model,-m", a->model,
+                  "run directory, checkpoint directory, or model.safetensors")
+      ->required();
+  cmd->add_option("--docs", a->docs, "JSONL file, one document per line (field \"text\")")
+      ->required();
+  cmd->add_option("--suffix", a->suffix, "tokens to reproduce at the end of each document")
+      ->capture_default_str();
+  cmd->add_option("--out,-o", a->out, "folder for memorization.csv and memorization_summary.json")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
+      ->capture_default_str();
+  cmd->add_option("--max-docs", a->max_docs, "score only the first N documents (0 = all)")
+      ->capture_default_str();
+  cmd->callback([a] {
+    namespace fs = std::filesystem;
+    if (a->suffix <= 0) throw Error(fmt::format("--suffix must be positive (got {})", a->suffix));
+    if (a->max_docs < 0) throw Error("--max-docs must be >= 0");
+    if (!fs::is_regular_file(a->docs))
+      throw Error(fmt::format("documents file not found: {}", a->docs),
+                  "give a JSONL file with one {\"text\": ...} object per line");
+    auto texts = data::jsonl_documents(a->docs);
+    if (a->max_docs > 0 && texts.size() > static_cast<std::size_t>(a->max_docs))
+      texts.resize(static_cast<std::size_t>(a->max_docs));
+    auto loaded = io::load_model(resolve_model_path(a->model));
+    model::ParamLayout layout(loaded.config);
+    auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
+    std::vector<std::vector<std::int32_t>> docs;
+    docs.reserve(texts.size());
+    for (const auto& t : texts) {
+      auto ids = tok.encode(t);
+      docs.emplace_back(ids.begin(), ids.end());
+    }
+    auto r = eval::score_documents(layout, loaded.params.data(), docs, a->suffix);
+
+    fs::path out(a->out);
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) throw Error(fmt::format("cannot create {}: {}", out.string(), ec.message()));
+    {
+      std::ofstream csv(out / "memorization.csv");
+      if (!csv) throw Error(fmt::format("cannot write {}", (out / "memorization.csv").string()));
+      csv << "index,prompt_tokens,exact,token_match,rouge_l\n";
+      for (const auto& row : r.rows)
+        csv << fmt::format("{},{},{},{:.6f},{:.6f}\n", row.index, row.prompt_tokens,
+                           row.exact ? 1 : 0, row.token_match, row.rouge_l);
+    }
+    nlohmann::json summary{
+        {"documents", texts.size()},
+        {"scored", r.rows.size()},
+        {"skipped", r.skipped},
+        {"suffix", a->suffix},
+        {"max_prompt_tokens", r.max_prompt},
+        {"truncated_prompts", r.truncated},
+        {"exact_match_rate", r.exact_rate},
+        {"mean_token_match", r.mean_token_match},
+        {"mean_rouge_l", r.mean_rouge_l},
+        {"protocol", fmt::format("greedy decoding of the last {} tokens; the prompt is the "
+                                 "last {} tokens before them (block_size {} - suffix)",
+                                 a->suffix, r.max_prompt, loaded.config.block_size)}};
+    {
+      std::ofstream js(out / "memorization_summary.json");
+      if (!js)
+        throw Error(fmt::format("cannot write {}", (out / "memorization_summary.json").string()));
+      js << summary.dump(2) << "\n";
+    }
+    std::printf("documents scored %zu, skipped %zu (fewer than %d tokens)\n", r.rows.size(),
+                r.skipped, a->suffix + 1);
+    std::printf("exact match %.4f  mean token match %.4f  mean ROUGE-L %.4f\n", r.exact_rate,
+                r.mean_token_match, r.mean_rouge_l);
+    std::printf(
+        "protocol: greedy decoding of %d tokens; prompt capped at the last %d tokens (block_size "
+        "%d "
+        "- suffix), %zu prompts truncated\n",
+        a->suffix, r.max_prompt, loaded.config.block_size, r.truncated);
+    std::printf("wrote %s and %s\n", (out / "memorization.csv").string().c_str(),
+                (out / "memorization_summary.json").string().c_str());
+  });
+  return cmd;
+}
+
+}  // namespace
 
 void add_eval_command(CLI::App& root) {
   auto* cmd = root.add_subcommand("eval", "loss and perplexity of a model on a token shard");
@@ -22,8 +127,7 @@ void add_eval_command(CLI::App& root) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, or model.safetensors")
-      ->required();
+                  "run directory, checkpoint directory, or model.safetensors");
   cmd->add_option("--data,-d", a->data, "token shard (from tessera prepare)")
       ->capture_default_str();
   cmd->add_option("--batch,-b", a->batch, "sequences per forward pass")->capture_default_str();
@@ -32,7 +136,10 @@ void add_eval_command(CLI::App& root) {
   cmd->add_option("--batches", a->batches, "windows to score (0 = the whole shard)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print the result as JSON");
-  cmd->callback([a] {
+  auto* mem = add_memorization_command(*cmd);
+  cmd->callback([a, mem] {
+    if (mem->parsed()) return;
+    if (a->model.empty()) throw Error("eval needs --model");
     if (a->batch <= 0) throw Error("--batch must be positive");
     if (a->seq < 0 || a->batches < 0) throw Error("--seq and --batches must be >= 0");
     auto loaded = io::load_model(resolve_model_path(a->model));

@@ -1,0 +1,87 @@
+#include "tessera/eval/memorization.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/eval/generate.hpp"
+
+namespace tessera::eval {
+
+double rouge_l_f1(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  if (a.empty() && b.empty()) return 1.0;
+  if (a.empty() || b.empty()) return 0.0;
+  // LCS length by dynamic programming, one row at a time.
+  std::vector<int> prev(b.size() + 1, 0), cur(b.size() + 1, 0);
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : std::max(prev[j], cur[j - 1]);
+    std::swap(prev, cur);
+  }
+  double lcs = prev[b.size()];
+  if (lcs == 0) return 0.0;
+  double p = lcs / a.size(), r = lcs / b.size();
+  return 2 * p * r / (p + r);
+}
+
+double token_match(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  std::size_t n = std::max(a.size(), b.size());
+  if (n == 0) return 1.0;
+  std::size_t m = std::min(a.size(), b.size()), same = 0;
+  for (std::size_t i = 0; i < m; ++i) same += a[i] == b[i];
+  return static_cast<double>(same) / n;
+}
+
+MemorizationResult score_documents(const model::ParamLayout& layout, const float* params,
+                                   const std::vector<std::vector<std::int32_t>>& docs, int suffix,
+                                   kernels::GemmLibrary gemm) {
+  const int block = layout.config().block_size;
+  if (suffix <= 0) throw Error(fmt::format("--suffix must be positive (got {})", suffix));
+  if (suffix >= block)
+    throw Error(fmt::format("--suffix {} leaves no room for a prompt in the model's block_size {}",
+                            suffix, block));
+  MemorizationResult res;
+  res.max_prompt = block - suffix;
+  SampleOptions opt;
+  opt.max_new_tokens = suffix;
+  opt.temperature = 0.0f;
+  opt.top_k = 0;
+  opt.gemm = gemm;
+  Rng rng(0);  // unused by greedy decoding
+  for (std::size_t d = 0; d < docs.size(); ++d) {
+    const auto& doc = docs[d];
+    if (doc.size() < static_cast<std::size_t>(suffix) + 1) {
+      ++res.skipped;
+      continue;
+    }
+    auto split = doc.end() - suffix;
+    std::ptrdiff_t plen = split - doc.begin();
+    std::ptrdiff_t keep = std::min<std::ptrdiff_t>(plen, res.max_prompt);
+    std::vector<std::int32_t> prompt(split - keep, split);
+    std::vector<std::int32_t> truth(split, doc.end());
+    MemorizationRow row;
+    row.index = d;
+    row.prompt_tokens = static_cast<int>(keep);
+    row.prompt_tokens_dropped = static_cast<int>(plen - keep);
+    if (row.prompt_tokens_dropped > 0) ++res.truncated;
+    row.generated = generate(layout, params, prompt, opt, rng);
+    row.exact = row.generated == truth;
+    row.token_match = token_match(row.generated, truth);
+    row.rouge_l = rouge_l_f1(row.generated, truth);
+    res.exact_rate += row.exact;
+    res.mean_token_match += row.token_match;
+    res.mean_rouge_l += row.rouge_l;
+    res.rows.push_back(std::move(row));
+  }
+  if (!res.rows.empty()) {
+    double n = static_cast<double>(res.rows.size());
+    res.exact_rate /= n;
+    res.mean_token_match /= n;
+    res.mean_rouge_l /= n;
+  }
+  return res;
+}
+
+}  // namespace tessera::eval
