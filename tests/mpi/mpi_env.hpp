@@ -7,6 +7,12 @@
 // same order on every rank.
 #pragma once
 
+#include "tessera/core/rng.hpp"
+
+#include <vector>
+
+#include <tuple>
+
 #include <gtest/gtest.h>
 
 #include "tessera/comm/runtime.hpp"
@@ -25,5 +31,21 @@ class MpiTest : public ::testing::Test {
       ADD_FAILURE() << failed << " rank(s) failed this test (their messages are on stderr)";
   }
 };
+
+// Every (tx, ty, tz) with tx*ty*tz == p, in a fixed order (the same on every rank).
+inline std::vector<std::tuple<int, int, int>> factorizations(int p) {
+  std::vector<std::tuple<int, int, int>> f;
+  for (int tx = 1; tx <= p; ++tx)
+    for (int ty = 1; tx * ty <= p; ++ty)
+      if (p % (tx * ty) == 0) f.emplace_back(tx, ty, p / (tx * ty));
+  return f;
+}
+
+// n values drawn from U(-1, 1).
+inline std::vector<float> random_vec(::tessera::Rng& rng, std::size_t n) {
+  std::vector<float> v(n);
+  for (float& x : v) x = 2.0f * rng.uniform() - 1.0f;  // U(-1, 1)
+  return v;
+}
 
 }  // namespace tessera::test

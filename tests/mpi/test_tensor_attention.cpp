@@ -54,6 +54,7 @@ using tessera::comm::Topology;
 using tessera::kernels::GemmLibrary;
 namespace cpu = tessera::kernels::cpu;
 namespace par = tessera::parallel;
+using tessera::test::factorizations;
 
 constexpr GemmLibrary k_lib = GemmLibrary::OneDnn;
 constexpr double k_gain = 4.0;  // A
@@ -64,14 +65,6 @@ std::vector<float> random_vec(tessera::Rng& rng, std::size_t n, float scale = 1.
   std::vector<float> v(n);
   for (float& x : v) x = offset + scale * (2.0f * rng.uniform() - 1.0f);
   return v;
-}
-
-std::vector<std::tuple<int, int, int>> factorizations(int p) {
-  std::vector<std::tuple<int, int, int>> f;
-  for (int tx = 1; tx <= p; ++tx)
-    for (int ty = 1; tx * ty <= p; ++ty)
-      if (p % (tx * ty) == 0) f.emplace_back(tx, ty, p / (tx * ty));
-  return f;
 }
 
 struct Sizes {

@@ -40,30 +40,17 @@ using tessera::comm::Topology;
 using tessera::kernels::GemmLibrary;
 namespace cpu = tessera::kernels::cpu;
 namespace par = tessera::parallel;
+using tessera::test::factorizations;
+using tessera::test::random_vec;
 
 constexpr GemmLibrary k_lib = GemmLibrary::OneDnn;
 // Divisible by every factor of 8 (features by tx, ty; rows by tz).
 constexpr int k_rows = 16, k_in = 16, k_out = 24;
 
-std::vector<float> random_vec(tessera::Rng& rng, std::size_t n) {
-  std::vector<float> v(n);
-  for (float& x : v) x = 2.0f * rng.uniform() - 1.0f;  // U(-1, 1)
-  return v;
-}
-
 std::vector<float> abs_vec(const std::vector<float>& v) {
   std::vector<float> a(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) a[i] = std::fabs(v[i]);
   return a;
-}
-
-// Every (tx, ty, tz) with tx*ty*tz == p, in a fixed order (the same on every rank).
-std::vector<std::tuple<int, int, int>> factorizations(int p) {
-  std::vector<std::tuple<int, int, int>> f;
-  for (int tx = 1; tx <= p; ++tx)
-    for (int ty = 1; tx * ty <= p; ++ty)
-      if (p % (tx * ty) == 0) f.emplace_back(tx, ty, p / (tx * ty));
-  return f;
 }
 
 // 2 * gamma_K, the bound factor on S (see the top of the file).

@@ -58,6 +58,8 @@ using tessera::comm::Topology;
 using tessera::kernels::GemmLibrary;
 namespace cpu = tessera::kernels::cpu;
 namespace par = tessera::parallel;
+using tessera::test::factorizations;
+using tessera::test::random_vec;
 
 constexpr GemmLibrary k_lib = GemmLibrary::OneDnn;
 constexpr int k_v = 300, k_vp = 384, k_c = 16, k_b = 2, k_t = 4, k_n = k_b * k_t, k_max_t = 6;
@@ -66,20 +68,6 @@ const double k_eps_exp = 2.0 * k_u;
 
 double gamma(int k) {
   return k * k_u / (1.0 - k * k_u);
-}
-
-std::vector<float> random_vec(tessera::Rng& rng, std::size_t n) {
-  std::vector<float> v(n);
-  for (float& x : v) x = 2.0f * rng.uniform() - 1.0f;  // U(-1, 1)
-  return v;
-}
-
-std::vector<std::tuple<int, int, int>> factorizations(int p) {
-  std::vector<std::tuple<int, int, int>> f;
-  for (int tx = 1; tx <= p; ++tx)
-    for (int ty = 1; tx * ty <= p; ++ty)
-      if (p % (tx * ty) == 0) f.emplace_back(tx, ty, p / (tx * ty));
-  return f;
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& ref,

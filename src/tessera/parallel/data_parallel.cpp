@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/sharding.hpp"
 
 namespace tessera::parallel {
 
@@ -23,8 +24,7 @@ DataParallel::DataParallel(comm::Communicator& dp, const model::ParamLayout& lay
   if (zero_stage < 0 || zero_stage > 3)
     throw Error(fmt::format("parallel.zero={} is not a ZeRO stage", zero_stage),
                 "use 0, 1, 2 or 3");
-  const std::size_t P = layout.total(), n = static_cast<std::size_t>(comm_.size());
-  per_rank_ = (P + n - 1) / n;
+  const std::size_t P = layout.total();
   shard_begin_ = stage_ == 0 ? 0 : shard_begin_of(comm_.rank());
   shard_end_ = stage_ == 0 ? P : shard_begin_of(comm_.rank() + 1);
   for (int b = 1; b < nblocks_; ++b)
@@ -51,16 +51,11 @@ DataParallel::DataParallel(comm::Communicator& dp, const model::ParamLayout& lay
 }
 
 std::size_t DataParallel::shard_begin_of(int rank) const {
-  return std::min(layout_.total(), per_rank_ * static_cast<std::size_t>(rank));
+  return parallel::shard_begin(layout_.total(), comm_.size(), rank);
 }
 
 std::vector<std::size_t> DataParallel::counts_in(std::size_t b, std::size_t e) const {
-  std::vector<std::size_t> c(comm_.size());
-  for (int r = 0; r < comm_.size(); ++r) {
-    std::size_t lo = std::max(b, shard_begin_of(r)), hi = std::min(e, shard_begin_of(r + 1));
-    c[r] = hi > lo ? hi - lo : 0;
-  }
-  return c;
+  return parallel::shard_counts(layout_.total(), comm_.size(), b, e);
 }
 
 MemoryReport DataParallel::memory() const {

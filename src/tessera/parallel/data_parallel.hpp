@@ -9,7 +9,8 @@
 //  stage 3: parameters sharded as well: each block is all-gathered just before use, with the
 //           next block prefetched, and released after; the embeddings stay gathered for the
 //           step (they are used at both ends of forward and of backward).
-// Shards: rank r owns elements [r*ceil(P/N), min(P, (r+1)*ceil(P/N))) of the flat buffer.
+// Shards: rank r owns elements [r*ceil(P/N), min(P, (r+1)*ceil(P/N))) of the flat buffer
+// (parallel/sharding.hpp, the convention shared with the tensor-parallel weight shards).
 // Reductions are non-blocking, issued per block as backward finishes it, with progress driven
 // between backward's ops (Open MPI has no progress thread).
 #pragma once
@@ -101,7 +102,7 @@ class DataParallel final : public model::ParamStore {
   int stage_;
   bool overlap_;
   int nblocks_;
-  std::size_t shard_begin_ = 0, shard_end_ = 0, per_rank_ = 0, max_block_ = 0;
+  std::size_t shard_begin_ = 0, shard_end_ = 0, max_block_ = 0;
 
   Buffer<float> params_;    // full (0-2) or shard (3)
   Buffer<float> grads_;     // full (0-1) or shard (2-3)

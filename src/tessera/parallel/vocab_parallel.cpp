@@ -7,16 +7,14 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cpu/vec_math.hpp"
+#include "tessera/parallel/sharding.hpp"
 
 namespace tessera::parallel {
 
 using comm::Axis;
 
 std::int64_t VocabParallelLayout::local_rows(std::int64_t n_global) const {
-  if (n_global % tz != 0)
-    throw Error(fmt::format("a batch of {} rows cannot be split over tz={}", n_global, tz),
-                "use a batch (rows = micro-batch x sequence) divisible by tz");
-  return n_global / tz;
+  return rows_per_part(n_global, tz);
 }
 
 std::int64_t VocabParallelLayout::row_offset(std::int64_t n_global) const {
@@ -55,15 +53,10 @@ VocabParallelLayout make_vocab_parallel_layout(const comm::Topology& topo, int v
   l.c_local = channels / l.tx;
   l.c_offset = l.tx_index * l.c_local;
   l.block_numel = static_cast<std::int64_t>(l.vocab_local) * channels;
-  // The ZeRO convention of data_parallel / tensor_linear.
-  const std::int64_t per = (l.block_numel + l.tz - 1) / l.tz;
-  l.shard_counts.resize(l.tz);
-  for (int z = 0; z < l.tz; ++z) {
-    const std::int64_t lo = std::min(l.block_numel, z * per);
-    const std::int64_t hi = std::min(l.block_numel, (z + 1) * per);
-    l.shard_counts[z] = static_cast<std::size_t>(hi - lo);
-  }
-  l.shard_offset = std::min(l.block_numel, l.tz_index * per);
+  // The block is sharded over tz by tessera's one convention (parallel/sharding.hpp).
+  const auto block = static_cast<std::size_t>(l.block_numel);
+  l.shard_counts = shard_counts(block, l.tz, 0, block);
+  l.shard_offset = static_cast<std::int64_t>(shard_begin(block, l.tz, l.tz_index));
   l.shard_numel = static_cast<std::int64_t>(l.shard_counts[l.tz_index]);
   return l;
 }
