@@ -28,6 +28,22 @@ std::uint64_t CollectiveLog::begin(std::string op, const std::string& group, int
   r.group_size = group_size;
   r.bytes = bytes;
   r.start = now();
+  Volume& v = volumes_[{group, r.op}];
+  ++v.calls;
+  v.bytes += static_cast<double>(bytes);
+  const double p = group_size;
+  double factor = 0.0;
+  if (group_size > 1) {
+    if (r.op.rfind("all_reduce", 0) == 0)  // all_reduce, all_reduce_max
+      factor = 2.0 * (p - 1) / p;
+    else if (r.op == "all_gather" || r.op == "reduce_scatter")
+      factor = (p - 1) / p;
+    else if (r.op == "send" || r.op == "recv")
+      factor = 1.0;
+    else
+      factor = (p - 1) / p;  // broadcast and others: one copy of the data per receiver
+  }
+  v.wire_bytes += factor * static_cast<double>(bytes);
   ring_.push_back(std::move(r));
   // Drop completed records beyond capacity (in-flight ones are kept until they end).
   while (ring_.size() > capacity_ && ring_.front().end >= 0) ring_.pop_front();
@@ -56,6 +72,17 @@ bool CollectiveLog::oldest_in_flight(CollectiveRecord& out) const {
 std::vector<CollectiveRecord> CollectiveLog::snapshot() const {
   std::lock_guard lock(mu_);
   return {ring_.begin(), ring_.end()};
+}
+
+std::map<std::pair<std::string, std::string>, CollectiveLog::Volume> CollectiveLog::volumes()
+    const {
+  std::lock_guard lock(mu_);
+  return volumes_;
+}
+
+void CollectiveLog::reset_volumes() {
+  std::lock_guard lock(mu_);
+  volumes_.clear();
 }
 
 void CollectiveLog::clear() {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -103,14 +104,26 @@ class CollectiveLog {
   // The oldest record still in flight, if any (copy).
   bool oldest_in_flight(CollectiveRecord& out) const;
   std::vector<CollectiveRecord> snapshot() const;
-  // Bytes per (group, op) over the records still in the ring (for volume checks and reports).
   std::string dump() const;  // multi-line text, newest last
+
+  // Cumulative traffic per (group, op) since the last reset_volumes(), whatever the ring keeps:
+  // `bytes` is the buffer size of each call (the full buffer for all-gather / reduce-scatter),
+  // `wire_bytes` what a ring algorithm sends per rank for it: 2(p-1)/p x bytes for an
+  // all-reduce, (p-1)/p x bytes for all-gather / reduce-scatter, bytes for send / recv, 0 in a
+  // group of one (the volume model of ../shared/reference/papers.md §2.4).
+  struct Volume {
+    std::uint64_t calls = 0;
+    double bytes = 0, wire_bytes = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Volume> volumes() const;  // (group, op) ->
+  void reset_volumes();
   double now() const;
   void clear();
 
  private:
   mutable std::mutex mu_;
   std::deque<CollectiveRecord> ring_;
+  std::map<std::pair<std::string, std::string>, Volume> volumes_;
   std::size_t capacity_;
   std::uint64_t next_seq_ = 0;
   double t0_;

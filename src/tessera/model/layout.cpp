@@ -34,13 +34,21 @@ std::string describe(const ModelConfig& c) {
                      c.block_size, c.vocab_size, layout.count_unpadded() / 1e6);
 }
 
-ParamLayout::ParamLayout(const ModelConfig& cfg) : cfg_(cfg) {
+ParamLayout::ParamLayout(const ModelConfig& cfg) : ParamLayout(cfg, LocalNumel{}) {}
+
+ParamLayout::ParamLayout(const ModelConfig& cfg, const LocalNumel& local_numel)
+    : cfg_(cfg), local_(static_cast<bool>(local_numel)) {
   validate(cfg);
   const std::int64_t C = cfg.n_embd, Vp = cfg.padded_vocab(), P = cfg.block_size;
   auto add = [&](std::string name, std::vector<std::int64_t> shape, bool decay, bool transposed,
                  int layer) {
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
+    if (local_numel) {
+      ParamTensor global{name, shape, 0, n, decay, transposed, layer};
+      n = local_numel(global);
+      shape = {static_cast<std::int64_t>(n)};
+    }
     // Keep every tensor 16-float aligned (64 bytes) for vector loads.
     total_ = (total_ + 15) / 16 * 16;
     tensors_.push_back({std::move(name), std::move(shape), total_, n, decay, transposed, layer});

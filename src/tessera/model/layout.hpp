@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ struct LayerOffsets {
 class ParamLayout {
  public:
   explicit ParamLayout(const ModelConfig& cfg);
+  // The layout of one rank's slice of the model (tensor parallelism): the same tensors, names,
+  // order, blocks and alignment, each holding local_numel(global tensor) elements as a 1-D shape.
+  // Buffers, ZeRO sharding and AdamW then work on it as on a whole model.
+  using LocalNumel = std::function<std::size_t(const ParamTensor& global)>;
+  ParamLayout(const ModelConfig& cfg, const LocalNumel& local_numel);
+  bool is_local() const { return local_; }
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -53,6 +60,7 @@ class ParamLayout {
 
  private:
   ModelConfig cfg_;
+  bool local_ = false;
   std::vector<ParamTensor> tensors_;
   std::size_t total_ = 0;
 };

@@ -192,6 +192,22 @@ double DataParallel::grad_norm() {
   return std::sqrt(sq);
 }
 
+double DataParallel::grad_sumsq(const std::uint8_t* mask) const {
+  if (stage_ == 0 && comm_.rank() != 0) return 0.0;
+  const float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
+  const std::size_t n = shard_size();
+  double sq = 0.0;
+  if (!mask) {
+    const double norm = optim::global_norm(g, n);
+    return norm * norm;
+  }
+  const std::uint8_t* m = mask + shard_begin_;
+#pragma omp parallel for reduction(+ : sq) schedule(static)
+  for (std::size_t i = 0; i < n; ++i)
+    if (m[i]) sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  return sq;
+}
+
 void DataParallel::clip(double norm, double max_norm) {
   float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
   optim::clip_by_global_norm(g, shard_size(), norm, max_norm);

@@ -69,6 +69,11 @@ class DataParallel final : public model::ParamStore {
   void begin_micro_batch(bool last);  // gradients become final in this micro-batch's backward
   void end_micro_batch();             // complete the reductions this backward issued
   double grad_norm();                 // global L2 norm of the reduced gradient
+  // This rank's share of the squared norm of the reduced gradient, counting element i only where
+  // mask[i] != 0 (mask over the whole flat buffer; null: all). Summed over the dp group (or the
+  // world, for a tensor-parallel model whose mask marks the elements this rank owns) it is the
+  // squared global norm: at stage 0 only dp rank 0 contributes, otherwise each rank its shard.
+  double grad_sumsq(const std::uint8_t* mask) const;
   void clip(double norm, double max_norm);
   void step(const optim::AdamWConfig& cfg, float lr, std::int64_t step);  // AdamW, then gathers
   double mean(double x);  // average of a scalar over the dp group

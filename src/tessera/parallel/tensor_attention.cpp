@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/parallel/tensor_layernorm.hpp"
 
 namespace tessera::parallel {
 
@@ -147,36 +148,9 @@ void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLay
   const std::int64_t n = static_cast<std::int64_t>(bl) * T;
   const int cl = l.c_local;
 
-  // 1. LayerNorm over the full C of rows split over tx: two passes like the single-rank kernel,
-  //    each pass's per-row partial sums all-reduced over tx.
-  float* sums = ws.row_stats.data();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * cl;
-    float s = 0.0f;
-    for (int k = 0; k < cl; ++k) s += xi[k];
-    sums[i] = s;
-  }
-  c.tx->iall_reduce_sum(sums, static_cast<std::size_t>(n)).wait();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * cl;
-    const float m = sums[i] / l.C;
-    acts.ln_mean[i] = m;
-    float v = 0.0f;
-    for (int k = 0; k < cl; ++k) {
-      const float d = xi[k] - m;
-      v += d * d;
-    }
-    sums[n + i] = v;
-  }
-  c.tx->iall_reduce_sum(sums + n, static_cast<std::size_t>(n)).wait();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * cl;
-    const float m = acts.ln_mean[i];
-    const float r = 1.0f / std::sqrt(sums[n + i] / l.C + kernels::cpu::k_layernorm_eps);
-    acts.ln_rstd[i] = r;
-    float* o = acts.ln_out.data() + i * cl;
-    for (int k = 0; k < cl; ++k) o[k] = (xi[k] - m) * r * p.ln_w[k] + p.ln_b[k];
-  }
+  // 1. LayerNorm over the full C of rows split over tx (tensor_layernorm.hpp).
+  tensor_layernorm_forward(*c.tx, acts.ln_out.data(), acts.ln_mean.data(), acts.ln_rstd.data(), x,
+                           p.ln_w, p.ln_b, n, cl, l.C, ws.row_stats.data());
 
   // 2. qkv: normal linear, (n, c_local) -> (n, 3*att_local) = [q | k | v] of this rank's heads.
   tensor_linear_forward(lib, l.qkv, c.qkv, acts.qkv.data(), acts.ln_out.data(), p.qkv_w, p.qkv_b, n,
@@ -216,49 +190,12 @@ void tensor_attention_backward(kernels::GemmLibrary lib, const TensorAttentionLa
   tensor_linear_backward(lib, l.qkv, c.qkv, ws.d_ln.data(), g.qkv_w, g.qkv_b, ws.d_qkv.data(),
                          acts.ln_out.data(), ws.qkv.w_block.data(), n, ws.qkv);
 
-  // 4. LayerNorm: per-row sums of dn = w*g and dn*xhat over the full C (all-reduce over tx).
-  float* sums = ws.row_stats.data();  // [sum_dn (n) | sum_dn_xhat (n)]
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * cl;
-    const float* gi = ws.d_ln.data() + i * cl;
-    const float m = acts.ln_mean[i], r = acts.ln_rstd[i];
-    float s_dn = 0.0f, s_dn_n = 0.0f;
-    for (int k = 0; k < cl; ++k) {
-      const float xh = (xi[k] - m) * r;
-      const float dn = p.ln_w[k] * gi[k];
-      s_dn += dn;
-      s_dn_n += dn * xh;
-    }
-    sums[i] = s_dn;
-    sums[n + i] = s_dn_n;
-  }
-  c.tx->iall_reduce_sum(sums, static_cast<std::size_t>(2 * n)).wait();
-  float* dlw = ws.d_ln_params.data();
-  float* dlb = dlw + cl;
-  std::fill(ws.d_ln_params.begin(), ws.d_ln_params.end(), 0.0f);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * cl;
-    const float* gi = ws.d_ln.data() + i * cl;
-    const float* dyi = dy + i * cl;
-    float* dxi = dx + i * cl;
-    const float m = acts.ln_mean[i], r = acts.ln_rstd[i];
-    const float mean_dn = sums[i] / l.C, mean_dn_n = sums[n + i] / l.C;
-    for (int k = 0; k < cl; ++k) {
-      const float xh = (xi[k] - m) * r;
-      const float dn = p.ln_w[k] * gi[k];
-      dlb[k] += gi[k];
-      dlw[k] += xh * gi[k];
-      // residual path + LayerNorm path
-      dxi[k] = dyi[k] + (dn - mean_dn - xh * mean_dn_n) * r;
-    }
-  }
-  // ln parameter gradients: complete over ty already (replicated rows), summed over the batch
-  // shards of tz.
-  c.tz->iall_reduce_sum(ws.d_ln_params.data(), ws.d_ln_params.size()).wait();
-  for (int k = 0; k < cl; ++k) {
-    g.ln_w[k] += dlw[k];
-    g.ln_b[k] += dlb[k];
-  }
+  // 4. LayerNorm (tensor_layernorm.hpp): dx = dy + the LayerNorm path; its parameter
+  //    gradients are complete over ty already (replicated rows) and summed over tz.
+  if (dx != dy) std::copy(dy, dy + n * cl, dx);
+  tensor_layernorm_backward(*c.tx, *c.tz, dx, g.ln_w, g.ln_b, ws.d_ln.data(), x, p.ln_w,
+                            acts.ln_mean.data(), acts.ln_rstd.data(), n, cl, l.C,
+                            ws.row_stats.data(), ws.d_ln_params.data());
 }
 
 }  // namespace tessera::parallel

@@ -71,6 +71,7 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "tz", c.parallel.tz);
   f("parallel", "zero", c.parallel.zero);
   f("parallel", "overlap", c.parallel.overlap);
+  f("parallel", "recompute", c.parallel.recompute);
   f("parallel", "timeout_s", c.parallel.timeout_s);
 
   f("goldfish", "k", c.goldfish.k);
@@ -583,7 +584,8 @@ void validate(const RunConfig& c) {
            "lower train.seq_len or raise model.block_size (the number of positions)");
   v.at_least("train.grad_accum", t.grad_accum, 1);
   v.at_least("train.steps", t.steps, 1);
-  v.at_least("train.global_batch", t.global_batch, 0, "0 means batch_size x grad_accum x parallel.dp");
+  v.at_least("train.global_batch", t.global_batch, 0,
+             "0 means batch_size x grad_accum x parallel.dp");
   v.finite("train.lr", t.lr);
   if (!(t.lr > 0)) v.fail("train.lr", t.lr, "must be > 0", "typical values are 1e-4 to 1e-3");
   v.finite("train.min_lr_ratio", t.min_lr_ratio);

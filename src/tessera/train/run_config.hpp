@@ -81,6 +81,7 @@ struct ParallelSection {
   int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
   int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
   bool overlap = true;      // reduce gradient buckets during backward (false: after it, to measure)
+  bool recompute = false;   // tensor parallelism: recompute each layer's activations in backward
   double timeout_s = 60.0;  // a collective longer than this ends the job with its log; 0 = never
   bool operator==(const ParallelSection&) const = default;
 };
@@ -93,7 +94,7 @@ struct RunConfig {
   HardwareSection hardware;
   ParallelSection parallel;
   GoldfishConfig goldfish;  // [goldfish]: Goldfish loss masking of the training targets
-  std::string source;  // the path (or name) the config came from, used in messages
+  std::string source;       // the path (or name) the config came from, used in messages
   bool operator==(const RunConfig&) const = default;
 };
 

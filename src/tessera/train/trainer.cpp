@@ -22,6 +22,7 @@
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/tensor_model.hpp"
 #include "tessera/train/goldfish.hpp"
 #include "tessera/train/peak.hpp"
 
@@ -84,9 +85,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // train.global_batch (if set) fixes the sequences per step over all dp ranks; the micro-batch
   // of one rank follows from it and must come out whole.
   if (tc.global_batch > 0 && tc.global_batch % (accum * cfg.parallel.dp) != 0)
-    throw Error(fmt::format("train.global_batch={} is not divisible by grad_accum x parallel.dp = {} x {} = {}",
-                            tc.global_batch, accum, cfg.parallel.dp, accum * cfg.parallel.dp),
-                "choose a global batch that splits evenly into micro-batches over the data-parallel ranks");
+    throw Error(
+        fmt::format(
+            "train.global_batch={} is not divisible by grad_accum x parallel.dp = {} x {} = {}",
+            tc.global_batch, accum, cfg.parallel.dp, accum * cfg.parallel.dp),
+        "choose a global batch that splits evenly into micro-batches over the data-parallel ranks");
   const int B = tc.global_batch > 0 ? tc.global_batch / (accum * cfg.parallel.dp) : tc.batch_size;
   const auto gemm = kernels::GemmLibrary::OneDnn;
 
@@ -103,16 +106,35 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   req.grad_accum = accum;
   req.global_batch = tc.global_batch;
   comm::validate_grid(shape, req);
-  for (auto [axis, size] : {std::pair{"pp", pc.pp}, {"tx", pc.tx}, {"ty", pc.ty}, {"tz", pc.tz}})
-    if (size > 1)
-      throw Error(
-          fmt::format(
-              "parallel.{}={}: pipeline and tensor parallelism are not in this version of tessera",
-              axis, size),
-          "use data parallelism (parallel.dp) with ZeRO stage 0 or 1");
+  if (pc.pp > 1)
+    throw Error(
+        fmt::format("parallel.pp={}: pipeline parallelism is not in this version of tessera",
+                    pc.pp),
+        "use data and tensor parallelism (parallel.dp, tx, ty, tz)");
+  const int tensor_size = pc.tx * pc.ty * pc.tz;
+  if (B % pc.tz != 0)
+    throw Error(
+        fmt::format("the micro-batch of {} sequences is not divisible by parallel.tz={}", B, pc.tz),
+        "tz splits each micro-batch by whole sequences: choose train.batch_size (or "
+        "global_batch) so that it is");
   comm::Topology topo(shape, rt.world_rank());
+  // Tensor parallelism: each rank trains its slices of the model, held in a flat buffer with a
+  // local layout; data parallelism and ZeRO then work on that buffer over the dp group.
+  std::unique_ptr<parallel::TensorModel> tm;
+  if (tensor_size > 1)
+    tm = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
+                                                 parallel::TensorModelOptions{pc.recompute});
+  const model::ParamLayout& store_layout = tm ? tm->local_layout() : layout;
   comm::Communicator& dp_comm = rt.group(topo, {comm::Axis::DP});
-  parallel::DataParallel dp(dp_comm, layout, pc.zero, pc.overlap);
+  parallel::DataParallel dp(dp_comm, store_layout, pc.zero, pc.overlap);
+  Buffer<float> global_tmp;  // tensor parallelism: the whole model assembled from the slices
+  // The whole model's parameters (collective under tensor parallelism and at ZeRO-3).
+  auto full_params = [&]() -> const float* {
+    if (!tm) return dp.full_params();
+    global_tmp.resize(layout.total());
+    tm->gather_full(dp.full_params(), global_tmp.data());
+    return global_tmp.data();
+  };
   const bool lead = rt.world_rank() == 0;  // logs, metrics, checkpoints, samples
   TrainOptions opt = opt_in;
   if (!lead) opt.quiet = true;
@@ -136,10 +158,24 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       // Checkpoints hold the full state; each rank keeps its shard (any dp size or stage loads).
       // Each rank reads the parameters and the moments of its own range, from whichever shards
       // of the checkpoint hold them: any dp size and stage resumes any other.
-      Buffer<float> p_full(layout.total()), m_s(dp.shard_size()), v_s(dp.shard_size());
-      auto st = io::load_checkpoint(*latest, layout, p_full.data(), dp.shard_begin(),
-                                    dp.shard_end(), m_s.data(), v_s.data());
-      dp.load_shard(p_full.data(), m_s.data(), v_s.data());
+      io::TrainState st;
+      if (tm) {
+        // Tensor parallelism: read the whole state and keep this rank's slices of it.
+        Buffer<float> p_full(layout.total()), m_full(layout.total()), v_full(layout.total());
+        st = io::load_checkpoint(*latest, layout, p_full.data(), 0, layout.total(), m_full.data(),
+                                 v_full.data());
+        const std::size_t nl = store_layout.total();
+        Buffer<float> p_l(nl), m_l(nl), v_l(nl);
+        tm->extract(p_full.data(), p_l.data());
+        tm->extract(m_full.data(), m_l.data());
+        tm->extract(v_full.data(), v_l.data());
+        dp.load(p_l.data(), m_l.data(), v_l.data());
+      } else {
+        Buffer<float> p_full(layout.total()), m_s(dp.shard_size()), v_s(dp.shard_size());
+        st = io::load_checkpoint(*latest, layout, p_full.data(), dp.shard_begin(), dp.shard_end(),
+                                 m_s.data(), v_s.data());
+        dp.load_shard(p_full.data(), m_s.data(), v_s.data());
+      }
       step = st.step;
       tokens_seen = st.tokens_seen;
       rng.set_state(st.rng_state);
@@ -153,7 +189,13 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (!resumed) {
     Buffer<float> p_full(layout.total());
     model::init_params(layout, p_full.data(), tc.seed);
-    dp.load(p_full.data(), nullptr, nullptr);
+    if (tm) {
+      Buffer<float> p_l(store_layout.total());
+      tm->extract(p_full.data(), p_l.data());
+      dp.load(p_l.data(), nullptr, nullptr);
+    } else {
+      dp.load(p_full.data(), nullptr, nullptr);
+    }
   }
   // Everything that can be wrong with the input has been checked by now: print and save the
   // resolved config, then start.
@@ -179,6 +221,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                        {"rank", rt.world_rank()},
                        {"param_count", layout.total()},
                        {"dp", ndp},
+                       {"tensor", {pc.tx, pc.ty, pc.tz}},
+                       {"local_param_count", store_layout.total()},
                        {"zero", dp.stage()},
                        {"params_bytes", mem.params_bytes},
                        {"grads_bytes", mem.grads_bytes},
@@ -191,9 +235,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                mem.params_bytes / 1e6, mem.grads_bytes / 1e6, mem.optimizer_bytes / 1e6);
   }
 
-  // Per rank: MFU is per device.
-  const double flops_per_step =
-      3.0 * model::forward_flops_per_token(mcfg, T) * static_cast<double>(B) * T * accum;
+  // Per rank: MFU is per device (a tensor group shares its micro-batch's FLOPs).
+  const double flops_per_step = 3.0 * model::forward_flops_per_token(mcfg, T) *
+                                static_cast<double>(B) * T * accum / tensor_size;
   const std::int64_t tokens_per_step = static_cast<std::int64_t>(B) * T * accum * ndp;
   Peak peak;
   if (lead || cfg.hardware.peak_tflops > 0) peak = resolve_peak(cfg.hardware.peak_tflops, gemm);
@@ -205,8 +249,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   const bool peak_measured = cfg.hardware.peak_tflops <= 0;
   if (!opt.quiet) {
     log_info("model: {}", model::describe(mcfg));
-    log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}", shape.describe(),
-             rt.world_size(), dp.stage(), pc.overlap ? "on" : "off");
+    log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", shape.describe(),
+             rt.world_size(), dp.stage(), pc.overlap ? "on" : "off",
+             tm ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}",
+                              store_layout.total() / 1e6, pc.recompute ? ", recomputation" : "")
+                : std::string());
     log_info(
         "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
         "GFLOP/step/rank, {} threads",
@@ -249,8 +296,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   auto validate_now = [&](std::int64_t at) {
     // Every rank scores the same batches (the parameters are replicated), so the figure is the
     // single-process one whatever the grid.
-    auto r = eval::evaluate_shard(layout, dp.full_params(), acts, cfg.data.val, B, T,
-                                  tc.val_batches, gemm);
+    auto r =
+        eval::evaluate_shard(layout, full_params(), acts, cfg.data.val, B, T, tc.val_batches, gemm);
     summary.val.emplace_back(at, static_cast<float>(r.loss));
     if (!lead) return;
     metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
@@ -262,14 +309,27 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   auto checkpoint_now = [&]() {
     // Sharded: every rank that owns a part of the AdamW state writes it; the lead rank writes
     // the (consolidated) model and the index, and commits after all shards are on disk.
-    const float* full = dp.full_params();  // collective at ZeRO-3
-    const auto shards = dp.state_shards();
+    const float* full = full_params();  // collective at ZeRO-3 and under tensor parallelism
+    auto shards = dp.state_shards();
     if (lead) io::begin_checkpoint(ckpt_dir, step);
     rt.world().barrier();
-    if (shards.size() > 1 || dp.dp_rank() == 0)
+    if (tm) {
+      // Tensor parallelism: the moments are assembled into whole-model tensors and written as
+      // one shard, so that any grid (or one process) can resume from them.
+      const std::size_t nl = store_layout.total();
+      Buffer<float> m_l(nl), v_l(nl), m_g(layout.total()), v_g(layout.total());
+      dp.gather_moments(m_l.data(), v_l.data());
+      tm->gather_full(m_l.data(), m_g.data());
+      tm->gather_full(v_l.data(), v_g.data());
+      shards = {{0, layout.total()}};
+      if (lead)
+        io::write_state_shard(ckpt_dir, step, 0, 1,
+                              io::StateShard{0, layout.total(), m_g.data(), v_g.data()});
+    } else if (shards.size() > 1 || dp.dp_rank() == 0) {
       io::write_state_shard(
           ckpt_dir, step, dp.dp_rank(), static_cast<int>(shards.size()),
           io::StateShard{dp.shard_begin(), dp.shard_end(), dp.m_shard(), dp.v_shard()});
+    }
     rt.world().barrier();
     if (lead) {
       io::TrainState st{
@@ -306,10 +366,14 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       const std::int32_t* ya = goldfish ? gy[a].data() : y.data();
       if (!goldfish) train_loader.next(x.data(), y.data());
       dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
-      const float mb = model::forward(layout, dp, acts, xa, ya, B, T, fopt);
+      const float mb = tm ? tm->forward(dp, xa, ya, B, T, fopt)
+                          : model::forward(layout, dp, acts, xa, ya, B, T, fopt);
       // forward returns the mean over this micro-batch's kept targets: weight it back to a sum
       loss += goldfish ? static_cast<double>(mb) * static_cast<double>(kept[a]) : mb;
-      model::backward(layout, dp, acts, xa, B, T, gemm);
+      if (tm)
+        tm->backward(dp, xa, B, T, gemm);
+      else
+        model::backward(layout, dp, acts, xa, B, T, gemm);
       Timer comm_timer;
       dp.end_micro_batch();  // waits for the reductions still in flight
       comm_wait += comm_timer.seconds();
@@ -323,7 +387,15 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                   "lower train.lr or raise train.warmup_steps; check the data");
-    double norm = dp.grad_norm();
+    double norm = 0;
+    if (tm) {
+      // Each element once: the slices this rank owns, over every rank.
+      double sq = dp.grad_sumsq(tm->owner_mask().data());
+      rt.world().all_reduce_sum(&sq, 1);
+      norm = std::sqrt(sq);
+    } else {
+      norm = dp.grad_norm();
+    }
     dp.clip(norm, tc.grad_clip);
     float lr =
         optim::lr_at(step, tc.steps, tc.warmup_steps, ac.lr, static_cast<float>(tc.min_lr_ratio));
@@ -375,8 +447,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     }
     if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
     if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint_now();
-    if (lead && cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step)
-      print_sample(cfg, layout, dp.full_params(), rng, step);
+    if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step) {
+      const float* full = full_params();  // collective (ZeRO-3, tensor parallelism)
+      if (lead) print_sample(cfg, layout, full, rng, step);
+    }
   }
   if (step > start_step || !resumed) checkpoint_now();
   summary.last_step = step;
@@ -388,7 +462,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     log_info("trained steps {}..{} in {} (median {:.0f} tok/s); checkpoint {}", start_step + 1,
              step, fmt_duration(run_timer.seconds()), summary.tokens_per_s,
              summary.last_checkpoint.string());
-  if (lead) print_sample(cfg, layout, dp.full_params(), rng, step);
+  {
+    const float* full = full_params();  // collective
+    if (lead) print_sample(cfg, layout, full, rng, step);
+  }
   return summary;
 }
 

@@ -1,0 +1,413 @@
+#include "tessera/parallel/tensor_model.hpp"
+
+#include <algorithm>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/parallel/tensor_layernorm.hpp"
+
+namespace tessera::parallel {
+
+using comm::Axis;
+namespace k = kernels::cpu;
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Which layer tensor a global tensor is (by its Hugging Face name).
+enum class Kind { Wte, Wpe, Norm, QkvW, QkvB, ProjW, ProjB, FcW, FcB, FcProjW, FcProjB };
+
+Kind kind_of(const model::ParamTensor& t) {
+  const std::string& n = t.name;
+  if (n == "wte.weight") return Kind::Wte;
+  if (n == "wpe.weight") return Kind::Wpe;
+  if (ends_with(n, "attn.c_attn.weight")) return Kind::QkvW;
+  if (ends_with(n, "attn.c_attn.bias")) return Kind::QkvB;
+  if (ends_with(n, "attn.c_proj.weight")) return Kind::ProjW;
+  if (ends_with(n, "attn.c_proj.bias")) return Kind::ProjB;
+  if (ends_with(n, "mlp.c_fc.weight")) return Kind::FcW;
+  if (ends_with(n, "mlp.c_fc.bias")) return Kind::FcB;
+  if (ends_with(n, "mlp.c_proj.weight")) return Kind::FcProjW;
+  if (ends_with(n, "mlp.c_proj.bias")) return Kind::FcProjB;
+  if (ends_with(n, "ln_1.weight") || ends_with(n, "ln_1.bias") || ends_with(n, "ln_2.weight") ||
+      ends_with(n, "ln_2.bias") || ends_with(n, "ln_f.weight") || ends_with(n, "ln_f.bias"))
+    return Kind::Norm;
+  TESSERA_CHECK(false, "tensor parallelism does not know the parameter {}", n);
+  return Kind::Norm;
+}
+
+}  // namespace
+
+// ---- activations and scratch ----
+
+struct TensorModel::Layer {
+  TensorAttentionActivations att;
+  std::vector<float> res2;                     // (n, cl) residual after attention
+  std::vector<float> ln2, ln2_mean, ln2_rstd;  // (n, cl), (n), (n)
+  std::vector<float> fch, fch_gelu;            // (n, 4C/ty)
+};
+
+struct TensorModel::State {
+  int B = 0, T = 0;
+  std::int64_t n = 0;  // local rows
+  std::vector<std::int32_t> ids, targets;
+  std::vector<std::vector<float>> resid;  // L+1: embedding output, then each layer's output
+  std::vector<Layer> layers;              // L, or 1 with recomputation
+  std::vector<float> lnf, lnf_mean, lnf_rstd, losses;
+  TensorAttentionWorkspace att_ws;
+  TensorLinearWorkspace fc_ws, fcproj_ws;
+  VocabParallelWorkspace vocab_ws;
+  std::vector<float> row_stats, ln_params, mlp_out, d_fch, d_ln, d_res;
+  bool have_targets = false;
+};
+
+TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& topo,
+                         comm::Runtime& rt, const TensorModelOptions& opt)
+    : cfg_(cfg),
+      opt_(opt),
+      global_(cfg),
+      att_(make_tensor_attention_layout(topo, cfg.n_embd, cfg.n_head)),
+      fc_(make_tensor_linear_layout(topo, cfg.n_embd, 4 * cfg.n_embd, false)),
+      fcproj_(make_tensor_linear_layout(topo, 4 * cfg.n_embd, cfg.n_embd, true)),
+      vocab_(make_vocab_parallel_layout(topo, cfg.vocab_size, cfg.padded_vocab(), cfg.n_embd)),
+      local_(cfg,
+             [this](const model::ParamTensor& t) -> std::size_t {
+               switch (kind_of(t)) {
+                 case Kind::Wte:
+                   return static_cast<std::size_t>(vocab_.shard_numel);
+                 case Kind::Wpe:
+                   return static_cast<std::size_t>(cfg_.block_size) *
+                          static_cast<std::size_t>(att_.c_local);
+                 case Kind::Norm:
+                   return static_cast<std::size_t>(att_.c_local);
+                 case Kind::QkvW:
+                   return static_cast<std::size_t>(att_.qkv.shard_numel);
+                 case Kind::QkvB:
+                   return static_cast<std::size_t>(att_.qkv.out_local);
+                 case Kind::ProjW:
+                   return static_cast<std::size_t>(att_.proj.shard_numel);
+                 case Kind::ProjB:
+                   return static_cast<std::size_t>(att_.proj.out_local);
+                 case Kind::FcW:
+                   return static_cast<std::size_t>(fc_.shard_numel);
+                 case Kind::FcB:
+                   return static_cast<std::size_t>(fc_.out_local);
+                 case Kind::FcProjW:
+                   return static_cast<std::size_t>(fcproj_.shard_numel);
+                 case Kind::FcProjB:
+                   return static_cast<std::size_t>(fcproj_.out_local);
+               }
+               return 0;
+             }),
+      st_(std::make_unique<State>()) {
+  const auto& s = topo.shape();
+  tensor_size_ = s.tx * s.ty * s.tz;
+  // Communicators: every rank asks for the same groups in the same order.
+  att_comms_ = tensor_attention_comms(rt, topo);
+  fc_comms_ = tensor_linear_comms(rt, topo, false);
+  fcproj_comms_ = tensor_linear_comms(rt, topo, true);
+  vocab_comms_ = vocab_parallel_comms(rt, topo);
+  tensor_group_ = &rt.group(topo, comm::AxisSet{Axis::TX, Axis::TY, Axis::TZ});
+
+  // The local -> global map and the owners of replicated elements.
+  const int C = cfg.n_embd;
+  const bool norm_owner = att_.ty_index == 0 && att_.tz_index == 0;
+  index_.assign(local_.total(), -1);
+  owner_.assign(local_.total(), 0);
+  const auto& gt = global_.tensors();
+  const auto& lt = local_.tensors();
+  TESSERA_CHECK(gt.size() == lt.size(), "local and global layouts differ");
+  for (std::size_t ti = 0; ti < gt.size(); ++ti) {
+    const std::int64_t go = static_cast<std::int64_t>(gt[ti].offset);
+    std::int64_t* idx = index_.data() + lt[ti].offset;
+    std::uint8_t* own = owner_.data() + lt[ti].offset;
+    auto weight = [&](const TensorLinearLayout& L, bool qkv) {
+      for (std::int64_t s2 = 0; s2 < L.shard_numel; ++s2) {
+        const std::int64_t e = L.shard_offset + s2;
+        std::int64_t row = L.out_offset + e / L.in_local;
+        if (qkv) row = qkv_head_grouped_source_row(C, att_.ty, static_cast<int>(row));
+        idx[s2] = go + row * L.in + L.in_offset + e % L.in_local;
+        own[s2] = 1;
+      }
+    };
+    auto bias = [&](const TensorLinearLayout& L, bool qkv) {
+      const bool o = L.in_index == 0 && L.tz_index == 0;
+      for (int j = 0; j < L.out_local; ++j) {
+        std::int64_t row = L.out_offset + j;
+        if (qkv) row = qkv_head_grouped_source_row(C, att_.ty, static_cast<int>(row));
+        idx[j] = go + row;
+        own[j] = o;
+      }
+    };
+    switch (kind_of(gt[ti])) {
+      case Kind::Wte:
+        for (std::int64_t s2 = 0; s2 < vocab_.shard_numel; ++s2) {
+          const std::int64_t e = vocab_.shard_offset + s2;
+          idx[s2] = go + (vocab_.vocab_offset + e / C) * C + e % C;
+          own[s2] = 1;
+        }
+        break;
+      case Kind::Wpe:
+        for (std::int64_t t = 0; t < cfg.block_size; ++t)
+          for (int j = 0; j < att_.c_local; ++j) {
+            idx[t * att_.c_local + j] = go + t * C + att_.c_offset + j;
+            own[t * att_.c_local + j] = norm_owner;
+          }
+        break;
+      case Kind::Norm:
+        for (int j = 0; j < att_.c_local; ++j) {
+          idx[j] = go + att_.c_offset + j;
+          own[j] = norm_owner;
+        }
+        break;
+      case Kind::QkvW:
+        weight(att_.qkv, true);
+        break;
+      case Kind::QkvB:
+        bias(att_.qkv, true);
+        break;
+      case Kind::ProjW:
+        weight(att_.proj, false);
+        break;
+      case Kind::ProjB:
+        bias(att_.proj, false);
+        break;
+      case Kind::FcW:
+        weight(fc_, false);
+        break;
+      case Kind::FcB:
+        bias(fc_, false);
+        break;
+      case Kind::FcProjW:
+        weight(fcproj_, false);
+        break;
+      case Kind::FcProjB:
+        bias(fcproj_, false);
+        break;
+    }
+  }
+}
+
+TensorModel::~TensorModel() = default;
+
+void TensorModel::extract(const float* global, float* local) const {
+  const std::size_t n = index_.size();
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) local[i] = index_[i] < 0 ? 0.0f : global[index_[i]];
+}
+
+void TensorModel::gather_full(const float* local, float* global) {
+  std::fill(global, global + global_.total(), 0.0f);
+  for (std::size_t i = 0; i < index_.size(); ++i)
+    if (owner_[i]) global[index_[i]] = local[i];
+  if (tensor_group_->size() > 1) tensor_group_->all_reduce_sum(global, global_.total());
+}
+
+std::size_t TensorModel::activation_bytes() const {
+  std::size_t f = 0;
+  auto add = [&](const std::vector<float>& v) { f += v.size(); };
+  for (const auto& r : st_->resid) add(r);
+  for (const auto& L : st_->layers) {
+    add(L.att.ln_out), add(L.att.ln_mean), add(L.att.ln_rstd), add(L.att.qkv), add(L.att.att),
+        add(L.att.lse);
+    add(L.res2), add(L.ln2), add(L.ln2_mean), add(L.ln2_rstd), add(L.fch), add(L.fch_gelu);
+  }
+  add(st_->lnf), add(st_->vocab_ws.logits), add(st_->vocab_ws.h_full);
+  return f * sizeof(float);
+}
+
+// ---- one layer ----
+
+void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x,
+                                int B, int T, Layer& a) {
+  State& s = *st_;
+  const auto& w = local_.layers[l];
+  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+  const std::int64_t n = s.n;
+  const int cl = att_.c_local;
+  TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
+                           PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
+  tensor_attention_forward(lib, att_, att_comms_, a.res2.data(), x, ap, B, T, a.att, s.att_ws);
+  tensor_layernorm_forward(*att_comms_.tx, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                           a.res2.data(), PL(w.ln2_w), PL(w.ln2_b), n, cl, cfg_.n_embd,
+                           s.row_stats.data());
+  tensor_linear_forward(lib, fc_, fc_comms_, a.fch.data(), a.ln2.data(), PL(w.fc_w), PL(w.fc_b), n,
+                        s.fc_ws);
+  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n * fc_.out_local);
+  tensor_linear_forward(lib, fcproj_, fcproj_comms_, s.mlp_out.data(), a.fch_gelu.data(),
+                        PL(w.fcproj_w), PL(w.fcproj_b), n, s.fcproj_ws);
+  k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
+}
+
+// ---- forward ----
+
+float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
+                           const std::int32_t* targets, int B, int T,
+                           const model::ForwardOptions& opt) {
+  if (T > cfg_.block_size)
+    throw Error(
+        fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg_.block_size));
+  State& s = *st_;
+  const int L = cfg_.n_layer, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  att_.local_batch(B);  // throws unless B % tz == 0
+  const std::int64_t n = N / att_.tz;
+  const int cl = att_.c_local;
+  if (s.B != B || s.T != T) {
+    s = State{};
+    s.B = B;
+    s.T = T;
+    s.n = n;
+    s.ids.resize(n);
+    s.targets.resize(n);
+    s.resid.assign(L + 1, std::vector<float>(n * cl));
+    s.layers.resize(opt_.recompute ? std::min(L, 1) : L);
+    for (auto& a : s.layers) {
+      a.att = TensorAttentionActivations(att_, B, T);
+      a.res2.resize(n * cl);
+      a.ln2.resize(n * cl);
+      a.ln2_mean.resize(n);
+      a.ln2_rstd.resize(n);
+      a.fch.resize(n * fc_.out_local);
+      a.fch_gelu.resize(n * fc_.out_local);
+    }
+    s.lnf.resize(n * cl);
+    s.lnf_mean.resize(n);
+    s.lnf_rstd.resize(n);
+    s.losses.resize(n);
+    s.att_ws = TensorAttentionWorkspace(att_, B, T);
+    s.fc_ws = TensorLinearWorkspace(fc_);
+    s.fcproj_ws = TensorLinearWorkspace(fcproj_);
+    s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
+    s.row_stats.resize(2 * n);
+    s.ln_params.resize(2 * cl);
+    s.mlp_out.resize(n * cl);
+    s.d_fch.resize(n * fc_.out_local);
+    s.d_ln.resize(n * cl);
+    s.d_res.resize(n * cl);
+  }
+  for (std::int64_t i = 0; i < N; ++i)
+    if (inputs[i] < 0 || inputs[i] >= V)
+      throw Error(
+          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+  const std::int64_t r0 = vocab_.row_offset(N);
+  std::copy(inputs + r0, inputs + r0 + n, s.ids.begin());
+  const auto lib = opt.gemm;
+
+  store.begin_forward();
+  const float* E = store.params(0);
+  vocab_embedding_forward(vocab_, vocab_comms_, s.resid[0].data(), s.ids.data(), E + local_.wte,
+                          E + local_.wpe, N, T, s.vocab_ws);
+  for (int l = 0; l < L; ++l) {
+    const float* blk = store.params(l + 1);
+    layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
+    store.release(l + 1);
+  }
+  const float* F = store.params(L + 1);
+  auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
+  tensor_layernorm_forward(*att_comms_.tx, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(),
+                           s.resid[L].data(), PF(local_.lnf_w), PF(local_.lnf_b), n, cl, C,
+                           s.row_stats.data());
+  vocab_lm_head_forward(lib, vocab_, vocab_comms_, s.lnf.data(), E + local_.wte, n, s.vocab_ws);
+  store.release(L + 1);
+  s.have_targets = targets != nullptr;
+  if (!targets) return 0.0f;
+  for (std::int64_t i = 0; i < N; ++i)
+    if (targets[i] >= V)
+      throw Error(
+          fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+  std::copy(targets + r0, targets + r0 + n, s.targets.begin());
+  vocab_cross_entropy(vocab_, vocab_comms_, s.losses.data(), s.targets.data(), n, opt.training,
+                      opt.dloss, s.vocab_ws);
+  return static_cast<float>(vocab_mean_loss(vocab_comms_, s.losses.data(), s.targets.data(), n));
+}
+
+// ---- backward ----
+
+void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
+                           kernels::GemmLibrary lib) {
+  State& s = *st_;
+  TESSERA_CHECK(s.B == B && s.T == T && s.have_targets,
+                "backward() needs a training forward() of the same batch");
+  (void)inputs;  // the forward kept this rank's rows
+  const int L = cfg_.n_layer, C = cfg_.n_embd;
+  const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
+  const int cl = att_.c_local;
+  auto progress = [&] { store.progress(); };
+
+  store.begin_backward();
+  const float* E = store.params(0);
+  float* GE = store.grads(0);
+  const float* F = store.params(L + 1);
+  float* GFb = store.grads(L + 1);
+  auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
+  auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
+  (void)E;
+
+  // LM head (ws.logits hold the dlogits), then the final LayerNorm.
+  vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(), GE + local_.wte, n, s.vocab_ws);
+  std::fill(s.d_res.begin(), s.d_res.end(), 0.0f);
+  tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GF(local_.lnf_w),
+                            GF(local_.lnf_b), s.d_ln.data(), s.resid[L].data(), PF(local_.lnf_w),
+                            s.lnf_mean.data(), s.lnf_rstd.data(), n, cl, C, s.row_stats.data(),
+                            s.ln_params.data());
+  store.grads_done(L + 1);
+  store.release(L + 1);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const auto& w = local_.layers[l];
+    const float* blk = store.params(l + 1);
+    float* gblk = store.grads(l + 1);
+    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+    auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
+    Layer& a = s.layers[opt_.recompute ? 0 : l];
+    const float* x = s.resid[l].data();
+    if (opt_.recompute) {
+      layer_forward(lib, l, blk, x, B, T, a);  // re-issues the gathers and all-reduces
+      progress();
+    }
+    // The weight workspaces are shared by the layers: gather this layer's blocks again.
+    tensor_linear_gather_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), s.fcproj_ws.w_block.data());
+    // d_res: gradient w.r.t. the layer output res3 = res2 + fcproj(gelu(fc(ln2(res2)))).
+    tensor_linear_backward(lib, fcproj_, fcproj_comms_, s.d_fch.data(), GL(w.fcproj_w),
+                           GL(w.fcproj_b), s.d_res.data(), a.fch_gelu.data(),
+                           s.fcproj_ws.w_block.data(), n, s.fcproj_ws);
+    progress();
+    k::gelu_backward(s.d_fch.data(), a.fch.data(), s.d_fch.data(), n * fc_.out_local);
+    tensor_linear_gather_weight(fc_, fc_comms_, PL(w.fc_w), s.fc_ws.w_block.data());
+    tensor_linear_backward(lib, fc_, fc_comms_, s.d_ln.data(), GL(w.fc_w), GL(w.fc_b),
+                           s.d_fch.data(), a.ln2.data(), s.fc_ws.w_block.data(), n, s.fc_ws);
+    progress();
+    tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GL(w.ln2_w),
+                              GL(w.ln2_b), s.d_ln.data(), a.res2.data(), PL(w.ln2_w),
+                              a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C, s.row_stats.data(),
+                              s.ln_params.data());
+    // d_res: gradient w.r.t. res2 = x + attention sub-block(x).
+    TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
+                             PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
+    TensorAttentionGrads ag{GL(w.ln1_w), GL(w.ln1_b),     GL(w.qkv_w),
+                            GL(w.qkv_b), GL(w.attproj_w), GL(w.attproj_b)};
+    tensor_linear_gather_weight(att_.qkv, att_comms_.qkv, ap.qkv_w, s.att_ws.qkv.w_block.data());
+    tensor_linear_gather_weight(att_.proj, att_comms_.proj, ap.proj_w,
+                                s.att_ws.proj.w_block.data());
+    tensor_attention_backward(lib, att_, att_comms_, s.d_res.data(), ag, s.d_res.data(), x, ap, B,
+                              T, a.att, s.att_ws);
+    progress();
+    store.grads_done(l + 1);
+    store.release(l + 1);
+  }
+  vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, GE + local_.wpe, s.d_res.data(),
+                           s.ids.data(), N, T, s.vocab_ws);
+  store.grads_done(0);
+  store.release(0);
+}
+
+}  // namespace tessera::parallel

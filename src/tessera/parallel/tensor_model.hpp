@@ -1,0 +1,112 @@
+// The GPT-2 model on the tx x ty x tz tensor grid (AxoNN's 3D tensor parallelism, issue 4),
+// assembled from the parallel layers:
+//
+//   embedding (vocab_parallel.hpp) -> L x [attention sub-block (tensor_attention.hpp),
+//   MLP sub-block (below)] -> final LayerNorm (tensor_layernorm.hpp) -> LM head tied to the
+//   embedding with the vocabulary-parallel cross-entropy (vocab_parallel.hpp).
+//
+// MLP sub-block: y = x + fcproj(gelu(fc(ln2(x)))). fc (C -> 4C) is a NORMAL 3D linear (in over
+// tx, out over ty) and fcproj (4C -> C) a TRANSPOSED one, so the residual stream keeps the layout
+// (rows / tz, C / tx) from the embedding to the LM head, and GELU runs on (rows / tz, 4C / ty),
+// replicated over tx.
+//
+// Parameters. Each rank holds its slices of every tensor in ONE flat buffer described by a local
+// model::ParamLayout (same tensors, order and blocks as the whole model, local sizes), so data
+// parallelism and ZeRO (parallel/data_parallel.hpp) shard and reduce it exactly as they do a whole
+// model, over the dp group. Each local element is a copy of one global element: global_index()
+// maps it (padding between tensors: -1). Replicated elements (LayerNorm parameters and wpe over ty
+// and tz; biases over their linear's input axis and tz) are "owned" by the rank with coordinate 0
+// on the replicating axes; every global element has exactly one owner in the tensor group. The
+// owner mask is what the global gradient norm counts, and what gather_full() assembles.
+//
+// Batch. Every rank of a tensor group is given the same global micro-batch (B, T) of ids; the
+// rank computes the sequences [cz*B/tz, (cz+1)*B/tz) (B % tz == 0). Losses are the mean over the
+// whole micro-batch, the same on every rank of the group, as in the single-process model.
+//
+// Store protocol: forward/backward ask the ParamStore for blocks (0 = embeddings, 1..L = layers,
+// L+1 = ln_f) exactly as model::forward/backward do, with local block offsets.
+//
+// Recomputation (options.recompute): the forward keeps only each layer's input; the backward
+// re-runs the layer's forward (re-issuing its weight gathers and all-reduces) just before its
+// backward. Same numbers, L-fold fewer activations.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/comm/runtime.hpp"
+#include "tessera/comm/topology.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/model/layout.hpp"
+#include "tessera/parallel/tensor_attention.hpp"
+#include "tessera/parallel/tensor_linear.hpp"
+#include "tessera/parallel/vocab_parallel.hpp"
+
+namespace tessera::parallel {
+
+struct TensorModelOptions {
+  bool recompute = false;  // per-layer activation recomputation
+};
+
+class TensorModel {
+ public:
+  // Collective over the world (creates the tensor-axis communicators through rt.group). Throws
+  // tessera::Error if the model does not split over the grid.
+  TensorModel(const model::ModelConfig& cfg, const comm::Topology& topo, comm::Runtime& rt,
+              const TensorModelOptions& opt = {});
+  ~TensorModel();
+  TensorModel(const TensorModel&) = delete;
+  TensorModel& operator=(const TensorModel&) = delete;
+
+  const model::ParamLayout& global_layout() const { return global_; }
+  const model::ParamLayout& local_layout() const { return local_; }
+  const TensorModelOptions& options() const { return opt_; }
+  int tensor_size() const { return tensor_size_; }
+
+  // local element -> global flat index (-1: alignment padding); owner mask (1 = counts once).
+  const std::vector<std::int64_t>& global_index() const { return index_; }
+  const std::vector<std::uint8_t>& owner_mask() const { return owner_; }
+
+  // local (local_layout().total()) <- this rank's slices of global (global_layout().total()).
+  void extract(const float* global, float* local) const;
+  // global <- the whole model assembled from every rank's owned local elements (collective over
+  // the tensor group; every rank gets it).
+  void gather_full(const float* local, float* global);
+
+  // Mean loss over the micro-batch's targets >= 0 (same on every rank of the tensor group).
+  // training: dloss per position as in model::ForwardOptions; the cross-entropy's backward is
+  // fused and backward() must follow. inputs, targets: the global micro-batch (B, T).
+  float forward(model::ParamStore& store, const std::int32_t* inputs, const std::int32_t* targets,
+                int B, int T, const model::ForwardOptions& opt);
+  void backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
+                kernels::GemmLibrary gemm);
+
+  // Bytes of the activation buffers of the last forward (per rank).
+  std::size_t activation_bytes() const;
+
+ private:
+  struct Layer;
+  struct State;
+  void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
+                     int T, Layer& acts);
+
+  model::ModelConfig cfg_;
+  TensorModelOptions opt_;
+  model::ParamLayout global_;
+  TensorAttentionLayout att_;
+  TensorLinearLayout fc_, fcproj_;
+  VocabParallelLayout vocab_;
+  model::ParamLayout local_;
+  int tensor_size_ = 1;
+  std::vector<std::int64_t> index_;
+  std::vector<std::uint8_t> owner_;
+  TensorAttentionComms att_comms_;
+  TensorLinearComms fc_comms_, fcproj_comms_;
+  VocabParallelComms vocab_comms_;
+  comm::Communicator* tensor_group_ = nullptr;  // {tx, ty, tz}
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace tessera::parallel
