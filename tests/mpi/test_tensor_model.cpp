@@ -7,7 +7,8 @@
 //    tensor, within 1e-4 of the tensor's largest entry (both are fp32 evaluations of the same
 //    sums in different orders; see test_tensor_attention.cpp for the per-layer bound), and every
 //    replica of a replicated gradient equals its owner's copy;
-//  - with recomputation the gradients are bitwise those without it.
+//  - with recomputation the gradients are bitwise those without it;
+//  - the same holds in sequence-parallel mode (1D grids: tx only).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,9 +89,11 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
     SCOPED_TRACE(fmt::format("tx={} ty={} tz={}", tx, ty, tz));
     Topology topo(GridShape{1, 1, tx, ty, tz}, runtime().world_rank());
     std::vector<float> first_grads;
-    for (bool recompute : {false, true}) {
-      SCOPED_TRACE(recompute ? "recompute" : "no recompute");
-      par::TensorModel tm(cfg, topo, runtime(), par::TensorModelOptions{recompute});
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool recompute = variant % 2 == 1, sp = variant >= 2;
+      if (sp && (ty != 1 || tz != 1)) continue;  // sequence parallelism: 1D mode only
+      SCOPED_TRACE(fmt::format("recompute={} sequence_parallel={}", recompute, sp));
+      par::TensorModel tm(cfg, topo, runtime(), par::TensorModelOptions{recompute, sp});
       const auto& local = tm.local_layout();
 
       // Coverage: among the owners, every element of every global tensor exactly once.
@@ -132,7 +135,7 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
       for (std::size_t i = 0; i < back.size(); ++i)
         ASSERT_EQ(back[i], lg[i]) << "local element " << i << " (global " << tm.global_index()[i]
                                   << ")";
-      if (!recompute)
+      if (variant == 0 || variant == 2)
         first_grads = lg;
       else
         EXPECT_TRUE(first_grads == lg) << "recomputation changed the gradients";

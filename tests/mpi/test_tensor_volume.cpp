@@ -1,7 +1,7 @@
 // Communication volume of the tensor-parallel model (issue 4): the bytes each rank sends per
 // axis in one forward + backward, read from the collective log (comm::CollectiveLog::volumes()),
 // equal the analytic volumes, for every factorization tx*ty*tz of the world size, with and
-// without recomputation.
+// without recomputation, and in sequence-parallel mode on 1D grids.
 //
 // The analytic model is AxoNN's (../shared/reference/papers.md §2.3-2.4), per rank, ring
 // algorithms: an all-reduce of m bytes over p ranks sends 2(p-1)/p m, an all-gather or
@@ -23,6 +23,12 @@
 //   gradient reduce-scatters), AR of T*H/Gc (wpe), AR of 2 doubles (the mean loss);
 //   tx: 4 AG/RS of n*H (lookups, their gradient, h, dh); ty: 2 AR of n*H/Gc;
 //   {tx,ty}: AR of n doubles (row max) and of 2n floats (sum of exp, target logit).
+// Sequence parallelism (1D: Gr = Gd = 1; tensor_model.hpp) replaces the linears' all-reduces by
+// reduce-scatters and all-gathers of full (n, K*H) buffers: forward, per block, RS of the qkv and
+// fc outputs (3nH, 4nH) and AG of the attention and GELU outputs (nH, 4nH), 12nH in all (again in
+// the recompute); backward, AG of the GELU output again (4nH), RS of its gradient (4nH), AG of the
+// fc output gradient (4nH), AG of the attention output again (nH), RS of its gradient (nH), AG of
+// the qkv gradient (3nH): 17nH. Each moves (Gc-1)/Gc of its buffer.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,7 +55,7 @@ using tessera::test::factorizations;
 class TensorVolumeTest : public tessera::test::MpiTest {};
 
 std::map<std::string, double> analytic(const model::ModelConfig& c, int tx, int ty, int tz, int B,
-                                       int T, bool recompute) {
+                                       int T, bool recompute, bool sp) {
   const double Gc = tx, Gr = ty, Gd = tz, H = c.n_embd, L = c.n_layer, R = recompute ? 1 : 0;
   const double n = static_cast<double>(B) * T / Gd;
   const double Vr = static_cast<double>(c.padded_vocab()) / (Gc * Gr);
@@ -57,7 +63,8 @@ std::map<std::string, double> analytic(const model::ModelConfig& c, int tx, int 
   auto ag = [](double p) { return (p - 1) / p; };
   const double f = 4.0;  // bytes per float
   std::map<std::string, double> v;
-  for (int l = 0; l < c.n_layer; ++l) {
+  for (int l = 0; l < c.n_layer && sp; ++l) v["tx"] += ((1 + R) * 12 + 17) * n * H * ag(Gc) * f;
+  for (int l = 0; l < c.n_layer && !sp; ++l) {
     for (auto [K, transposed] : {std::pair{3.0, false}, {1.0, true}, {4.0, false}, {4.0, true}}) {
       if (!transposed) {
         v["tx"] += (1 + R) * ar(Gc) * n * K * H / Gr * f;
@@ -101,10 +108,12 @@ TEST_F(TensorVolumeTest, BytesPerAxisEqualTheAnalyticModel) {
   fo.dloss = 1.0f / (B * T);
 
   for (auto [tx, ty, tz] : factorizations(world))
-    for (bool recompute : {false, true}) {
-      SCOPED_TRACE(fmt::format("tx={} ty={} tz={} recompute={}", tx, ty, tz, recompute));
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool recompute = variant % 2 == 1, sp = variant >= 2;
+      if (sp && (ty != 1 || tz != 1)) continue;
+      SCOPED_TRACE(fmt::format("tx={} ty={} tz={} recompute={} sp={}", tx, ty, tz, recompute, sp));
       Topology topo(GridShape{1, 1, tx, ty, tz}, runtime().world_rank());
-      par::TensorModel tm(cfg, topo, runtime(), par::TensorModelOptions{recompute});
+      par::TensorModel tm(cfg, topo, runtime(), par::TensorModelOptions{recompute, sp});
       std::vector<float> lp(tm.local_layout().total()), lg(lp.size(), 0.0f);
       tm.extract(params.data(), lp.data());
       model::FlatStore store(tm.local_layout(), lp.data(), lg.data());
@@ -114,7 +123,7 @@ TEST_F(TensorVolumeTest, BytesPerAxisEqualTheAnalyticModel) {
       tm.backward(store, x.data(), B, T, fo.gemm);
       std::map<std::string, double> got;
       for (const auto& [key, vol] : runtime().log().volumes()) got[key.first] += vol.wire_bytes;
-      const auto want = analytic(cfg, tx, ty, tz, B, T, recompute);
+      const auto want = analytic(cfg, tx, ty, tz, B, T, recompute, sp);
       for (const auto& [group, bytes] : got) {
         if (bytes == 0) continue;
         ASSERT_TRUE(want.count(group)) << "unexpected traffic on " << group << ": " << bytes;

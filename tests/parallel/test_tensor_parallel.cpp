@@ -39,6 +39,8 @@ const std::vector<Grid>& grids() {
       {4, "parallel.dp=2 parallel.tx=2 parallel.zero=1", "dp2_tx2_zero1"},
       {4, "parallel.dp=2 parallel.ty=2 parallel.zero=2", "dp2_ty2_zero2"},
       {4, "parallel.dp=2 parallel.tz=2 parallel.zero=3", "dp2_tz2_zero3"},
+      {2, "parallel.tx=2 parallel.sequence_parallel=true", "tx2_sp"},
+      {4, "parallel.tx=4 parallel.sequence_parallel=true", "tx4_sp"},
   };
   return g;
 }

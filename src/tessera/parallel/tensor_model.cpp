@@ -64,6 +64,7 @@ struct TensorModel::State {
   TensorLinearWorkspace fc_ws, fcproj_ws;
   VocabParallelWorkspace vocab_ws;
   std::vector<float> row_stats, ln_params, mlp_out, d_fch, d_ln, d_res;
+  std::vector<float> sp_full, sp_part, sp_local;  // sequence parallelism: (n, 4C), (n/tx, 4C)
   bool have_targets = false;
 };
 
@@ -108,6 +109,11 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
       st_(std::make_unique<State>()) {
   const auto& s = topo.shape();
   tensor_size_ = s.tx * s.ty * s.tz;
+  if (opt.sequence_parallel && (s.ty != 1 || s.tz != 1))
+    throw Error(fmt::format("sequence parallelism is implemented for 1D tensor parallelism over "
+                            "tx; the grid has ty={} tz={}",
+                            s.ty, s.tz),
+                "set parallel.sequence_parallel = false, or use tx alone");
   // Communicators: every rank asks for the same groups in the same order.
   att_comms_ = tensor_attention_comms(rt, topo);
   fc_comms_ = tensor_linear_comms(rt, topo, false);
@@ -245,6 +251,168 @@ void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* bl
   k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
 }
 
+void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
+                                 const float* x, int B, int T, Layer& a, model::ParamStore& store) {
+  State& s = *st_;
+  const int C = cfg_.n_embd;
+  const std::int64_t n = s.n;
+  const int cl = att_.c_local;
+  auto progress = [&] { store.progress(); };
+  const auto& w = local_.layers[l];
+  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+  auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
+  // The weight workspaces are shared by the layers: gather this layer's blocks again.
+  tensor_linear_gather_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), s.fcproj_ws.w_block.data());
+  // d_res: gradient w.r.t. the layer output res3 = res2 + fcproj(gelu(fc(ln2(res2)))).
+  tensor_linear_backward(lib, fcproj_, fcproj_comms_, s.d_fch.data(), GL(w.fcproj_w),
+                         GL(w.fcproj_b), s.d_res.data(), a.fch_gelu.data(),
+                         s.fcproj_ws.w_block.data(), n, s.fcproj_ws);
+  progress();
+  k::gelu_backward(s.d_fch.data(), a.fch.data(), s.d_fch.data(), n * fc_.out_local);
+  tensor_linear_gather_weight(fc_, fc_comms_, PL(w.fc_w), s.fc_ws.w_block.data());
+  tensor_linear_backward(lib, fc_, fc_comms_, s.d_ln.data(), GL(w.fc_w), GL(w.fc_b), s.d_fch.data(),
+                         a.ln2.data(), s.fc_ws.w_block.data(), n, s.fc_ws);
+  progress();
+  tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GL(w.ln2_w),
+                            GL(w.ln2_b), s.d_ln.data(), a.res2.data(), PL(w.ln2_w),
+                            a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C, s.row_stats.data(),
+                            s.ln_params.data());
+  // d_res: gradient w.r.t. res2 = x + attention sub-block(x).
+  TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
+                           PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
+  TensorAttentionGrads ag{GL(w.ln1_w), GL(w.ln1_b),     GL(w.qkv_w),
+                          GL(w.qkv_b), GL(w.attproj_w), GL(w.attproj_b)};
+  tensor_linear_gather_weight(att_.qkv, att_comms_.qkv, ap.qkv_w, s.att_ws.qkv.w_block.data());
+  tensor_linear_gather_weight(att_.proj, att_comms_.proj, ap.proj_w, s.att_ws.proj.w_block.data());
+  tensor_attention_backward(lib, att_, att_comms_, s.d_res.data(), ag, s.d_res.data(), x, ap, B, T,
+                            a.att, s.att_ws);
+  progress();
+}
+
+// ---- one layer, sequence-parallel (1D over tx; tz = ty = 1, so weight shards are the blocks) ----
+//
+// Shapes (n rows on the rank, ns = n/tx rows of its sequence slice, cl = C/tx): the normal
+// linears' blocks are (K*C, cl), the transposed ones' (cl, K*C); biases of normal linears are
+// (K*C) replicated over tx, of transposed ones (cl).
+
+namespace {
+
+void add_bias_rows(float* y, const float* b, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int o = 0; o < cols; ++o) y[r * cols + o] += b[o];
+}
+
+void col_sums_into(float* db, const float* dy, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int o = 0; o < cols; ++o) db[o] += dy[r * cols + o];
+}
+
+}  // namespace
+
+void TensorModel::sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk,
+                                   const float* x, int B, int T, Layer& a) {
+  State& s = *st_;
+  comm::Communicator& tx = *att_comms_.tx;
+  const auto& w = local_.layers[l];
+  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+  const int C = cfg_.n_embd, cl = att_.c_local, P = att_.tx;
+  const std::int64_t n = s.n, ns = n / P;
+  const int bs = B / P;  // sequences in this rank's slice
+  (void)T;
+  float* part = s.sp_part.data();
+  float* full = s.sp_full.data();
+  // attention: LN1 -> qkv partial (n, 3C) -> reduce-scatter rows -> attention on ns rows
+  tensor_layernorm_forward(tx, a.att.ln_out.data(), a.att.ln_mean.data(), a.att.ln_rstd.data(), x,
+                           PL(w.ln1_w), PL(w.ln1_b), n, cl, C, s.row_stats.data());
+  kernels::gemm(lib, false, true, n, 3 * C, cl, 1.0f, a.att.ln_out.data(), cl, PL(w.qkv_w), cl,
+                0.0f, part, 3 * C);
+  tx.reduce_scatter_sum(part, a.att.qkv.data(), static_cast<std::size_t>(ns) * 3 * C);
+  add_bias_rows(a.att.qkv.data(), PL(w.qkv_b), ns, 3 * C);
+  k::attention_forward(lib, a.att.att.data(), a.att.lse.data(), a.att.qkv.data(), bs, T, C,
+                       cfg_.n_head);
+  // proj: all-gather the attention output rows, (n, C) @ (cl, C)^T -> (n, cl), residual
+  tx.all_gather(a.att.att.data(), full, static_cast<std::size_t>(ns) * C);
+  kernels::gemm(lib, false, true, n, cl, C, 1.0f, full, C, PL(w.attproj_w), C, 0.0f,
+                s.mlp_out.data(), cl);
+  add_bias_rows(s.mlp_out.data(), PL(w.attproj_b), n, cl);
+  k::add(a.res2.data(), x, s.mlp_out.data(), n * cl);
+  // MLP: LN2 -> fc partial (n, 4C) -> reduce-scatter rows -> GELU on ns rows -> all-gather ->
+  // fcproj (n, cl), residual
+  tensor_layernorm_forward(tx, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
+                           PL(w.ln2_w), PL(w.ln2_b), n, cl, C, s.row_stats.data());
+  kernels::gemm(lib, false, true, n, 4 * C, cl, 1.0f, a.ln2.data(), cl, PL(w.fc_w), cl, 0.0f, part,
+                4 * C);
+  tx.reduce_scatter_sum(part, a.fch.data(), static_cast<std::size_t>(ns) * 4 * C);
+  add_bias_rows(a.fch.data(), PL(w.fc_b), ns, 4 * C);
+  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), ns * 4 * C);
+  tx.all_gather(a.fch_gelu.data(), full, static_cast<std::size_t>(ns) * 4 * C);
+  kernels::gemm(lib, false, true, n, cl, 4 * C, 1.0f, full, 4 * C, PL(w.fcproj_w), 4 * C, 0.0f,
+                s.mlp_out.data(), cl);
+  add_bias_rows(s.mlp_out.data(), PL(w.fcproj_b), n, cl);
+  k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
+}
+
+void TensorModel::sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
+                                    const float* x, int B, int T, Layer& a,
+                                    model::ParamStore& store) {
+  State& s = *st_;
+  comm::Communicator& tx = *att_comms_.tx;
+  comm::Communicator& tz = *att_comms_.tz;  // size 1 here
+  const auto& w = local_.layers[l];
+  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+  auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
+  const int C = cfg_.n_embd, cl = att_.c_local, P = att_.tx;
+  const std::int64_t n = s.n, ns = n / P;
+  const int bs = B / P;
+  float* part = s.sp_part.data();
+  float* full = s.sp_full.data();
+  float* loc = s.sp_local.data();
+  float* d_res = s.d_res.data();
+  // fcproj: dW += d_res^T @ gelu (gathered again); d_gelu partial (n, 4C) reduce-scattered.
+  tx.all_gather(a.fch_gelu.data(), full, static_cast<std::size_t>(ns) * 4 * C);
+  kernels::gemm(lib, true, false, cl, 4 * C, n, 1.0f, d_res, cl, full, 4 * C, 1.0f, GL(w.fcproj_w),
+                4 * C);
+  col_sums_into(GL(w.fcproj_b), d_res, n, cl);
+  kernels::gemm(lib, false, false, n, 4 * C, cl, 1.0f, d_res, cl, PL(w.fcproj_w), 4 * C, 0.0f, part,
+                4 * C);
+  tx.reduce_scatter_sum(part, loc, static_cast<std::size_t>(ns) * 4 * C);
+  store.progress();
+  k::gelu_backward(loc, a.fch.data(), loc, ns * 4 * C);
+  // fc: all-gather d_fch rows; dW += d_fch^T @ ln2, db += column sums, d_ln2 = d_fch @ W.
+  tx.all_gather(loc, full, static_cast<std::size_t>(ns) * 4 * C);
+  kernels::gemm(lib, true, false, 4 * C, cl, n, 1.0f, full, 4 * C, a.ln2.data(), cl, 1.0f,
+                GL(w.fc_w), cl);
+  col_sums_into(GL(w.fc_b), full, n, 4 * C);
+  kernels::gemm(lib, false, false, n, cl, 4 * C, 1.0f, full, 4 * C, PL(w.fc_w), cl, 0.0f,
+                s.d_ln.data(), cl);
+  store.progress();
+  tensor_layernorm_backward(tx, tz, d_res, GL(w.ln2_w), GL(w.ln2_b), s.d_ln.data(), a.res2.data(),
+                            PL(w.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C,
+                            s.row_stats.data(), s.ln_params.data());
+  // proj: dW += d_res^T @ att (gathered again); d_att partial (n, C) reduce-scattered.
+  tx.all_gather(a.att.att.data(), full, static_cast<std::size_t>(ns) * C);
+  kernels::gemm(lib, true, false, cl, C, n, 1.0f, d_res, cl, full, C, 1.0f, GL(w.attproj_w), C);
+  col_sums_into(GL(w.attproj_b), d_res, n, cl);
+  kernels::gemm(lib, false, false, n, C, cl, 1.0f, d_res, cl, PL(w.attproj_w), C, 0.0f, part, C);
+  tx.reduce_scatter_sum(part, loc, static_cast<std::size_t>(ns) * C);
+  store.progress();
+  // attention on this rank's sequences: d_qkv (ns, 3C) into part's tail-free start.
+  float* d_qkv = s.d_fch.data();  // (n, 4C/ty) >= (ns, 3C)
+  k::attention_backward(lib, d_qkv, loc, a.att.qkv.data(), a.att.att.data(), a.att.lse.data(), bs,
+                        T, C, cfg_.n_head);
+  // qkv: all-gather d_qkv rows; dW += d_qkv^T @ ln1, db += column sums, d_ln1 = d_qkv @ W.
+  tx.all_gather(d_qkv, full, static_cast<std::size_t>(ns) * 3 * C);
+  kernels::gemm(lib, true, false, 3 * C, cl, n, 1.0f, full, 3 * C, a.att.ln_out.data(), cl, 1.0f,
+                GL(w.qkv_w), cl);
+  col_sums_into(GL(w.qkv_b), full, n, 3 * C);
+  kernels::gemm(lib, false, false, n, cl, 3 * C, 1.0f, full, 3 * C, PL(w.qkv_w), cl, 0.0f,
+                s.d_ln.data(), cl);
+  store.progress();
+  tensor_layernorm_backward(tx, tz, d_res, GL(w.ln1_w), GL(w.ln1_b), s.d_ln.data(), x, PL(w.ln1_w),
+                            a.att.ln_mean.data(), a.att.ln_rstd.data(), n, cl, C,
+                            s.row_stats.data(), s.ln_params.data());
+}
+
 // ---- forward ----
 
 float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
@@ -268,7 +436,29 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
     s.targets.resize(n);
     s.resid.assign(L + 1, std::vector<float>(n * cl));
     s.layers.resize(opt_.recompute ? std::min(L, 1) : L);
+    const bool sp = opt_.sequence_parallel;
+    if (sp && B % att_.tx != 0)
+      throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
+                              "tx={}: it is not divisible",
+                              B, att_.tx),
+                  "choose a micro-batch divisible by parallel.tx");
+    const std::int64_t ns = sp ? n / att_.tx : n;  // rows of the replicated region
     for (auto& a : s.layers) {
+      if (sp) {
+        a.att.ln_out.resize(n * cl);
+        a.att.ln_mean.resize(n);
+        a.att.ln_rstd.resize(n);
+        a.att.qkv.resize(ns * 3 * C);
+        a.att.att.resize(ns * C);
+        a.att.lse.resize(static_cast<std::size_t>(B / att_.tx) * cfg_.n_head * T);
+        a.res2.resize(n * cl);
+        a.ln2.resize(n * cl);
+        a.ln2_mean.resize(n);
+        a.ln2_rstd.resize(n);
+        a.fch.resize(ns * 4 * C);
+        a.fch_gelu.resize(ns * 4 * C);
+        continue;
+      }
       a.att = TensorAttentionActivations(att_, B, T);
       a.res2.resize(n * cl);
       a.ln2.resize(n * cl);
@@ -291,6 +481,11 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
     s.d_fch.resize(n * fc_.out_local);
     s.d_ln.resize(n * cl);
     s.d_res.resize(n * cl);
+    if (sp) {
+      s.sp_full.resize(n * 4 * C);
+      s.sp_part.resize(n * 4 * C);
+      s.sp_local.resize(ns * 4 * C);
+    }
   }
   for (std::int64_t i = 0; i < N; ++i)
     if (inputs[i] < 0 || inputs[i] >= V)
@@ -307,7 +502,10 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
                           E + local_.wpe, N, T, s.vocab_ws);
   for (int l = 0; l < L; ++l) {
     const float* blk = store.params(l + 1);
-    layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
+    if (opt_.sequence_parallel)
+      sp_layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
+    else
+      layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
     store.release(l + 1);
   }
   const float* F = store.params(L + 1);
@@ -363,44 +561,23 @@ void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs,
   store.release(L + 1);
 
   for (int l = L - 1; l >= 0; --l) {
-    const auto& w = local_.layers[l];
     const float* blk = store.params(l + 1);
     float* gblk = store.grads(l + 1);
-    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-    auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
     Layer& a = s.layers[opt_.recompute ? 0 : l];
     const float* x = s.resid[l].data();
-    if (opt_.recompute) {
-      layer_forward(lib, l, blk, x, B, T, a);  // re-issues the gathers and all-reduces
-      progress();
+    if (opt_.sequence_parallel) {
+      if (opt_.recompute) {
+        sp_layer_forward(lib, l, blk, x, B, T, a);  // re-issues the layer's collectives
+        progress();
+      }
+      sp_layer_backward(lib, l, blk, gblk, x, B, T, a, store);
+    } else {
+      if (opt_.recompute) {
+        layer_forward(lib, l, blk, x, B, T, a);  // re-issues the gathers and all-reduces
+        progress();
+      }
+      layer_backward(lib, l, blk, gblk, x, B, T, a, store);
     }
-    // The weight workspaces are shared by the layers: gather this layer's blocks again.
-    tensor_linear_gather_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), s.fcproj_ws.w_block.data());
-    // d_res: gradient w.r.t. the layer output res3 = res2 + fcproj(gelu(fc(ln2(res2)))).
-    tensor_linear_backward(lib, fcproj_, fcproj_comms_, s.d_fch.data(), GL(w.fcproj_w),
-                           GL(w.fcproj_b), s.d_res.data(), a.fch_gelu.data(),
-                           s.fcproj_ws.w_block.data(), n, s.fcproj_ws);
-    progress();
-    k::gelu_backward(s.d_fch.data(), a.fch.data(), s.d_fch.data(), n * fc_.out_local);
-    tensor_linear_gather_weight(fc_, fc_comms_, PL(w.fc_w), s.fc_ws.w_block.data());
-    tensor_linear_backward(lib, fc_, fc_comms_, s.d_ln.data(), GL(w.fc_w), GL(w.fc_b),
-                           s.d_fch.data(), a.ln2.data(), s.fc_ws.w_block.data(), n, s.fc_ws);
-    progress();
-    tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GL(w.ln2_w),
-                              GL(w.ln2_b), s.d_ln.data(), a.res2.data(), PL(w.ln2_w),
-                              a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C, s.row_stats.data(),
-                              s.ln_params.data());
-    // d_res: gradient w.r.t. res2 = x + attention sub-block(x).
-    TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
-                             PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
-    TensorAttentionGrads ag{GL(w.ln1_w), GL(w.ln1_b),     GL(w.qkv_w),
-                            GL(w.qkv_b), GL(w.attproj_w), GL(w.attproj_b)};
-    tensor_linear_gather_weight(att_.qkv, att_comms_.qkv, ap.qkv_w, s.att_ws.qkv.w_block.data());
-    tensor_linear_gather_weight(att_.proj, att_comms_.proj, ap.proj_w,
-                                s.att_ws.proj.w_block.data());
-    tensor_attention_backward(lib, att_, att_comms_, s.d_res.data(), ag, s.d_res.data(), x, ap, B,
-                              T, a.att, s.att_ws);
-    progress();
     store.grads_done(l + 1);
     store.release(l + 1);
   }

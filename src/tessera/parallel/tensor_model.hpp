@@ -26,6 +26,18 @@
 // Store protocol: forward/backward ask the ParamStore for blocks (0 = embeddings, 1..L = layers,
 // L+1 = ln_f) exactly as model::forward/backward do, with local block offsets.
 //
+// Sequence parallelism (options.sequence_parallel, 1D mode tx only). With ty = tz = 1 the
+// normal linears (qkv, fc) split their input channels over tx and produce full-width partial
+// outputs, and the transposed ones (proj, fcproj) need full-width inputs: the attention core and
+// the GELU run on (n, 3C) / (n, 4C) activations replicated on every tx rank. Sequence
+// parallelism splits those regions by rows instead (whole sequences: rows [cx*n/tx, +n/tx)):
+// the forward all-reduce of a normal linear becomes a reduce-scatter over rows, and a transposed
+// linear all-gathers its input rows first; in the backward, the transposed linear's input-gradient
+// all-reduce becomes a reduce-scatter and the normal linear all-gathers its output gradient. A
+// reduce-scatter plus an all-gather moves what one all-reduce does; the attention and GELU
+// compute and their stored activations shrink tx-fold. The inputs all-gathered for the
+// weight-gradient GEMMs are gathered again in the backward rather than kept (as in Megatron-LM).
+//
 // Recomputation (options.recompute): the forward keeps only each layer's input; the backward
 // re-runs the layer's forward (re-issuing its weight gathers and all-reduces) just before its
 // backward. Same numbers, L-fold fewer activations.
@@ -48,6 +60,9 @@ namespace tessera::parallel {
 
 struct TensorModelOptions {
   bool recompute = false;  // per-layer activation recomputation
+  // 1D mode only (tx > 1, ty = tz = 1): sequence parallelism in the regions that tensor
+  // parallelism replicates (see below). Needs the micro-batch divisible by tx.
+  bool sequence_parallel = false;
 };
 
 class TensorModel {
@@ -91,6 +106,13 @@ class TensorModel {
   struct State;
   void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
                      int T, Layer& acts);
+  void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
+                      const float* x, int B, int T, Layer& acts, model::ParamStore& store);
+  // The same in sequence-parallel mode.
+  void sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
+                        int T, Layer& acts);
+  void sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
+                         const float* x, int B, int T, Layer& acts, model::ParamStore& store);
 
   model::ModelConfig cfg_;
   TensorModelOptions opt_;

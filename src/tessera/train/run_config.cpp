@@ -72,6 +72,7 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "zero", c.parallel.zero);
   f("parallel", "overlap", c.parallel.overlap);
   f("parallel", "recompute", c.parallel.recompute);
+  f("parallel", "sequence_parallel", c.parallel.sequence_parallel);
   f("parallel", "timeout_s", c.parallel.timeout_s);
 
   f("goldfish", "k", c.goldfish.k);

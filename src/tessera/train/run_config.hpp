@@ -80,8 +80,11 @@ struct HardwareSection {
 struct ParallelSection {
   int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
   int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
-  bool overlap = true;      // reduce gradient buckets during backward (false: after it, to measure)
-  bool recompute = false;   // tensor parallelism: recompute each layer's activations in backward
+  bool overlap = true;  // reduce gradient buckets during backward (false: after it, to measure)
+  bool recompute = false;
+  bool sequence_parallel =
+      false;  // 1D tensor parallelism (tx only): split the replicated regions by rows   // tensor
+              // parallelism: recompute each layer's activations in backward
   double timeout_s = 60.0;  // a collective longer than this ends the job with its log; 0 = never
   bool operator==(const ParallelSection&) const = default;
 };

@@ -120,10 +120,23 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   comm::Topology topo(shape, rt.world_rank());
   // Tensor parallelism: each rank trains its slices of the model, held in a flat buffer with a
   // local layout; data parallelism and ZeRO then work on that buffer over the dp group.
+  if (pc.sequence_parallel && (pc.tx < 2 || pc.ty != 1 || pc.tz != 1))
+    throw Error(
+        fmt::format("parallel.sequence_parallel needs 1D tensor parallelism over tx (tx > 1, "
+                    "ty = tz = 1); the grid is {}",
+                    shape.describe()),
+        "set parallel.sequence_parallel = false, or use parallel.tx alone");
+  if (pc.sequence_parallel && B % pc.tx != 0)
+    throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
+                            "parallel.tx={}: it is not divisible",
+                            B, pc.tx),
+                "choose a micro-batch divisible by parallel.tx");
+  if (pc.recompute && tensor_size == 1)
+    log_info("note: parallel.recompute applies to tensor parallelism (tx, ty, tz > 1); ignored");
   std::unique_ptr<parallel::TensorModel> tm;
   if (tensor_size > 1)
-    tm = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
-                                                 parallel::TensorModelOptions{pc.recompute});
+    tm = std::make_unique<parallel::TensorModel>(
+        mcfg, topo, rt, parallel::TensorModelOptions{pc.recompute, pc.sequence_parallel});
   const model::ParamLayout& store_layout = tm ? tm->local_layout() : layout;
   comm::Communicator& dp_comm = rt.group(topo, {comm::Axis::DP});
   parallel::DataParallel dp(dp_comm, store_layout, pc.zero, pc.overlap);
@@ -251,8 +264,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     log_info("model: {}", model::describe(mcfg));
     log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", shape.describe(),
              rt.world_size(), dp.stage(), pc.overlap ? "on" : "off",
-             tm ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}",
-                              store_layout.total() / 1e6, pc.recompute ? ", recomputation" : "")
+             tm ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",
+                              store_layout.total() / 1e6, pc.recompute ? ", recomputation" : "",
+                              pc.sequence_parallel ? ", sequence parallelism" : "")
                 : std::string());
     log_info(
         "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
