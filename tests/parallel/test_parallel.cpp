@@ -138,7 +138,7 @@ TEST(ParallelGrid, BadGridsAreRejectedBeforeAnyWork) {
            {2, "parallel.dp=4", "has 4 ranks but the job has 2"},
            {4, "parallel.tx=4", "n_head=2 is not divisible by tx*ty=4"},
            {2, "parallel.zero=7", "parallel.zero"},
-           {4, "parallel.tx=2 parallel.ty=2 parallel.sequence_parallel=true",
+           {4, "parallel.dp=2 parallel.ty=2 parallel.sequence_parallel=true",
             "sequence_parallel needs 1D tensor parallelism over tx"},
            {2, "parallel.tz=2 train.batch_size=3", "not divisible by parallel.tz=2"},
            {4, "parallel.dp=4 train.global_batch=10",
