@@ -12,9 +12,12 @@
 //   normal K:      tx: (1+R) AR of n*K*H/Gr    (the partial outputs; again in the recompute)
 //                  ty: AR of n*H/Gc            (the input gradient)
 //   transposed K:  ty: (1+R) AR of n*H/Gc,  tx: AR of n*K*H/Gr   (roles swapped)
-//   every linear:  tz: (3+R) x AG/RS of the block K*H*H/(Gc*Gr) (forward gather, the gather
-//                  again before the backward, the gradient reduce-scatter; + the recompute
-//                  gather) and the bias-gradient AR (K*H/Gr normal, H/Gc transposed).
+//   every linear:  tz: per layer, AG of the block K*H*H/(Gc*Gr) in the forward and RS of its
+//                  gradient, and the bias-gradient AR (K*H/Gr normal, H/Gc transposed); then the
+//                  gather again before the backward (and the recompute) of all but the S layers
+//                  whose blocks are still in a workspace (S = 2 with overlap, 1 without;
+//                  tensor_model.hpp): (L - min(L, S)) more AGs. §2.4 counts 3 per layer, i.e.
+//                  no cache (the recompute gather serves the backward here, so R adds none).
 // plus what the §2.4 model leaves out and this implementation adds (documented in
 // tensor_layernorm.hpp and vocab_parallel.hpp):
 //   LayerNorm (2 per block, run 1+R times in forward, and ln_f): tx: two ARs of n floats per
@@ -31,6 +34,7 @@
 // the qkv gradient (3nH): 17nH. Each moves (Gc-1)/Gc of its buffer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -55,7 +59,7 @@ using tessera::test::factorizations;
 class TensorVolumeTest : public tessera::test::MpiTest {};
 
 std::map<std::string, double> analytic(const model::ModelConfig& c, int tx, int ty, int tz, int B,
-                                       int T, bool recompute, bool sp) {
+                                       int T, bool recompute, bool sp, int S) {
   const double Gc = tx, Gr = ty, Gd = tz, H = c.n_embd, L = c.n_layer, R = recompute ? 1 : 0;
   const double n = static_cast<double>(B) * T / Gd;
   const double Vr = static_cast<double>(c.padded_vocab()) / (Gc * Gr);
@@ -75,7 +79,8 @@ std::map<std::string, double> analytic(const model::ModelConfig& c, int tx, int 
         v["tx"] += ar(Gc) * n * K * H / Gr * f;
         v["tz"] += ar(Gd) * H / Gc * f;
       }
-      v["tz"] += (3 + R) * ag(Gd) * K * H * H / (Gc * Gr) * f;
+      v["tz"] += 2 * ag(Gd) * K * H * H / (Gc * Gr) * f;
+      if (l == 0) v["tz"] += (L - std::min(L, double(S))) * ag(Gd) * K * H * H / (Gc * Gr) * f;
     }
   }
   const double ln_forward = 2 * L * (1 + R) + 1, ln_backward = 2 * L + 1;
@@ -91,7 +96,7 @@ std::map<std::string, double> analytic(const model::ModelConfig& c, int tx, int 
 TEST_F(TensorVolumeTest, BytesPerAxisEqualTheAnalyticModel) {
   const int world = runtime().world_size();
   model::ModelConfig cfg;
-  cfg.n_layer = 2;
+  cfg.n_layer = 3;
   cfg.n_head = 8;
   cfg.n_embd = 32;
   cfg.block_size = 8;
@@ -108,12 +113,17 @@ TEST_F(TensorVolumeTest, BytesPerAxisEqualTheAnalyticModel) {
   fo.dloss = 1.0f / (B * T);
 
   for (auto [tx, ty, tz] : factorizations(world))
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool recompute = variant % 2 == 1, sp = variant >= 2;
+    for (int variant = 0; variant < 6; ++variant) {
+      const bool recompute = variant % 2 == 1, sp = variant >= 4, overlap = variant < 2;
       if (sp && (ty != 1 || tz != 1)) continue;
-      SCOPED_TRACE(fmt::format("tx={} ty={} tz={} recompute={} sp={}", tx, ty, tz, recompute, sp));
+      SCOPED_TRACE(fmt::format("tx={} ty={} tz={} recompute={} sp={} overlap={}", tx, ty, tz,
+                               recompute, sp, overlap));
       Topology topo(GridShape{1, 1, tx, ty, tz}, runtime().world_rank());
-      par::TensorModel tm(cfg, topo, runtime(), par::TensorModelOptions{recompute, sp});
+      par::TensorModelOptions opt;
+      opt.recompute = recompute;
+      opt.sequence_parallel = sp;
+      opt.overlap_dx = opt.defer_dw = opt.prefetch = overlap;
+      par::TensorModel tm(cfg, topo, runtime(), opt);
       std::vector<float> lp(tm.local_layout().total()), lg(lp.size(), 0.0f);
       tm.extract(params.data(), lp.data());
       model::FlatStore store(tm.local_layout(), lp.data(), lg.data());
@@ -123,7 +133,7 @@ TEST_F(TensorVolumeTest, BytesPerAxisEqualTheAnalyticModel) {
       tm.backward(store, x.data(), B, T, fo.gemm);
       std::map<std::string, double> got;
       for (const auto& [key, vol] : runtime().log().volumes()) got[key.first] += vol.wire_bytes;
-      const auto want = analytic(cfg, tx, ty, tz, B, T, recompute, sp);
+      const auto want = analytic(cfg, tx, ty, tz, B, T, recompute, sp, overlap ? 2 : 1);
       for (const auto& [group, bytes] : got) {
         if (bytes == 0) continue;
         ASSERT_TRUE(want.count(group)) << "unexpected traffic on " << group << ": " << bytes;

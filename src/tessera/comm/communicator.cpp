@@ -55,6 +55,8 @@ void CollectiveLog::end(std::uint64_t seq) {
   for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
     if (it->seq == seq) {
       it->end = now();
+      auto v = volumes_.find({it->group, it->op});
+      if (v != volumes_.end()) v->second.seconds += it->end - it->start;
       return;
     }
 }

@@ -111,9 +111,11 @@ class CollectiveLog {
   // `wire_bytes` what a ring algorithm sends per rank for it: 2(p-1)/p x bytes for an
   // all-reduce, (p-1)/p x bytes for all-gather / reduce-scatter, bytes for send / recv, 0 in a
   // group of one (the volume model of ../shared/reference/papers.md §2.4).
+  // `seconds`: summed start-to-completion time of the calls (for a blocking call, the time the
+  // caller waited; for a non-blocking one, the time it was in flight).
   struct Volume {
     std::uint64_t calls = 0;
-    double bytes = 0, wire_bytes = 0;
+    double bytes = 0, wire_bytes = 0, seconds = 0;
   };
   std::map<std::pair<std::string, std::string>, Volume> volumes() const;  // (group, op) ->
   void reset_volumes();

@@ -141,7 +141,8 @@ void check_buffers(const TensorAttentionLayout& l, int B, int T,
 void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
                               const TensorAttentionComms& c, float* y, const float* x,
                               const TensorAttentionParams& p, int B, int T,
-                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws) {
+                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws,
+                              int key) {
   check_buffers(l, B, T, acts, ws);
   TESSERA_CHECK(c.tx && c.tx->size() == l.tx, "tx communicator does not match the layout");
   const int bl = l.local_batch(B);
@@ -154,13 +155,13 @@ void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLay
 
   // 2. qkv: normal linear, (n, c_local) -> (n, 3*att_local) = [q | k | v] of this rank's heads.
   tensor_linear_forward(lib, l.qkv, c.qkv, acts.qkv.data(), acts.ln_out.data(), p.qkv_w, p.qkv_b, n,
-                        ws.qkv);
+                        ws.qkv, key);
   // 3. attention of this rank's heads (replicated over tx).
   kernels::cpu::attention_forward(lib, acts.att.data(), acts.lse.data(), acts.qkv.data(), bl, T,
                                   l.att_local, l.heads_local);
   // 4. proj: transposed linear, (n, att_local) -> (n, c_local), then the residual add.
   tensor_linear_forward(lib, l.proj, c.proj, ws.proj_out.data(), acts.att.data(), p.proj_w,
-                        p.proj_b, n, ws.proj);
+                        p.proj_b, n, ws.proj, key);
   kernels::cpu::add(y, x, ws.proj_out.data(), n * cl);
 }
 

@@ -149,7 +149,8 @@ struct TensorAttentionWorkspace {
 void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLayout& l,
                               const TensorAttentionComms& c, float* y, const float* x,
                               const TensorAttentionParams& p, int B, int T,
-                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws);
+                              TensorAttentionActivations& acts, TensorAttentionWorkspace& ws,
+                              int key = -1);  // weight-cache key (tensor_linear.hpp)
 
 // dx (n, c_local) = dy + d(ln1 path) (overwrite); parameter gradients +=. x, p, acts as given to
 // the forward; ws.qkv.w_block and ws.proj.w_block must still hold the gathered blocks (re-gather

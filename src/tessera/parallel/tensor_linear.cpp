@@ -124,15 +124,61 @@ void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinear
   c.depth->iall_gather(w_shard, w_block, l.shard_counts).wait();
 }
 
+void tensor_linear_prefetch_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
+                                   const float* w_shard, TensorLinearWorkspace& ws, int key) {
+  TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
+  if (key >= 0 && ws.cached_key == key) return;
+  ws.gather_req.wait();
+  ws.gather_req = c.depth->iall_gather(w_shard, ws.w_block.data(), l.shard_counts);
+  ws.cached_key = key;
+}
+
+const float* tensor_linear_acquire_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
+                                          const float* w_shard, TensorLinearWorkspace& ws,
+                                          int key) {
+  if (key < 0 || ws.cached_key != key) {
+    ws.gather_req.wait();
+    tensor_linear_gather_weight(l, c, w_shard, ws.w_block.data());
+    ws.cached_key = key;
+  }
+  ws.gather_req.wait();
+  return ws.w_block.data();
+}
+
+void tensor_linear_invalidate(TensorLinearWorkspace& ws) {
+  ws.gather_req.wait();
+  ws.cached_key = -1;
+}
+
+void tensor_linear_finish(TensorLinearWorkspace& ws) {
+  if (ws.dw_dst) {
+    ws.dw_req.wait();
+    const std::size_t m = ws.dw_shard.size();
+    for (std::size_t i = 0; i < m; ++i) ws.dw_dst[i] += ws.dw_shard[i];
+    ws.dw_dst = nullptr;
+  }
+  if (ws.db_dst) {
+    ws.db_req.wait();
+    for (std::size_t o = 0; o < ws.db.size(); ++o) ws.db_dst[o] += ws.db[o];
+    ws.db_dst = nullptr;
+  }
+}
+
+void tensor_linear_progress(TensorLinearWorkspace& ws) {
+  ws.gather_req.test();
+  ws.dw_req.test();
+  ws.db_req.test();
+}
+
 void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
                            const TensorLinearComms& c, float* y, const float* x,
                            const float* w_shard, const float* bias, std::int64_t n,
-                           TensorLinearWorkspace& ws) {
+                           TensorLinearWorkspace& ws, int key) {
   TESSERA_CHECK(c.in_group && c.in_group->size() == l.in_parts,
                 "input-axis communicator does not match the layout");
   TESSERA_CHECK(static_cast<std::int64_t>(ws.w_block.size()) == l.block_numel,
                 "workspace was built for another layout");
-  tensor_linear_gather_weight(l, c, w_shard, ws.w_block.data());
+  tensor_linear_acquire_weight(l, c, w_shard, ws, key);
   // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
   kernels::gemm(lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local,
                 ws.w_block.data(), l.in_local, 0.0f, y, l.out_local);
@@ -157,6 +203,7 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
                     static_cast<std::int64_t>(ws.dw_shard.size()) == l.shard_numel &&
                     static_cast<int>(ws.db.size()) == l.out_local,
                 "workspace was built for another layout");
+  tensor_linear_finish(ws);  // a deferred reduction of an earlier call still owns the buffers
   // 1. dx (n, in_local) = dy (n, out_local) @ w_block (out_local, in_local): partial over this
   //    rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
   comm::Request dx_req;
@@ -164,6 +211,7 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
     kernels::gemm(lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
                   l.in_local, 0.0f, dx, l.in_local);
     dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
+    if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
   }
   // 2. dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the
   //    batch shards of tz and scattered: this rank receives its shard.
@@ -183,12 +231,11 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
     db_req = c.depth->iall_reduce_sum(ws.db.data(), ws.db.size());
   }
   dx_req.wait();
-  dw_req.wait();
-  for (std::int64_t i = 0; i < l.shard_numel; ++i) dw_shard[i] += ws.dw_shard[i];
-  if (db) {
-    db_req.wait();
-    for (int o = 0; o < l.out_local; ++o) db[o] += ws.db[o];
-  }
+  ws.dw_req = std::move(dw_req);
+  ws.db_req = std::move(db_req);
+  ws.dw_dst = dw_shard;
+  ws.db_dst = db;
+  if (!ws.defer_reduce) tensor_linear_finish(ws);
 }
 
 }  // namespace tessera::parallel

@@ -90,6 +90,21 @@ struct TensorLinearWorkspace {
   std::vector<float> dw_block;  // (out_local, in_local) partial weight gradient before the tz sum
   std::vector<float> dw_shard;  // (shard_numel) reduced gradient shard before accumulation
   std::vector<float> db;        // (out_local) partial bias gradient before the tz sum
+
+  // ---- overlap (issue 4 item 3); the defaults give the blocking behaviour ----
+  // Weight gathers: w_block holds (or is receiving, gather_req pending) the block of the layer
+  // with key cached_key (-1: nothing reusable). A caller passing keys >= 0 (e.g. the layer index)
+  // gets a prefetched block without waiting, and no second gather when the block is still there.
+  int cached_key = -1;
+  comm::Request gather_req;
+  // Backward: the dX all-reduce runs during the dW GEMM (false: after it, to measure).
+  bool overlap_dx = true;
+  // Backward: leave the dW reduce-scatter and the bias all-reduce in flight when returning
+  // (tensor_linear_finish completes them into the destinations given to the backward).
+  bool defer_reduce = false;
+  comm::Request dw_req, db_req;
+  float* dw_dst = nullptr;
+  float* db_dst = nullptr;
 };
 
 // ---- the slices of global tensors that a rank holds (for tests, checkpoints, initialisation) ----
@@ -110,13 +125,29 @@ void extract_output(const TensorLinearLayout& l, const float* y, std::int64_t n_
 // w_block (block_numel) <- all-gather of w_shard (shard_numel) over tz.
 void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
                                  const float* w_shard, float* w_block);
+// Starts gathering the block of layer `key` into ws.w_block (non-blocking) unless it is there
+// already. The next forward or acquire with the same key waits for it instead of gathering.
+void tensor_linear_prefetch_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
+                                   const float* w_shard, TensorLinearWorkspace& ws, int key);
+// Makes ws.w_block hold the block of layer `key` (waits for its prefetch, or gathers now; key -1
+// always gathers) and returns it.
+const float* tensor_linear_acquire_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
+                                          const float* w_shard, TensorLinearWorkspace& ws, int key);
+// Forget the cached block (the weights changed). Waits for a gather in flight.
+void tensor_linear_invalidate(TensorLinearWorkspace& ws);
+// Completes a deferred weight-gradient reduce-scatter / bias all-reduce (no-op if none), adding
+// the results into the destinations given to tensor_linear_backward.
+void tensor_linear_finish(TensorLinearWorkspace& ws);
+// Drives the workspace's requests in flight (Open MPI has no progress thread).
+void tensor_linear_progress(TensorLinearWorkspace& ws);
 
 // y (n, out_local) = x (n, in_local) @ W_block^T summed over the input axis, + b_local (out_local,
 // may be null). Gathers the block into ws.w_block (left there for the backward).
+// key: as in tensor_linear_acquire_weight (-1: gather now).
 void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
                            const TensorLinearComms& c, float* y, const float* x,
                            const float* w_shard, const float* bias, std::int64_t n,
-                           TensorLinearWorkspace& ws);
+                           TensorLinearWorkspace& ws, int key = -1);
 
 // dx (n, in_local) = dy @ W_block summed over the output axis (overwrite; skipped if null, and so
 // is its all-reduce: decide it per layer, identically on every rank);

@@ -53,6 +53,12 @@ struct TensorModel::Layer {
   std::vector<float> fch, fch_gelu;            // (n, 4C/ty)
 };
 
+struct TensorModel::WsSet {
+  TensorAttentionWorkspace att;
+  TensorLinearWorkspace fc, fcproj;
+  std::vector<TensorLinearWorkspace*> linears() { return {&att.qkv, &att.proj, &fc, &fcproj}; }
+};
+
 struct TensorModel::State {
   int B = 0, T = 0;
   std::int64_t n = 0;  // local rows
@@ -60,8 +66,7 @@ struct TensorModel::State {
   std::vector<std::vector<float>> resid;  // L+1: embedding output, then each layer's output
   std::vector<Layer> layers;              // L, or 1 with recomputation
   std::vector<float> lnf, lnf_mean, lnf_rstd, losses;
-  TensorAttentionWorkspace att_ws;
-  TensorLinearWorkspace fc_ws, fcproj_ws;
+  std::vector<WsSet> sets;  // 1, or 2 alternating by layer parity (overlap)
   VocabParallelWorkspace vocab_ws;
   std::vector<float> row_stats, ln_params, mlp_out, d_fch, d_ln, d_res;
   std::vector<float> sp_full, sp_part, sp_local;  // sequence parallelism: (n, 4C), (n/tx, 4C)
@@ -228,6 +233,30 @@ std::size_t TensorModel::activation_bytes() const {
   return f * sizeof(float);
 }
 
+// ---- overlap helpers ----
+
+TensorModel::WsSet& TensorModel::ws_of(int layer) {
+  auto& sets = st_->sets;
+  return sets[static_cast<std::size_t>(layer) % sets.size()];
+}
+
+void TensorModel::prefetch_layer(int layer, const float* blk) {
+  const auto& w = local_.layers[layer];
+  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
+  WsSet& ws = ws_of(layer);
+  // The order of consumption (the same on every rank: tz collectives start in one order).
+  tensor_linear_prefetch_weight(att_.qkv, att_comms_.qkv, PL(w.qkv_w), ws.att.qkv, layer);
+  tensor_linear_prefetch_weight(att_.proj, att_comms_.proj, PL(w.attproj_w), ws.att.proj, layer);
+  tensor_linear_prefetch_weight(fc_, fc_comms_, PL(w.fc_w), ws.fc, layer);
+  tensor_linear_prefetch_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), ws.fcproj, layer);
+}
+
+void TensorModel::progress_all(model::ParamStore& store) {
+  store.progress();
+  for (auto& set : st_->sets)
+    for (auto* lw : set.linears()) tensor_linear_progress(*lw);
+}
+
 // ---- one layer ----
 
 void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x,
@@ -239,15 +268,16 @@ void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* bl
   const int cl = att_.c_local;
   TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
                            PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
-  tensor_attention_forward(lib, att_, att_comms_, a.res2.data(), x, ap, B, T, a.att, s.att_ws);
+  WsSet& ws = ws_of(l);
+  tensor_attention_forward(lib, att_, att_comms_, a.res2.data(), x, ap, B, T, a.att, ws.att, l);
   tensor_layernorm_forward(*att_comms_.tx, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
                            a.res2.data(), PL(w.ln2_w), PL(w.ln2_b), n, cl, cfg_.n_embd,
                            s.row_stats.data());
   tensor_linear_forward(lib, fc_, fc_comms_, a.fch.data(), a.ln2.data(), PL(w.fc_w), PL(w.fc_b), n,
-                        s.fc_ws);
+                        ws.fc, l);
   k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n * fc_.out_local);
   tensor_linear_forward(lib, fcproj_, fcproj_comms_, s.mlp_out.data(), a.fch_gelu.data(),
-                        PL(w.fcproj_w), PL(w.fcproj_b), n, s.fcproj_ws);
+                        PL(w.fcproj_w), PL(w.fcproj_b), n, ws.fcproj, l);
   k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
 }
 
@@ -257,21 +287,25 @@ void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* b
   const int C = cfg_.n_embd;
   const std::int64_t n = s.n;
   const int cl = att_.c_local;
-  auto progress = [&] { store.progress(); };
+  auto progress = [&] { progress_all(store); };
   const auto& w = local_.layers[l];
   auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
   auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
-  // The weight workspaces are shared by the layers: gather this layer's blocks again.
-  tensor_linear_gather_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), s.fcproj_ws.w_block.data());
+  WsSet& ws = ws_of(l);
+  // The blocks: still in the workspace (from the forward, a recompute or a prefetch) or gathered
+  // again now; always acquired in the forward's order (qkv, proj, fc, fcproj) on every rank.
+  tensor_linear_acquire_weight(att_.qkv, att_comms_.qkv, PL(w.qkv_w), ws.att.qkv, l);
+  tensor_linear_acquire_weight(att_.proj, att_comms_.proj, PL(w.attproj_w), ws.att.proj, l);
+  tensor_linear_acquire_weight(fc_, fc_comms_, PL(w.fc_w), ws.fc, l);
+  tensor_linear_acquire_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), ws.fcproj, l);
   // d_res: gradient w.r.t. the layer output res3 = res2 + fcproj(gelu(fc(ln2(res2)))).
   tensor_linear_backward(lib, fcproj_, fcproj_comms_, s.d_fch.data(), GL(w.fcproj_w),
                          GL(w.fcproj_b), s.d_res.data(), a.fch_gelu.data(),
-                         s.fcproj_ws.w_block.data(), n, s.fcproj_ws);
+                         ws.fcproj.w_block.data(), n, ws.fcproj);
   progress();
   k::gelu_backward(s.d_fch.data(), a.fch.data(), s.d_fch.data(), n * fc_.out_local);
-  tensor_linear_gather_weight(fc_, fc_comms_, PL(w.fc_w), s.fc_ws.w_block.data());
   tensor_linear_backward(lib, fc_, fc_comms_, s.d_ln.data(), GL(w.fc_w), GL(w.fc_b), s.d_fch.data(),
-                         a.ln2.data(), s.fc_ws.w_block.data(), n, s.fc_ws);
+                         a.ln2.data(), ws.fc.w_block.data(), n, ws.fc);
   progress();
   tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GL(w.ln2_w),
                             GL(w.ln2_b), s.d_ln.data(), a.res2.data(), PL(w.ln2_w),
@@ -282,10 +316,8 @@ void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* b
                            PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
   TensorAttentionGrads ag{GL(w.ln1_w), GL(w.ln1_b),     GL(w.qkv_w),
                           GL(w.qkv_b), GL(w.attproj_w), GL(w.attproj_b)};
-  tensor_linear_gather_weight(att_.qkv, att_comms_.qkv, ap.qkv_w, s.att_ws.qkv.w_block.data());
-  tensor_linear_gather_weight(att_.proj, att_comms_.proj, ap.proj_w, s.att_ws.proj.w_block.data());
   tensor_attention_backward(lib, att_, att_comms_, s.d_res.data(), ag, s.d_res.data(), x, ap, B, T,
-                            a.att, s.att_ws);
+                            a.att, ws.att);
   progress();
 }
 
@@ -471,9 +503,17 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
     s.lnf_mean.resize(n);
     s.lnf_rstd.resize(n);
     s.losses.resize(n);
-    s.att_ws = TensorAttentionWorkspace(att_, B, T);
-    s.fc_ws = TensorLinearWorkspace(fc_);
-    s.fcproj_ws = TensorLinearWorkspace(fcproj_);
+    const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1;
+    s.sets.resize(two ? 2 : 1);
+    for (auto& w : s.sets) {
+      w.att = TensorAttentionWorkspace(att_, B, T);
+      w.fc = TensorLinearWorkspace(fc_);
+      w.fcproj = TensorLinearWorkspace(fcproj_);
+      for (auto* lw : w.linears()) {
+        lw->overlap_dx = opt_.overlap_dx;
+        lw->defer_reduce = opt_.defer_dw && two;
+      }
+    }
     s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
     s.row_stats.resize(2 * n);
     s.ln_params.resize(2 * cl);
@@ -496,12 +536,20 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
   std::copy(inputs + r0, inputs + r0 + n, s.ids.begin());
   const auto lib = opt.gemm;
 
+  // New parameters since the last pass: nothing cached is valid; nothing may be in flight.
+  for (auto& set : s.sets)
+    for (auto* lw : set.linears()) {
+      tensor_linear_finish(*lw);
+      tensor_linear_invalidate(*lw);
+    }
+  const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
   store.begin_forward();
   const float* E = store.params(0);
   vocab_embedding_forward(vocab_, vocab_comms_, s.resid[0].data(), s.ids.data(), E + local_.wte,
                           E + local_.wpe, N, T, s.vocab_ws);
   for (int l = 0; l < L; ++l) {
     const float* blk = store.params(l + 1);
+    if (prefetch && l + 1 < L) prefetch_layer(l + 1, store.params(l + 2));
     if (opt_.sequence_parallel)
       sp_layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
     else
@@ -539,7 +587,7 @@ void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs,
   const int L = cfg_.n_layer, C = cfg_.n_embd;
   const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
   const int cl = att_.c_local;
-  auto progress = [&] { store.progress(); };
+  auto progress = [&] { progress_all(store); };
 
   store.begin_backward();
   const float* E = store.params(0);
@@ -560,9 +608,15 @@ void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs,
   store.grads_done(L + 1);
   store.release(L + 1);
 
+  const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
+  const bool defer = opt_.defer_dw && !opt_.sequence_parallel && s.sets.size() > 1;
+  auto finish_layer = [&](int layer) {
+    for (auto* lw : ws_of(layer).linears()) tensor_linear_finish(*lw);
+  };
   for (int l = L - 1; l >= 0; --l) {
     const float* blk = store.params(l + 1);
     float* gblk = store.grads(l + 1);
+    if (prefetch && l > 0) prefetch_layer(l - 1, store.params(l));
     Layer& a = s.layers[opt_.recompute ? 0 : l];
     const float* x = s.resid[l].data();
     if (opt_.sequence_parallel) {
@@ -578,8 +632,18 @@ void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs,
       }
       layer_backward(lib, l, blk, gblk, x, B, T, a, store);
     }
-    store.grads_done(l + 1);
+    if (!defer) {
+      store.grads_done(l + 1);
+    } else if (l + 1 < L) {
+      // Layer l+1's weight-gradient reductions ran during this layer's backward.
+      finish_layer(l + 1);
+      store.grads_done(l + 2);
+    }
     store.release(l + 1);
+  }
+  if (defer && L > 0) {
+    finish_layer(0);
+    store.grads_done(1);
   }
   vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, GE + local_.wpe, s.d_res.data(),
                            s.ids.data(), N, T, s.vocab_ws);

@@ -38,6 +38,15 @@
 // compute and their stored activations shrink tx-fold. The inputs all-gathered for the
 // weight-gradient GEMMs are gathered again in the backward rather than kept (as in Megatron-LM).
 //
+// Overlap (options.overlap_dx / defer_dw / prefetch). The layers alternate between two sets of
+// linear workspaces (by layer parity), so that while layer l computes, layer l+1's (forward) or
+// l-1's (backward) weight blocks are being all-gathered over tz into the other set, and layer
+// l+1's weight-gradient reduce-scatters (backward) are still in flight from it. A block still in
+// its workspace is not gathered again (AxoNN's "unless cached"): the last two layers of the
+// forward serve the first two of the backward, and a recomputed layer's blocks serve its
+// backward. Layer l+1's gradients are final (grads_done) once its reductions complete, after
+// layer l's backward.
+//
 // Recomputation (options.recompute): the forward keeps only each layer's input; the backward
 // re-runs the layer's forward (re-issuing its weight gathers and all-reduces) just before its
 // backward. Same numbers, L-fold fewer activations.
@@ -63,6 +72,10 @@ struct TensorModelOptions {
   // 1D mode only (tx > 1, ty = tz = 1): sequence parallelism in the regions that tensor
   // parallelism replicates (see below). Needs the micro-batch divisible by tx.
   bool sequence_parallel = false;
+  // Overlaps of the 3D algorithm (each can be switched off, to measure it):
+  bool overlap_dx = true;  // input-gradient all-reduce during the weight-gradient GEMM
+  bool defer_dw = true;    // weight-gradient reduce-scatter during the previous layer's backward
+  bool prefetch = true;    // next layer's tz weight gather during this layer (forward, backward)
 };
 
 class TensorModel {
@@ -104,6 +117,10 @@ class TensorModel {
  private:
   struct Layer;
   struct State;
+  struct WsSet;
+  WsSet& ws_of(int layer);
+  void prefetch_layer(int layer, const float* blk);
+  void progress_all(model::ParamStore& store);
   void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
                      int T, Layer& acts);
   void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,

@@ -73,6 +73,9 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "overlap", c.parallel.overlap);
   f("parallel", "recompute", c.parallel.recompute);
   f("parallel", "sequence_parallel", c.parallel.sequence_parallel);
+  f("parallel", "overlap_dx", c.parallel.overlap_dx);
+  f("parallel", "overlap_dw", c.parallel.overlap_dw);
+  f("parallel", "prefetch", c.parallel.prefetch);
   f("parallel", "timeout_s", c.parallel.timeout_s);
 
   f("goldfish", "k", c.goldfish.k);

@@ -81,10 +81,12 @@ struct ParallelSection {
   int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
   int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
   bool overlap = true;  // reduce gradient buckets during backward (false: after it, to measure)
-  bool recompute = false;
-  bool sequence_parallel =
-      false;  // 1D tensor parallelism (tx only): split the replicated regions by rows   // tensor
-              // parallelism: recompute each layer's activations in backward
+  // tensor parallelism (tx, ty, tz):
+  bool recompute = false;          // recompute each layer's activations in backward
+  bool sequence_parallel = false;  // 1D (tx only): split the replicated regions by sequences
+  bool overlap_dx = true;          // input-gradient all-reduce during the weight-gradient GEMM
+  bool overlap_dw = true;          // dW reduce-scatter during the previous layer's backward
+  bool prefetch = true;            // next layer's tz weight gather during this layer
   double timeout_s = 60.0;  // a collective longer than this ends the job with its log; 0 = never
   bool operator==(const ParallelSection&) const = default;
 };

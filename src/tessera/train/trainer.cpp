@@ -134,9 +134,15 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (pc.recompute && tensor_size == 1)
     log_info("note: parallel.recompute applies to tensor parallelism (tx, ty, tz > 1); ignored");
   std::unique_ptr<parallel::TensorModel> tm;
-  if (tensor_size > 1)
-    tm = std::make_unique<parallel::TensorModel>(
-        mcfg, topo, rt, parallel::TensorModelOptions{pc.recompute, pc.sequence_parallel});
+  if (tensor_size > 1) {
+    parallel::TensorModelOptions to;
+    to.recompute = pc.recompute;
+    to.sequence_parallel = pc.sequence_parallel;
+    to.overlap_dx = pc.overlap_dx;
+    to.defer_dw = pc.overlap_dw;
+    to.prefetch = pc.prefetch;
+    tm = std::make_unique<parallel::TensorModel>(mcfg, topo, rt, to);
+  }
   const model::ParamLayout& store_layout = tm ? tm->local_layout() : layout;
   comm::Communicator& dp_comm = rt.group(topo, {comm::Axis::DP});
   parallel::DataParallel dp(dp_comm, store_layout, pc.zero, pc.overlap);
