@@ -150,3 +150,54 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
 }
 
 }  // namespace
+
+namespace {
+
+// With GEMM layout tuning the linears may compute their products in another form (another order
+// of fp32 additions): the loss and gradients stay within the same bounds, and the tuner has a
+// choice for every linear GEMM shape it met.
+TEST_F(TensorModelTest, GemmTuningKeepsTheNumbers) {
+  const int world = runtime().world_size();
+  const auto cfg = tiny_config();
+  const model::ParamLayout layout(cfg);
+  const Batch batch = make_batch(cfg);
+  const int N = batch.B * batch.T;
+  std::vector<float> params(layout.total()), ref_grads(layout.total(), 0.0f);
+  model::init_params(layout, params.data(), 1234);
+  for (float& p : params) p *= 5.0f;
+  model::Activations acts;
+  model::ForwardOptions fo;
+  fo.training = true;
+  fo.dloss = 1.0f / static_cast<float>(N);
+  const float ref_loss = model::forward(layout, params.data(), acts, batch.x.data(), batch.y.data(),
+                                        batch.B, batch.T, fo);
+  model::backward(layout, params.data(), ref_grads.data(), acts, batch.x.data(), batch.B, batch.T,
+                  fo.gemm);
+  const int tx = world >= 4 ? 2 : 1, ty = world / tx;  // a 2D grid where the world allows it
+  Topology topo(GridShape{1, 1, tx, ty, 1}, runtime().world_rank());
+  par::TensorModelOptions opt;
+  opt.tune_gemm = true;
+  par::TensorModel tm(cfg, topo, runtime(), opt);
+  std::vector<float> lp(tm.local_layout().total()), lg(lp.size(), 0.0f);
+  tm.extract(params.data(), lp.data());
+  model::FlatStore store(tm.local_layout(), lp.data(), lg.data());
+  const float loss = tm.forward(store, batch.x.data(), batch.y.data(), batch.B, batch.T, fo);
+  tm.backward(store, batch.x.data(), batch.B, batch.T, fo.gemm);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
+  std::vector<float> full(layout.total());
+  tm.gather_full(lg.data(), full.data());
+  for (const auto& t : layout.tensors()) {
+    double scale = 0.0, err = 0.0;
+    for (std::size_t j = 0; j < t.numel; ++j) {
+      scale = std::max(scale, static_cast<double>(std::fabs(ref_grads[t.offset + j])));
+      err = std::max(err,
+                     static_cast<double>(std::fabs(full[t.offset + j] - ref_grads[t.offset + j])));
+    }
+    EXPECT_LE(err, 1e-4 * scale) << t.name;
+  }
+  ASSERT_NE(tm.gemm_tuner(), nullptr);
+  // qkv, proj, fc, fcproj x (forward, dX, dW); shapes may coincide, at least 3 distinct
+  EXPECT_GE(tm.gemm_tuner()->cache_size(), 3u);
+}
+
+}  // namespace

@@ -118,6 +118,21 @@ void extract_output(const TensorLinearLayout& l, const float* y, std::int64_t n_
 
 // ---- the layer ----
 
+namespace {
+
+// gemm() of kernels/gemm.hpp, through the workspace's tuner when it has one.
+void layer_gemm(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, bool ta, bool tb,
+                std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+                std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                std::int64_t ldc) {
+  if (ws.tuner)
+    ws.tuner->run(lib, kernels::GemmShape{ta, tb, M, N, K}, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    kernels::gemm(lib, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace
+
 void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
                                  const float* w_shard, float* w_block) {
   TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
@@ -180,8 +195,8 @@ void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l
                 "workspace was built for another layout");
   tensor_linear_acquire_weight(l, c, w_shard, ws, key);
   // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
-  kernels::gemm(lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local,
-                ws.w_block.data(), l.in_local, 0.0f, y, l.out_local);
+  layer_gemm(ws, lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local,
+             ws.w_block.data(), l.in_local, 0.0f, y, l.out_local);
   c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
   // The bias once, after the sum (each input-axis rank adds it to its copy of the full sum).
   if (bias) {
@@ -208,15 +223,15 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
   //    rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
   comm::Request dx_req;
   if (dx) {
-    kernels::gemm(lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
-                  l.in_local, 0.0f, dx, l.in_local);
+    layer_gemm(ws, lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
+               l.in_local, 0.0f, dx, l.in_local);
     dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
     if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
   }
   // 2. dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the
   //    batch shards of tz and scattered: this rank receives its shard.
-  kernels::gemm(lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
-                0.0f, ws.dw_block.data(), l.in_local);
+  layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
+             0.0f, ws.dw_block.data(), l.in_local);
   dx_req.test();  // drive progress (Open MPI has no progress thread)
   comm::Request dw_req =
       c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);

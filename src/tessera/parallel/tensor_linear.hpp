@@ -44,6 +44,7 @@
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm_tuner.hpp"
 
 namespace tessera::parallel {
 
@@ -105,6 +106,9 @@ struct TensorLinearWorkspace {
   comm::Request dw_req, db_req;
   float* dw_dst = nullptr;
   float* db_dst = nullptr;
+  // GEMM layout tuning (kernels/gemm_tuner.hpp): when set, the layer's three GEMMs run through
+  // the tuner (tuned the first time each shape is seen, its fastest form used from then on).
+  kernels::GemmTuner* tuner = nullptr;
 };
 
 // ---- the slices of global tensors that a rank holds (for tests, checkpoints, initialisation) ----

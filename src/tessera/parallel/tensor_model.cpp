@@ -1,6 +1,7 @@
 #include "tessera/parallel/tensor_model.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -126,6 +127,12 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   vocab_comms_ = vocab_parallel_comms(rt, topo);
   tensor_group_ = &rt.group(topo, comm::AxisSet{Axis::TX, Axis::TY, Axis::TZ});
 
+  if (opt.tune_gemm) {
+    tuner_ = std::make_unique<kernels::GemmTuner>();
+    if (!opt.gemm_tuning_file.empty() && std::filesystem::exists(opt.gemm_tuning_file))
+      tuner_->load(opt.gemm_tuning_file);
+  }
+
   // The local -> global map and the owners of replicated elements.
   const int C = cfg.n_embd;
   const bool norm_owner = att_.ty_index == 0 && att_.tz_index == 0;
@@ -206,6 +213,10 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
 }
 
 TensorModel::~TensorModel() = default;
+
+void TensorModel::save_gemm_choices() const {
+  if (tuner_ && !opt_.gemm_tuning_file.empty()) tuner_->save(opt_.gemm_tuning_file);
+}
 
 void TensorModel::extract(const float* global, float* local) const {
   const std::size_t n = index_.size();
@@ -510,6 +521,7 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
       w.fc = TensorLinearWorkspace(fc_);
       w.fcproj = TensorLinearWorkspace(fcproj_);
       for (auto* lw : w.linears()) {
+        lw->tuner = tuner_.get();
         lw->overlap_dx = opt_.overlap_dx;
         lw->defer_reduce = opt_.defer_dw && two;
       }

@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/comm/runtime.hpp"
@@ -76,6 +77,10 @@ struct TensorModelOptions {
   bool overlap_dx = true;  // input-gradient all-reduce during the weight-gradient GEMM
   bool defer_dw = true;    // weight-gradient reduce-scatter during the previous layer's backward
   bool prefetch = true;    // next layer's tz weight gather during this layer (forward, backward)
+  // GEMM layout tuning of the linears (kernels/gemm_tuner.hpp), cached per process; with a file,
+  // choices are loaded from it when it exists and saved to it by save_gemm_choices().
+  bool tune_gemm = false;
+  std::string gemm_tuning_file;
 };
 
 class TensorModel {
@@ -110,6 +115,10 @@ class TensorModel {
                 int B, int T, const model::ForwardOptions& opt);
   void backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
                 kernels::GemmLibrary gemm);
+
+  // The GEMM tuner's choices (tune_gemm), written to options().gemm_tuning_file if set.
+  void save_gemm_choices() const;
+  const kernels::GemmTuner* gemm_tuner() const { return tuner_.get(); }
 
   // Bytes of the activation buffers of the last forward (per rank).
   std::size_t activation_bytes() const;
@@ -146,6 +155,7 @@ class TensorModel {
   VocabParallelComms vocab_comms_;
   comm::Communicator* tensor_group_ = nullptr;  // {tx, ty, tz}
   std::unique_ptr<State> st_;
+  std::unique_ptr<kernels::GemmTuner> tuner_;
 };
 
 }  // namespace tessera::parallel

@@ -63,6 +63,8 @@ void for_each_field(Config& c, F&& f) {
   f("sample", "top_k", c.sample.top_k);
 
   f("hardware", "peak_tflops", c.hardware.peak_tflops);
+  f("hardware", "tune_gemm", c.hardware.tune_gemm);
+  f("hardware", "gemm_tuning_file", c.hardware.gemm_tuning_file);
 
   f("parallel", "dp", c.parallel.dp);
   f("parallel", "pp", c.parallel.pp);

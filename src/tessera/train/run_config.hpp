@@ -72,7 +72,9 @@ struct SampleSection {
 };
 
 struct HardwareSection {
-  double peak_tflops = 0.0;  // peak dense TFLOP/s for MFU; 0 = look up / unknown
+  double peak_tflops = 0.0;      // peak dense TFLOP/s for MFU; 0 = look up / unknown
+  bool tune_gemm = false;        // tensor parallelism: GEMM layout tuning of the linears
+  std::string gemm_tuning_file;  // tuner choices: loaded if present, saved after training
   bool operator==(const HardwareSection&) const = default;
 };
 

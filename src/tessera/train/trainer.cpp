@@ -141,6 +141,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     to.overlap_dx = pc.overlap_dx;
     to.defer_dw = pc.overlap_dw;
     to.prefetch = pc.prefetch;
+    to.tune_gemm = cfg.hardware.tune_gemm;
+    to.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
     tm = std::make_unique<parallel::TensorModel>(mcfg, topo, rt, to);
   }
   const model::ParamLayout& store_layout = tm ? tm->local_layout() : layout;
@@ -474,6 +476,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   }
   if (step > start_step || !resumed) checkpoint_now();
   summary.last_step = step;
+  if (tm && lead) tm->save_gemm_choices();
   if (!tok_rates.empty()) {
     std::nth_element(tok_rates.begin(), tok_rates.begin() + tok_rates.size() / 2, tok_rates.end());
     summary.tokens_per_s = tok_rates[tok_rates.size() / 2];
