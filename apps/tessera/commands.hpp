@@ -11,5 +11,8 @@ void add_tokenize_command(CLI::App& root);
 void add_train_command(CLI::App& root);
 void add_sample_command(CLI::App& root);
 void add_eval_command(CLI::App& root);
+void add_plan_command(CLI::App& root);
+void add_simulate_command(CLI::App& root);
+void add_probe_command(CLI::App& root);
 
 }  // namespace tessera::app

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   tessera::app::add_train_command(app);
   tessera::app::add_sample_command(app);
   tessera::app::add_eval_command(app);
+  tessera::app::add_plan_command(app);
+  tessera::app::add_simulate_command(app);
+  tessera::app::add_probe_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

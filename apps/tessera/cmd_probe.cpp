@@ -1,0 +1,64 @@
+// tessera probe [--out FILE] [--name NAME] [--quick] [--reps N]
+// Measures this machine (GEMM rates by shape, memory bandwidth, all-reduce bandwidth by size
+// when run under mpirun) and writes a cluster file for plan/simulate (docs/probe.md).
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "tessera/comm/runtime.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/perf/probe.hpp"
+#include "tessera/perf/report.hpp"
+
+namespace tessera::app {
+
+void add_probe_command(CLI::App& root) {
+  auto* cmd = root.add_subcommand(
+      "probe",
+      "measure this machine (GEMM rates, memory and collective bandwidth) into a "
+      "cluster file");
+  struct Args {
+    std::string out = "configs/clusters/this-machine.toml", name = "this-machine";
+    bool quick = false;
+    int reps = 3;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--out,-o", a->out, "cluster file to write")->capture_default_str();
+  cmd->add_option("--name", a->name, "cluster name in the file")->capture_default_str();
+  cmd->add_flag("--quick", a->quick, "small shapes and messages only (seconds)");
+  cmd->add_option("--reps", a->reps, "timed repetitions per measurement (the median is kept)")
+      ->capture_default_str();
+  cmd->callback([a] {
+    if (a->reps < 1) throw Error("--reps must be >= 1");
+    auto rt = comm::Runtime::create();
+    perf::ProbeOptions o;
+    o.name = a->name;
+    o.quick = a->quick;
+    o.reps = a->reps;
+    auto r = perf::probe_machine(*rt, o);
+    if (rt->world_rank() != 0) return;
+    std::printf("GEMM (fp32, tessera oneDNN path), median of %d:\n", a->reps);
+    std::printf("  %6s %6s %6s %10s %10s\n", "M", "N", "K", "GFLOP/s", "model");
+    for (const auto& g : r.gemm)
+      std::printf("  %6ld %6ld %6ld %10.1f %10.1f\n", g.M, g.N, g.K, g.gflops,
+                  r.spec.peak_tflops_fp32 * 1e3 * perf::gemm_efficiency(r.spec, g.M, g.N, g.K));
+    std::printf("  fit: peak %.1f GFLOP/s, max_efficiency %.3f, half_dim %.0f\n",
+                r.spec.peak_tflops_fp32 * 1e3, r.spec.gemm_max_efficiency, r.spec.gemm_half_dim);
+    std::printf("memory bandwidth (triad): %.1f GB/s per rank\n", r.memory_bw_gbps);
+    if (!r.collectives.empty()) {
+      std::printf("all-reduce over %d ranks:\n  %12s %10s %10s\n", rt->world_size(), "bytes",
+                  "time", "bus GB/s");
+      for (const auto& c : r.collectives)
+        std::printf("  %12.0f %10s %10.2f\n", c.bytes, perf::format_seconds(c.seconds).c_str(),
+                    c.bus_gbps);
+    } else {
+      std::printf("one rank: no collectives measured (run under mpirun -n N for them)\n");
+    }
+    write_file_atomic(a->out, "# written by tessera probe\n" + perf::to_toml(r.spec));
+    std::printf("wrote %s\n", a->out.c_str());
+  });
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,77 @@
+// Machine descriptions for the performance model: one device type per cluster, the link
+// hierarchy inside a node, and the network. Loaded from configs/clusters/*.toml (format in
+// docs/performance-model.md); `tessera probe` writes one for the machine it runs on.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::perf {
+
+enum class DType { BF16, FP16, FP32 };
+const char* dtype_name(DType d);
+DType parse_dtype(const std::string& s);  // "bf16", "fp16", "fp32"; throws tessera::Error
+
+// One level of the link hierarchy inside a node, innermost first. A group of devices whose
+// extent fits inside `group` consecutive devices (aligned) communicates at this level.
+struct LinkLevel {
+  std::string name;         // "nvlink", "infinity-fabric-pair", ...
+  int group = 1;            // devices covered by the level (a divisor of the node's devices)
+  double bw_gbps = 0;       // per device, one direction, hardware figure (GB/s)
+  double efficiency = 0.8;  // fraction a ring collective sustains
+  double latency_us = 2.0;  // per message step
+};
+
+struct ClusterSpec {
+  std::string name, description, source;  // source: the file it was read from
+  // device
+  std::string device;
+  double peak_tflops_bf16 = 0, peak_tflops_fp16 = 0, peak_tflops_fp32 = 0;  // dense matrix
+  double memory_gib = 0;                                                    // per device
+  double memory_bw_gbps = 0;  // per device (HBM / DRAM)
+  double reserved_gib = 0;    // runtime context, allocator fragmentation: not usable
+  // GEMM efficiency vs shape: eff(M,N,K) = max_efficiency * prod_d d/(d + half_dim)
+  double gemm_max_efficiency = 0.8;
+  double gemm_half_dim = 64;
+  // node and network
+  int devices_per_node = 1;
+  std::vector<LinkLevel> links;  // innermost first; the last covers the whole node
+  double injection_gbps = 0;     // per node, one direction (sum of its NICs)
+  double network_efficiency = 0.8;
+  double network_latency_us = 5.0;
+  int max_nodes = 0;  // 0: no limit
+
+  double peak_tflops(DType d) const;
+};
+
+// Parses and validates; throws tessera::Error("file: [section] key: problem", hint).
+ClusterSpec parse_cluster(std::string_view toml_text, std::string_view source_name);
+ClusterSpec load_cluster(const std::filesystem::path& file);
+void validate(const ClusterSpec& c);  // throws tessera::Error on inconsistent specs
+std::string to_toml(const ClusterSpec& c);
+
+// Effective bandwidth (bytes/s) and per-step latency (s) of a collective group of `size`
+// devices whose members are `stride` ranks apart (rank order is the topology order, innermost
+// axis fastest; nodes hold consecutive ranks). A group inside a node uses the smallest link
+// level covering its extent; a group that spans nodes shares each node's injection bandwidth
+// with the other groups interleaved with it (min(stride, devices_per_node) of them), the AxoNN
+// bandwidth model of ../shared/reference/papers.md §2.4.
+struct GroupLink {
+  double bw = 0;       // bytes/s per device, one direction
+  double latency = 0;  // s per ring step
+  bool inter_node = false;
+};
+GroupLink group_link(const ClusterSpec& c, long stride, long size);
+
+// Ring collective times in seconds for `bytes` (the full buffer: all-reduce input, all-gather
+// output, reduce-scatter input) over a group of `size` devices.
+double all_reduce_time(const GroupLink& l, long size, double bytes);
+double all_gather_time(const GroupLink& l, long size, double bytes);  // = reduce-scatter
+double p2p_time(const GroupLink& l, double bytes);
+
+// Fraction of peak a GEMM of (M x K) @ (K x N) reaches.
+double gemm_efficiency(const ClusterSpec& c, double M, double N, double K);
+
+}  // namespace tessera::perf

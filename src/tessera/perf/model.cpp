@@ -1,0 +1,504 @@
+#include "tessera/perf/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::perf {
+
+using comm::Axis;
+using parallel::ScheduleKind;
+
+namespace {
+
+// ---- the model's constants (one set for every cluster; see docs/performance-model.md) ----
+// Elementwise traffic of one transformer layer's forward, in element reads + writes per element
+// of the tensor it runs over (the backward moves k_bwd_traffic times as much):
+constexpr double k_res_traffic = 15;     // residual stream (n, h): 2 LayerNorms, 2 residual adds,
+                                         // 2 dropouts (read, write, mask)
+constexpr double k_mlp_traffic = 2;      // MLP hidden (n, 4h): GeLU read + write (bias fused)
+constexpr double k_qkv_traffic = 2;      // qkv (n, 3h): head split / transpose
+constexpr double k_score_traffic = 4.5;  // attention scores (a, s, s) per sequence without flash
+                                         // attention: scale-mask-softmax + dropout
+constexpr double k_bwd_traffic = 2;
+constexpr double k_loss_traffic = 6;       // cross-entropy over the (n, V) logits, fp32, fwd + bwd
+constexpr double k_adam_bytes_mixed = 30;  // AdamW per parameter (grad, master, m, v in and out)
+constexpr double k_adam_bytes_fp32 = 28;
+
+double elt_bytes(DType d) {
+  return d == DType::FP32 ? 4 : 2;
+}
+
+std::size_t ax(Axis a) {
+  return static_cast<std::size_t>(a);
+}
+
+struct Strides {
+  long s[comm::k_num_axes];
+};
+Strides strides_of(const comm::GridShape& g) {
+  Strides st{};
+  long acc = 1;
+  for (Axis a : comm::Topology::k_default_order) {
+    st.s[ax(a)] = acc;
+    acc *= g.size(a);
+  }
+  return st;
+}
+
+struct Gemm {
+  double M, N, K;
+};
+
+// Roofline of one GEMM: the slower of its FLOPs at the shape's efficiency and its operands'
+// traffic (A, B read, C written once) at the memory bandwidth.
+double gemm_time(const ClusterSpec& c, double peak, double e, const Gemm& g) {
+  if (g.M <= 0 || g.N <= 0 || g.K <= 0) return 0;
+  const double flops = 2 * g.M * g.N * g.K / (peak * gemm_efficiency(c, g.M, g.N, g.K));
+  const double bytes = (g.M * g.K + g.K * g.N + g.M * g.N) * e / (c.memory_bw_gbps * 1e9);
+  return std::max(flops, bytes);
+}
+
+// Cost of one transformer layer for one micro-batch on one device.
+struct LayerCost {
+  double fwd_compute = 0, bwd_compute = 0;  // bwd excludes recomputation
+  double recompute = 0;                     // compute of the recomputed part
+  // tensor-parallel communication per axis (tx, ty, tz), total and exposed, fwd and bwd
+  double fwd_comm[3] = {0, 0, 0}, bwd_comm[3] = {0, 0, 0}, rec_comm[3] = {0, 0, 0};
+  double fwd_exposed = 0, bwd_exposed = 0, rec_exposed = 0;
+  double fwd_bytes[3] = {0, 0, 0}, bwd_bytes[3] = {0, 0, 0};  // message bytes per pass
+};
+
+LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                     const ModelOptions& o) {
+  const auto& g = p.grid;
+  const double h = w.cfg.n_embd, a = w.cfg.n_head, s = w.seq, d = h / a;
+  const double tx = g.tx, ty = g.ty, tz = g.tz;
+  const double n = static_cast<double>(p.micro_batch) * s / tz;  // local rows
+  const double e = elt_bytes(o.dtype);
+  const double peak = c.peak_tflops(o.dtype) * 1e12;
+  const double bw = c.memory_bw_gbps * 1e9;
+  const Strides st = strides_of(g);
+  const GroupLink lx = group_link(c, st.s[ax(Axis::TX)], g.tx);
+  const GroupLink ly = group_link(c, st.s[ax(Axis::TY)], g.ty);
+  const GroupLink lz = group_link(c, st.s[ax(Axis::TZ)], g.tz);
+
+  LayerCost lc;
+  struct Linear {
+    double in, out;
+    bool transposed;
+  };
+  const Linear lin[4] = {{h, 3 * h, false}, {h, h, true}, {h, 4 * h, false}, {4 * h, h, true}};
+  double fwd_gemm = 0, bwd_gemm = 0;
+  double fwd_ar[3] = {0, 0, 0}, bwd_ar[3] = {0, 0, 0}, bwd_ar_exposed = 0;
+  double z_ag = 0, z_rs = 0;
+  for (const auto& L : lin) {
+    const double pi = L.transposed ? ty : tx, po = L.transposed ? tx : ty;
+    const int ai = L.transposed ? 1 : 0, ao = L.transposed ? 0 : 1;  // 0 = tx, 1 = ty
+    const double K = L.in / pi, N = L.out / po;
+    const double tf = gemm_time(c, peak, e, {n, N, K});
+    const double t_dx = gemm_time(c, peak, e, {n, K, N});
+    const double t_dw = gemm_time(c, peak, e, {N, K, n});
+    fwd_gemm += tf;
+    bwd_gemm += t_dx + t_dw;
+    const GroupLink& li = ai == 0 ? lx : ly;
+    const GroupLink& lo = ao == 0 ? lx : ly;
+    const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
+    const double fb = n * N * e, bb = n * K * e;
+    fwd_ar[ai] += all_reduce_time(li, si, fb);
+    lc.fwd_bytes[ai] += si > 1 ? fb : 0;
+    const double tb = all_reduce_time(lo, so, bb);
+    bwd_ar[ao] += tb;
+    lc.bwd_bytes[ao] += so > 1 ? bb : 0;
+    bwd_ar_exposed += o.tp_overlap ? std::max(0.0, tb - t_dw) : tb;
+    const double block = L.in * L.out / (tx * ty) * e;
+    z_ag += all_gather_time(lz, g.tz, block);
+    z_rs += all_gather_time(lz, g.tz, block);
+    if (g.tz > 1) {
+      lc.fwd_bytes[2] += block;
+      lc.bwd_bytes[2] += 2 * block;
+    }
+  }
+  // LayerNorm statistics over tx: forward 2 LayerNorms x 2 all-reduces of n floats, backward
+  // 2 x 1 all-reduce of 2n floats.
+  fwd_ar[0] += 4 * all_reduce_time(lx, g.tx, n * 4);
+  bwd_ar[0] += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
+  bwd_ar_exposed += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
+
+  // attention core: a/ty heads, replicated over tx
+  const double seqs = static_cast<double>(p.micro_batch) / tz, heads = a / ty;
+  const double per_head_qk = gemm_time(c, peak, e, {s, s, d}),
+               per_head_av = gemm_time(c, peak, e, {s, d, s});
+  const double attn_f = seqs * heads * (per_head_qk + per_head_av);
+  // elementwise traffic
+  double traffic =
+      k_res_traffic * n * h / tx + k_mlp_traffic * n * 4 * h / ty + k_qkv_traffic * n * 3 * h / ty;
+  double score_traffic = o.flash_attention ? 0 : k_score_traffic * seqs * heads * s * s;
+  const double elem_f = (traffic + score_traffic) * e / bw;
+
+  lc.fwd_compute = fwd_gemm + attn_f + elem_f;
+  lc.bwd_compute = bwd_gemm + 2 * attn_f + k_bwd_traffic * elem_f;
+  switch (p.recompute) {
+    case Recompute::None:
+      break;
+    case Recompute::Selective:  // the attention core (and its softmax) again
+      lc.recompute = attn_f + score_traffic * e / bw;
+      break;
+    case Recompute::Full:
+      lc.recompute = lc.fwd_compute;
+      break;
+  }
+  for (int i = 0; i < 2; ++i) {
+    lc.fwd_comm[i] = fwd_ar[i];
+    lc.bwd_comm[i] = bwd_ar[i];
+    if (p.recompute == Recompute::Full) lc.rec_comm[i] = fwd_ar[i];
+  }
+  // tz: weight all-gather forward and backward, gradient reduce-scatter backward
+  lc.fwd_comm[2] = z_ag;
+  lc.bwd_comm[2] = z_ag + z_rs;
+  const double zf = o.tp_overlap ? std::max(0.0, z_ag - lc.fwd_compute) : z_ag;
+  const double zb = o.tp_overlap ? std::max(0.0, z_ag + z_rs - lc.bwd_compute) : z_ag + z_rs;
+  lc.fwd_exposed = fwd_ar[0] + fwd_ar[1] + zf;
+  lc.bwd_exposed = bwd_ar_exposed + zb;
+  lc.rec_exposed = lc.rec_comm[0] + lc.rec_comm[1];
+  return lc;
+}
+
+}  // namespace
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  throw Error(fmt::format("unknown recomputation '{}'", s), "use none, selective or full");
+}
+
+std::string PlanPoint::describe() const {
+  std::string sched = grid.pp > 1 ? std::string(parallel::schedule_name(schedule)) : "-";
+  if (grid.pp > 1 && schedule == ScheduleKind::Interleaved) sched += fmt::format(":{}", v);
+  return fmt::format("dp={} pp={} tx={} ty={} tz={} zero={} mb={} sched={} rc={}{}", grid.dp,
+                     grid.pp, grid.tx, grid.ty, grid.tz, zero, micro_batch, sched,
+                     recompute_name(recompute), seq_parallel ? " sp" : "");
+}
+
+double step_flops(const model::ModelConfig& cfg, int seq, long B, Recompute r) {
+  const double h = cfg.n_embd, l = cfg.n_layer, s = seq, V = cfg.padded_vocab();
+  const double Bd = static_cast<double>(B);
+  const double layer_fwd = 24 * Bd * s * l * h * h + 4 * Bd * s * s * l * h;
+  const double logits_fwd = 2 * Bd * s * h * V;
+  double f = 3 * (layer_fwd + logits_fwd);
+  if (r == Recompute::Full) f += layer_fwd;
+  if (r == Recompute::Selective) f += 4 * Bd * s * s * l * h;
+  return f;
+}
+
+double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
+                              const comm::GridShape& g, Recompute r, bool seq_parallel,
+                              bool flash_attention, DType dt) {
+  const double s = seq, h = cfg.n_embd, a = cfg.n_head;
+  const double bl = static_cast<double>(b) / g.tz;
+  const double t = static_cast<double>(g.tx) * g.ty;
+  const double sp = seq_parallel ? t : g.tx;
+  const double scale = elt_bytes(dt) / 2;
+  if (r == Recompute::Full) return 2 * s * bl * h / sp * scale;
+  double per = 10 / sp + 24 / t;
+  if (r == Recompute::None && !flash_attention) per += 5 * a * s / (h * g.ty);
+  return s * bl * h * per * scale;
+}
+
+std::array<double, 3> model_state_bytes(double params, int dp, int zero, DType dt) {
+  const bool mixed = dt != DType::FP32;
+  const double pb = mixed ? 2 : 4, gb = mixed ? 2 : 4, ob = mixed ? 12 : 8;
+  const double n = dp;
+  return {params * pb / (zero >= 3 ? n : 1), params * gb / (zero >= 2 ? n : 1),
+          params * ob / (zero >= 1 ? n : 1)};
+}
+
+std::string infeasible_reason(const Workload& w, const PlanPoint& p, const ClusterSpec& c) {
+  const auto& g = p.grid;
+  const auto& m = w.cfg;
+  if (g.dp < 1 || g.pp < 1 || g.tx < 1 || g.ty < 1 || g.tz < 1) return "axis size < 1";
+  if (p.micro_batch < 1) return "micro-batch < 1";
+  if (w.global_batch % (static_cast<long>(g.dp) * p.micro_batch) != 0)
+    return "global batch not divisible by dp x micro-batch";
+  if (p.micro_batch % g.tz != 0) return "micro-batch not divisible by tz";
+  if (m.n_head % g.ty != 0) return "heads not divisible by ty";
+  if (m.n_embd % (static_cast<long>(g.tx) * g.ty) != 0) return "hidden not divisible by tx*ty";
+  if (m.padded_vocab() % (g.tx * g.ty) != 0) return "vocabulary not divisible by tx*ty";
+  if (p.zero < 0 || p.zero > 3) return "ZeRO stage not in 0-3";
+  if (g.dp == 1 && p.zero > 0) return "ZeRO needs dp > 1";
+  if (g.pp > 1 && p.zero >= 2)
+    return "ZeRO-2/3 with pipeline (gradients re-reduced per micro-batch)";
+  const int v = p.schedule == ScheduleKind::Interleaved ? p.v : 1;
+  if (g.pp == 1 && p.schedule != ScheduleKind::OneF1B) return "schedule needs pp > 1";
+  if (m.n_layer % (g.pp * v) != 0) return "layers not divisible by pp x chunks";
+  const long mb = w.global_batch / (static_cast<long>(g.dp) * p.micro_batch);
+  try {
+    parallel::validate(parallel::ScheduleSpec{p.schedule, g.pp, static_cast<int>(mb), v});
+  } catch (const Error&) {
+    return "schedule: micro-batches not divisible by pp (interleaved)";
+  }
+  if (p.seq_parallel && g.ty == 1) return "sequence parallelism needs ty > 1";
+  if (c.max_nodes > 0) {
+    const long nodes = (g.world_size() + c.devices_per_node - 1) / c.devices_per_node;
+    if (nodes > c.max_nodes) return "more nodes than the cluster has";
+  }
+  return {};
+}
+
+Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                   const ModelOptions& o) {
+  if (auto why = infeasible_reason(w, p, c); !why.empty())
+    throw Error(fmt::format("configuration {} cannot run: {}", p.describe(), why));
+  const auto& g = p.grid;
+  const auto& cfg = w.cfg;
+  const double h = cfg.n_embd, s = w.seq, V = cfg.padded_vocab();
+  const double e = elt_bytes(o.dtype);
+  const double peak = c.peak_tflops(o.dtype) * 1e12;
+  if (!(peak > 0))
+    throw Error(fmt::format("{} has no {} peak", c.name, dtype_name(o.dtype)),
+                "add peak_tflops_" + std::string(dtype_name(o.dtype)) + " to the cluster file");
+  const double membw = c.memory_bw_gbps * 1e9;
+  const double tx = g.tx, ty = g.ty, tz = g.tz, t = tx * ty;
+  const int v = p.schedule == ScheduleKind::Interleaved ? p.v : 1;
+  const int m = static_cast<int>(w.global_batch / (static_cast<long>(g.dp) * p.micro_batch));
+  const double n = static_cast<double>(p.micro_batch) * s / tz;
+  const Strides st = strides_of(g);
+
+  Prediction r;
+  r.point = p;
+  r.micro_batches = m;
+  const LayerCost lc = layer_cost(w, p, c, o);
+  const int layers_per_chunk = cfg.n_layer / (g.pp * v);
+
+  // embedding (first chunk) and LM head + loss (last chunk)
+  const double embed_f = 3 * n * h / tx * e / membw, embed_b = 2 * embed_f;
+  const GroupLink lx = group_link(c, st.s[ax(Axis::TX)], g.tx);
+  const double head_f = gemm_time(c, peak, e, {n, V / t, h}) +
+                        all_gather_time(lx, g.tx, n * h * e) +
+                        k_loss_traffic / 2 * n * V / t * 4 / membw;
+  const double head_b = gemm_time(c, peak, e, {n, h, V / t}) +
+                        gemm_time(c, peak, e, {V / t, h, n}) +
+                        k_loss_traffic / 2 * n * V / t * 4 / membw;
+
+  // pipeline messages: one activation (n, h) per boundary, scatter-gathered over the tensor axes
+  double p2p = 0;
+  if (g.pp > 1) {
+    const GroupLink lp = group_link(c, st.s[ax(Axis::PP)], 2);
+    const double bytes = n * h * e / (o.pp_scatter_gather ? t : tx);
+    p2p = p2p_time(lp, bytes);
+    if (o.pp_scatter_gather) {
+      const GroupLink lt = group_link(c, 1, static_cast<long>(t));
+      p2p += all_gather_time(lt, static_cast<long>(t), n * h * e / tx);
+    }
+    r.comm[ax(Axis::PP)].bytes = 2.0 * m * v * bytes;
+  }
+  r.p2p_s = p2p;
+
+  // chunk costs
+  r.chunk_cost.assign(g.pp, std::vector<ChunkCost>(v));
+  std::vector<double> stage_T(g.pp, 0), stage_compute(g.pp, 0);
+  for (int stg = 0; stg < g.pp; ++stg)
+    for (int ch = 0; ch < v; ++ch) {
+      const int gc = ch * g.pp + stg;
+      ChunkCost cc;
+      cc.fwd_compute = layers_per_chunk * lc.fwd_compute;
+      cc.fwd_comm = layers_per_chunk * lc.fwd_exposed;
+      cc.bwd_compute = layers_per_chunk * (lc.bwd_compute + lc.recompute);
+      cc.bwd_comm = layers_per_chunk * (lc.bwd_exposed + lc.rec_exposed);
+      if (gc == 0) {
+        cc.fwd_compute += embed_f;
+        cc.bwd_compute += embed_b;
+      }
+      if (gc == g.pp * v - 1) {
+        cc.fwd_compute += head_f;
+        cc.bwd_compute += head_b;
+      }
+      r.chunk_cost[stg][ch] = cc;
+      const double msgs = (gc > 0 ? 1 : 0) + (gc < g.pp * v - 1 ? 1 : 0);
+      stage_T[stg] += cc.fwd_compute + cc.fwd_comm + cc.bwd_compute + cc.bwd_comm + msgs * p2p;
+      stage_compute[stg] += cc.fwd_compute + cc.bwd_compute;
+    }
+  double T_max = 0, T_sum = 0;
+  int worst = 0;
+  for (int stg = 0; stg < g.pp; ++stg) {
+    if (stage_T[stg] > T_max) {
+      T_max = stage_T[stg];
+      worst = stg;
+    }
+    T_sum += stage_T[stg];
+  }
+  // Fill and drain: each stage's work passes once outside the steady state; interleaving cuts
+  // the fill by v (GPipe and 1F1B have the same bubble; they differ in memory).
+  r.pipeline_s = m * T_max + (T_sum - T_max) / v;
+  r.compute_s = m * stage_compute[worst];
+  r.bubble_s = r.pipeline_s - m * T_max;
+
+  // tensor-parallel communication totals per device and step
+  const double mult = static_cast<double>(m) * cfg.n_layer / g.pp;  // layer passes per device
+  for (int i = 0; i < 3; ++i) {
+    const Axis a = i == 0 ? Axis::TX : i == 1 ? Axis::TY : Axis::TZ;
+    r.comm[ax(a)].seconds = mult * (lc.fwd_comm[i] + lc.bwd_comm[i] + lc.rec_comm[i]);
+    const double rec = i < 2 && p.recompute == Recompute::Full ? 2.0 : 1.0;
+    r.comm[ax(a)].bytes = mult * (rec * lc.fwd_bytes[i] + lc.bwd_bytes[i]);
+  }
+  r.comm[ax(Axis::TX)].exposed = 0;  // TP exposure is reported together below
+  {
+    const double exposed = mult * (lc.fwd_exposed + lc.bwd_exposed + lc.rec_exposed);
+    const double total =
+        r.comm[ax(Axis::TX)].seconds + r.comm[ax(Axis::TY)].seconds + r.comm[ax(Axis::TZ)].seconds;
+    for (Axis a : {Axis::TX, Axis::TY, Axis::TZ})
+      r.comm[ax(a)].exposed = total > 0 ? exposed * r.comm[ax(a)].seconds / total : 0;
+  }
+  r.comm[ax(Axis::PP)].seconds = 2.0 * m * v * p2p;
+  r.comm[ax(Axis::PP)].exposed = r.comm[ax(Axis::PP)].seconds;
+
+  // parameters per device per stage (worst of first and last stage; the LM head is tied to the
+  // embedding and held by both ends of the pipeline)
+  const double layer_params = (12 * h * h) / (t * tz) + 13 * h / tx;
+  auto stage_params = [&](int stg) {
+    double P = layer_params * cfg.n_layer / g.pp;
+    if (stg == 0) P += V * h / (t * tz) + s * h / tx;
+    if (stg == g.pp - 1 && g.pp > 1) P += V * h / (t * tz);
+    if (stg == g.pp - 1) P += 2 * h / tx;  // final LayerNorm
+    return P;
+  };
+
+  // data-parallel gradient reduction and the optimizer, per stage
+  const GroupLink ld = group_link(c, st.s[ax(Axis::DP)], g.dp);
+  r.dp_s.assign(g.pp, 0);
+  double dp_exposed = 0, opt_s = 0;
+  const bool mixed = o.dtype != DType::FP32;
+  const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
+  for (int stg = 0; stg < g.pp; ++stg) {
+    const double P = stage_params(stg);
+    double t_dp = 0, bytes = 0;
+    if (g.dp > 1) {
+      if (p.zero == 0) {
+        t_dp = all_reduce_time(ld, g.dp, P * gbytes);
+        bytes = 2 * P * gbytes;
+      } else {
+        t_dp = all_gather_time(ld, g.dp, P * gbytes) + all_gather_time(ld, g.dp, P * pbytes);
+        bytes = P * (gbytes + pbytes);
+      }
+      if (p.zero == 3) {  // parameters gathered forward and backward, every micro-batch
+        t_dp += 2.0 * m * all_gather_time(ld, g.dp, P * pbytes);
+        bytes += 2.0 * m * P * pbytes;
+      }
+    }
+    // the gradient reduction can run during the last micro-batch's backward on this stage
+    double hide = 0;
+    if (o.dp_overlap && t_dp > 0) {
+      double last_bwd = 0;
+      for (const auto& cc : r.chunk_cost[stg]) last_bwd += cc.bwd_compute;
+      hide = p.zero == 3 ? r.compute_s : last_bwd;
+      if (p.zero == 1 || p.zero == 2)  // the parameter all-gather after the update is exposed
+        hide = std::min(hide, all_gather_time(ld, g.dp, P * gbytes));
+    }
+    const double exposed = std::max(0.0, t_dp - hide);
+    r.dp_s[stg] = exposed;
+    const double opt_params = P / (p.zero >= 1 ? g.dp : 1);
+    const double t_opt = opt_params * (mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) / membw;
+    if (exposed + t_opt > dp_exposed + opt_s) {
+      dp_exposed = exposed;
+      opt_s = t_opt;
+    }
+    if (stg == worst || stg == 0) {
+      r.comm[ax(Axis::DP)].seconds = std::max(r.comm[ax(Axis::DP)].seconds, t_dp);
+      r.comm[ax(Axis::DP)].exposed = std::max(r.comm[ax(Axis::DP)].exposed, exposed);
+      r.comm[ax(Axis::DP)].bytes = std::max(r.comm[ax(Axis::DP)].bytes, bytes);
+    }
+  }
+  r.dp_exposed_s = dp_exposed;
+  r.optimizer_s = opt_s;
+  r.step_s = r.pipeline_s + dp_exposed + opt_s;
+  r.bubble_fraction = r.bubble_s / r.step_s;
+
+  // FLOPs
+  r.hw_flops = step_flops(cfg, w.seq, w.global_batch, p.recompute);
+  r.model_flops = step_flops(cfg, w.seq, w.global_batch, Recompute::None);
+  const double N = g.world_size();
+  r.tflops_per_device = r.hw_flops / (r.step_s * N) / 1e12;
+  r.mfu = r.model_flops / (r.step_s * N) / peak;
+  r.hfu = r.hw_flops / (r.step_s * N) / peak;
+
+  // memory: the fullest stage (stage 0 holds the most in-flight micro-batches; the last stage
+  // holds the logits)
+  const parallel::ScheduleSpec spec{p.schedule, g.pp, m, v};
+  const double act_layer = layer_activation_bytes(cfg, w.seq, p.micro_batch, g, p.recompute,
+                                                  p.seq_parallel, o.flash_attention, o.dtype);
+  const double act_full = layer_activation_bytes(cfg, w.seq, p.micro_batch, g, Recompute::None,
+                                                 p.seq_parallel, o.flash_attention, o.dtype);
+  Memory best;
+  for (int stg : {0, g.pp - 1}) {
+    Memory mem;
+    const auto ms = model_state_bytes(stage_params(stg), g.dp, p.zero, o.dtype);
+    mem.params = ms[0];
+    mem.grads = ms[1];
+    mem.optimizer = ms[2];
+    const int inflight = parallel::in_flight_formula(spec, stg);
+    mem.activations = static_cast<double>(inflight) * layers_per_chunk * act_layer;
+    if (p.recompute == Recompute::Full) mem.activations += act_full;  // the layer being redone
+    // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them
+    if (stg == g.pp - 1) mem.logits = n * V / t * 4;
+    // backward scratch (residual, LayerNorm, attention-output, qkv and MLP gradients of one
+    // layer), the embedding output / final LayerNorm, point-to-point staging
+    mem.buffers = (10 / t + 2 / tx) * n * h * e + (g.pp > 1 ? 2 * n * h / tx * e : 0);
+    // mixed precision: the fp32 copy of the gradient the optimizer updates from (Megatron's
+    // main_grad; tessera accumulates gradients in fp32), over the optimizer's shard
+    if (o.dtype != DType::FP32) mem.buffers += 4 * stage_params(stg) / (p.zero >= 1 ? g.dp : 1);
+    if (g.tz > 1) mem.buffers += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
+    // ZeRO-2/3 staging over dp (parallel/data_parallel.hpp): the embedding block whole, and a
+    // pool of two layers, for gradients (2, 3) and gathered parameters (3)
+    const double embed_block = stg == 0 ? V * h / (t * tz) + s * h / tx : 0;
+    const double staged = embed_block + 2 * layer_params;
+    if (p.zero >= 2) mem.buffers += staged * gbytes;
+    if (p.zero == 3) mem.buffers += staged * pbytes;
+    // the data-parallel reduction in flight: a staging copy of the largest reduction block (the
+    // embedding on the first stage, a layer elsewhere; MPI's non-blocking collectives copy it)
+    if (g.dp > 1) mem.buffers += std::max(embed_block, layer_params) * gbytes;
+    mem.reserved = c.reserved_gib * 1073741824.0;
+    if (mem.total() > best.total()) best = mem;
+  }
+  r.memory = best;
+  r.capacity = c.memory_gib * 1073741824.0;
+  r.fits = best.total() <= r.capacity;
+  return r;
+}
+
+StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
+                          const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
+                          int zero, Recompute recompute, const ModelOptions& o) {
+  Workload w{cfg, seq, static_cast<long>(micro_batch) * grad_accum * grid.dp};
+  PlanPoint p;
+  p.grid = grid;
+  p.zero = zero;
+  p.micro_batch = micro_batch;
+  p.recompute = recompute;
+  StepEstimate est;
+  est.reason = infeasible_reason(w, p, cluster);
+  if (!est.reason.empty()) return est;
+  auto r = predict(w, p, cluster, o);
+  est.step_s = r.step_s;
+  est.peak_bytes = r.memory.total();
+  est.tflops_per_device = r.tflops_per_device;
+  est.fits = r.fits;
+  return est;
+}
+
+}  // namespace tessera::perf

@@ -1,0 +1,136 @@
+// The analytical performance model: per training step of a GPT on a dp x pp x tx x ty x tz grid,
+// its FLOPs, memory per device, communication per axis, pipeline bubble and step time.
+// Derivation and validation (the Megatron-LM table of ../shared/reference/papers.md §4.1) are in
+// docs/performance-model.md.
+//
+// The tensor axes follow parallel/tensor_linear.hpp (AxoNN's 3D algorithm): a normal linear splits
+// its input features over tx and its output features over ty, a transposed one the reverse; qkv
+// and fc are normal, proj and fcproj transposed; the batch is split over tz and the weights are
+// sharded over tz. Megatron's 1D tensor parallelism of degree t is ty = t (column-parallel qkv/fc,
+// row-parallel proj/fcproj: 2 all-reduces of b*s*h forward, 2 backward per layer).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/topology.hpp"
+#include "tessera/model/config.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/perf/cluster.hpp"
+
+namespace tessera::perf {
+
+enum class Recompute { None, Selective, Full };
+const char* recompute_name(Recompute r);  // "none", "selective", "full"
+Recompute parse_recompute(const std::string& s);
+
+// Software choices that are not part of a configuration point.
+struct ModelOptions {
+  DType dtype = DType::BF16;      // compute dtype; bf16/fp16 = mixed precision (fp32 master)
+  bool flash_attention = true;    // attention never stores / streams the (s x s) scores
+  bool tp_overlap = true;         // dx all-reduce hidden behind the dW GEMM; tz gathers prefetched
+  bool dp_overlap = true;         // data-parallel reduction overlapped with the last backward
+  bool pp_scatter_gather = true;  // pipeline p2p sends 1/(tx*ty) of the activation + all-gather
+};
+
+// One configuration of a training step.
+struct PlanPoint {
+  comm::GridShape grid;
+  int zero = 0;         // ZeRO stage over dp (0-3)
+  int micro_batch = 1;  // samples per micro-batch per pipeline (split over tz)
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneF1B;
+  int v = 1;  // chunks per stage (interleaved)
+  Recompute recompute = Recompute::Full;
+  bool seq_parallel = false;  // LayerNorm/dropout activations split over ty as well
+  std::string describe() const;
+};
+
+struct Workload {
+  model::ModelConfig cfg;  // shape (block_size unused: seq below)
+  int seq = 2048;
+  long global_batch = 1;  // samples per step
+};
+
+struct Memory {  // bytes per device, the fullest pipeline stage
+  double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, buffers = 0,
+         reserved = 0;
+  double total() const {
+    return params + grads + optimizer + activations + logits + buffers + reserved;
+  }
+};
+
+// Time per training step spent in one axis' collectives on one device, and the part of it that
+// is not hidden behind computation.
+struct AxisComm {
+  double seconds = 0, exposed = 0, bytes = 0;
+};
+
+// Costs of the pipeline's work items, in seconds, for the simulator: one chunk of one stage for
+// one micro-batch (chunk-level compute plus the tensor-parallel communication it waits for).
+struct ChunkCost {
+  double fwd_compute = 0, fwd_comm = 0;  // comm: exposed tensor-parallel collectives
+  double bwd_compute = 0, bwd_comm = 0;  // includes the recomputation
+};
+
+struct Prediction {
+  PlanPoint point;
+  int micro_batches = 0;                     // m per pipeline per step
+  double step_s = 0;                         // predicted time of one step
+  double pipeline_s = 0;                     // forward/backward of all micro-batches incl. bubble
+  double bubble_s = 0, bubble_fraction = 0;  // idle of the fullest stage / step
+  double dp_exposed_s = 0, optimizer_s = 0;
+  double compute_s = 0;          // busy (compute only) of the fullest stage
+  double hw_flops = 0;           // per step, all devices, counting recomputation
+  double model_flops = 0;        // per step, without recomputation (72-factor; MFU)
+  double tflops_per_device = 0;  // hardware FLOPs / step / devices
+  double mfu = 0, hfu = 0;       // of the dtype's peak
+  std::array<AxisComm, comm::k_num_axes> comm{};  // indexed by comm::Axis
+  Memory memory;
+  double capacity = 0;  // usable bytes per device
+  bool fits = false;
+  // for the simulator
+  std::vector<std::vector<ChunkCost>> chunk_cost;  // (pp, v)
+  double p2p_s = 0;                                // one activation or gradient message
+  std::vector<double> dp_s;                        // (pp) exposed data-parallel reduction per stage
+};
+
+// Why a point cannot run (empty string: it can, shape-wise). Memory is not checked here.
+std::string infeasible_reason(const Workload& w, const PlanPoint& p, const ClusterSpec& c);
+
+// Predicts one point (throws tessera::Error if infeasible_reason is not empty).
+Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                   const ModelOptions& o = {});
+
+// FLOPs per step from the shape alone (Narayanan et al.: 96 B s l h^2 (1 + s/6h + V/16lh) with
+// full recomputation, 72 without; selective adds the attention core once more).
+double step_flops(const model::ModelConfig& cfg, int seq, long global_batch, Recompute r);
+
+// Activation bytes of one transformer layer for one micro-batch of b sequences held by one
+// device (Korthikanti et al. 2022): s*b*h*(10/sp + 24/t + 5*a*s/(h*ty)) * bytes/2, the batch
+// split over tz, t = tx*ty, sp = tx (ty*tx with sequence parallelism); the 5as/h term is absent
+// with selective recomputation or flash attention; full recomputation keeps only the layer
+// input, 2*s*b*h/sp.
+double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
+                              const comm::GridShape& g, Recompute r, bool seq_parallel,
+                              bool flash_attention, DType dt);
+
+// Model-state bytes per device for `params` parameters on this device (already divided by the
+// tensor axes) under ZeRO stage `zero` over `dp` ranks: {params, grads, optimizer}. Mixed
+// precision: 2 + 2 + 12 bytes per parameter (ZeRO paper); fp32: 4 + 4 + 8.
+std::array<double, 3> model_state_bytes(double params, int dp, int zero, DType dt);
+
+// The convenience entry for the trainer: predicted step time and memory of one run config.
+struct StepEstimate {
+  double step_s = 0;
+  double peak_bytes = 0;  // memory per device (the fullest stage)
+  double tflops_per_device = 0;
+  bool fits = false;
+  std::string reason;  // non-empty when the point is infeasible (then times are 0)
+};
+StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
+                          const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
+                          int zero, Recompute recompute = Recompute::None,
+                          const ModelOptions& o = {});
+
+}  // namespace tessera::perf

@@ -1,0 +1,141 @@
+#include "tessera/perf/planner.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::perf {
+
+using parallel::ScheduleKind;
+
+namespace {
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+}  // namespace
+
+std::vector<comm::GridShape> enumerate_grids(int devices) {
+  std::vector<comm::GridShape> out;
+  for (int tx : divisors(devices))
+    for (int ty : divisors(devices / tx))
+      for (int tz : divisors(devices / tx / ty))
+        for (int pp : divisors(devices / tx / ty / tz))
+          out.push_back({devices / (tx * ty * tz * pp), pp, tx, ty, tz});
+  return out;
+}
+
+PlanResult plan(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
+                const ModelOptions& o) {
+  if (s.devices < 1) throw Error("--gpus must be >= 1");
+  if (w.global_batch < 1) throw Error("--global-batch must be >= 1");
+  if (w.seq < 1) throw Error("--seq must be >= 1");
+  if (c.max_nodes > 0 && (s.devices + c.devices_per_node - 1) / c.devices_per_node > c.max_nodes)
+    throw Error(
+        fmt::format("{} devices need more than the {} nodes of {}", s.devices, c.max_nodes, c.name),
+        "use fewer devices or another cluster file");
+  if (s.grid && s.grid->world_size() != s.devices)
+    throw Error(fmt::format("grid {} has {} devices, not {}", s.grid->describe(),
+                            s.grid->world_size(), s.devices));
+  PlanResult res;
+  std::vector<comm::GridShape> grids =
+      s.grid ? std::vector<comm::GridShape>{*s.grid} : enumerate_grids(s.devices);
+  auto reject = [&](const std::string& why, long n = 1) {
+    res.rejected[why] += n;
+    res.considered += n;
+  };
+  std::vector<Prediction> fit;
+  const auto& m = w.cfg;
+  for (const auto& g : grids) {
+    if (!s.tensor_3d && (g.tx > 1 || g.tz > 1)) continue;
+    // grid-level checks first (cheap pruning; one rejection per grid)
+    PlanPoint base;
+    base.grid = g;
+    if (w.global_batch % g.dp != 0) {
+      reject("global batch not divisible by dp");
+      continue;
+    }
+    if (m.n_head % g.ty != 0) {
+      reject("heads not divisible by ty");
+      continue;
+    }
+    if (m.n_embd % (g.tx * g.ty) != 0) {
+      reject("hidden not divisible by tx*ty");
+      continue;
+    }
+    if (m.padded_vocab() % (g.tx * g.ty) != 0) {
+      reject("vocabulary not divisible by tx*ty");
+      continue;
+    }
+    if (m.n_layer % g.pp != 0) {
+      reject("layers not divisible by pp");
+      continue;
+    }
+    const long per_dp = w.global_batch / g.dp;
+    for (int zero : s.zero_stages) {
+      if (g.dp == 1 && zero > 0) continue;  // identical to stage 0
+      if (g.pp > 1 && zero >= 2) {
+        reject("ZeRO-2/3 with pipeline (gradients re-reduced per micro-batch)");
+        continue;
+      }
+      for (int mb = 1; mb <= s.max_micro_batch && mb <= per_dp; mb *= 2) {
+        if (per_dp % mb != 0) continue;
+        if (mb % g.tz != 0) {
+          reject("micro-batch not divisible by tz");
+          continue;
+        }
+        for (ScheduleKind k : s.schedules) {
+          if (g.pp == 1 && k != ScheduleKind::OneF1B) continue;
+          std::vector<int> vs = {1};
+          if (k == ScheduleKind::Interleaved) {
+            vs.clear();
+            for (int v = 2; v <= s.max_chunks; ++v) vs.push_back(v);
+          }
+          for (int v : vs) {
+            for (Recompute rc : s.recompute) {
+              for (int sp = 0; sp <= (s.sequence_parallel && g.ty > 1 ? 1 : 0); ++sp) {
+                PlanPoint p = base;
+                p.zero = zero;
+                p.micro_batch = mb;
+                p.schedule = k;
+                p.v = v;
+                p.recompute = rc;
+                p.seq_parallel = sp == 1;
+                if (auto why = infeasible_reason(w, p, c); !why.empty()) {
+                  reject(why);
+                  continue;
+                }
+                Prediction pr = predict(w, p, c, o);
+                ++res.considered;
+                if (!pr.fits) {
+                  res.rejected["out of memory"]++;
+                  continue;
+                }
+                ++res.feasible;
+                pr.chunk_cost.clear();  // the planner's table does not need them
+                pr.dp_s.clear();
+                fit.push_back(std::move(pr));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  const std::size_t k =
+      std::min<std::size_t>(fit.size(), static_cast<std::size_t>(std::max(s.top, 1)));
+  auto faster = [](const Prediction& a, const Prediction& b) {
+    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    return a.memory.total() < b.memory.total();
+  };
+  std::partial_sort(fit.begin(), fit.begin() + static_cast<long>(k), fit.end(), faster);
+  fit.resize(k);
+  res.best = std::move(fit);
+  return res;
+}
+
+}  // namespace tessera::perf

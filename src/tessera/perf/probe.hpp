@@ -1,0 +1,46 @@
+// Measuring this machine into a cluster spec (tessera probe): GEMM rates by shape with the
+// tessera GEMM (kernels/gemm.hpp), memory bandwidth, and collective bandwidth by message size over
+// the world communicator when run under mpirun (comm/runtime.hpp). One rank = one device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessera/comm/runtime.hpp"
+#include "tessera/perf/cluster.hpp"
+
+namespace tessera::perf {
+
+struct GemmSample {
+  long M = 0, N = 0, K = 0;
+  double gflops = 0;  // median of the repetitions
+};
+
+struct CollectiveSample {
+  std::string op;  // "all_reduce"
+  int group = 1;
+  double bytes = 0, seconds = 0;
+  double bus_gbps = 0;  // 2(p-1)/p * bytes / seconds
+};
+
+struct ProbeOptions {
+  std::string name = "this-machine";
+  bool quick = false;  // fewer and smaller shapes (tests)
+  int reps = 3;
+};
+
+struct ProbeResult {
+  std::vector<GemmSample> gemm;
+  std::vector<CollectiveSample> collectives;
+  double memory_bw_gbps = 0;
+  ClusterSpec spec;  // fitted: peak = best GEMM rate; max_efficiency, half_dim by least squares
+};
+
+// Collective over the runtime's world (every rank must call it).
+ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o);
+
+// Least-squares fit of the GEMM efficiency curve to samples: sets peak_tflops_fp32,
+// gemm_max_efficiency, gemm_half_dim of `c`. Returns the RMS relative error of the fit.
+double fit_gemm_curve(const std::vector<GemmSample>& s, ClusterSpec& c);
+
+}  // namespace tessera::perf

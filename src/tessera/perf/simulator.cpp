@@ -1,0 +1,197 @@
+#include "tessera/perf/simulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/schedule.hpp"
+
+namespace tessera::perf {
+
+using parallel::Instr;
+using parallel::OpKind;
+
+namespace {
+
+struct Event {
+  int stage;
+  const char* cat;  // "compute", "comm", "idle"
+  std::string name;
+  double start, dur;
+};
+
+// Replays one pipeline (pp stages). Returns per-stage times and the time each stage reaches its
+// OptimizerStep; records events when `events` is not null.
+struct PipeReplay {
+  std::vector<double> clock;
+  std::vector<RankTime> t;
+  long instructions = 0;
+  bool deadlock = false;
+};
+
+PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
+                           std::vector<Event>* events, int max_stages) {
+  const int pp = sch.spec.pp, v = sch.spec.v, m = sch.spec.m;
+  const int chunks = pp * v;
+  PipeReplay r;
+  r.clock.assign(pp, 0.0);
+  r.t.assign(pp, RankTime{});
+  std::vector<std::size_t> pc(pp, 0);
+  // arrival time of (grad?, consumer global chunk, mb); NaN: not sent yet
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> arrival(static_cast<std::size_t>(2) * chunks * m, nan);
+  auto slot = [&](bool grad, int gc, int mb) {
+    return (static_cast<std::size_t>(grad) * chunks + gc) * m + mb;
+  };
+  auto record = [&](int st, const char* cat, const Instr& in, double start, double dur) {
+    if (events && st < max_stages && dur > 0)
+      events->push_back({st, cat, parallel::describe(in), start, dur});
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int st = 0; st < pp; ++st) {
+      const auto& list = sch.ranks[st];
+      double& clk = r.clock[st];
+      while (pc[st] < list.size()) {
+        const Instr& in = list[pc[st]];
+        if (in.op == OpKind::OptimizerStep) break;  // done by the caller (a dp collective)
+        const int gc = sch.global_chunk(st, in.chunk);
+        switch (in.op) {
+          case OpKind::Forward:
+          case OpKind::Backward: {
+            const auto& cc = p.chunk_cost[st][in.chunk];
+            const bool f = in.op == OpKind::Forward;
+            const double comp = f ? cc.fwd_compute : cc.bwd_compute;
+            const double com = f ? cc.fwd_comm : cc.bwd_comm;
+            record(st, "compute", in, clk, comp);
+            record(st, "comm", in, clk + comp, com);
+            clk += comp + com;
+            r.t[st].busy += comp;
+            r.t[st].comm += com;
+            break;
+          }
+          case OpKind::SendAct:
+          case OpKind::SendGrad: {
+            const bool grad = in.op == OpKind::SendGrad;
+            const int consumer = grad ? gc - 1 : gc + 1;
+            arrival[slot(grad, consumer, in.mb)] = clk + p.p2p_s;
+            break;
+          }
+          case OpKind::RecvAct:
+          case OpKind::RecvGrad: {
+            const double at = arrival[slot(in.op == OpKind::RecvGrad, gc, in.mb)];
+            if (std::isnan(at)) goto blocked;
+            if (at > clk) {
+              record(st, "idle", in, clk, at - clk);
+              r.t[st].idle += at - clk;
+              clk = at;
+            }
+            break;
+          }
+          case OpKind::OptimizerStep:
+            break;
+        }
+        ++pc[st];
+        ++r.instructions;
+        progress = true;
+      }
+    blocked:;
+    }
+  }
+  for (int st = 0; st < pp; ++st)
+    if (pc[st] + 1 != sch.ranks[st].size()) r.deadlock = true;
+  return r;
+}
+
+void write_trace(const std::filesystem::path& path, const std::vector<Event>& ev,
+                 const Prediction& p) {
+  std::ofstream out(path);
+  if (!out) throw Error(fmt::format("cannot write trace {}", path.string()));
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"config\":\"" << p.point.describe()
+      << "\"},\"traceEvents\":[\n";
+  bool first = true;
+  std::vector<bool> named(static_cast<std::size_t>(p.point.grid.pp), false);
+  for (const auto& e : ev) {
+    if (!named[e.stage]) {
+      named[e.stage] = true;
+      out << (first ? "" : ",\n")
+          << fmt::format(
+                 R"({{"name":"thread_name","ph":"M","pid":0,"tid":{},"args":{{"name":"stage {}"}}}})",
+                 e.stage, e.stage);
+      first = false;
+    }
+    out << (first ? "" : ",\n")
+        << fmt::format(
+               R"({{"name":"{}","cat":"{}","ph":"X","pid":0,"tid":{},"ts":{:.3f},"dur":{:.3f}}})",
+               e.name, e.cat, e.stage, e.start * 1e6, e.dur * 1e6);
+    first = false;
+  }
+  out << "\n]}\n";
+  if (!out) throw Error(fmt::format("cannot write trace {}", path.string()));
+}
+
+}  // namespace
+
+SimResult simulate(const Prediction& p, const TraceOptions& trace) {
+  const auto& g = p.point.grid;
+  TESSERA_CHECK(static_cast<int>(p.chunk_cost.size()) == g.pp, "prediction without chunk costs");
+  const int v = p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.v : 1;
+  const auto sch = parallel::make_schedule({p.point.schedule, g.pp, p.micro_batches, v});
+  const long T = static_cast<long>(g.tx) * g.ty * g.tz;
+  const long pipelines = T * g.dp;
+  SimResult res;
+  res.ranks.assign(static_cast<std::size_t>(g.world_size()), RankTime{});
+  std::vector<Event> events;
+  // Every pipeline (one per dp, tx, ty, tz coordinate) replays its lists.
+  std::vector<std::vector<double>> ready(static_cast<std::size_t>(pipelines));
+  for (long q = 0; q < pipelines; ++q) {
+    const bool traced = q == 0 && !trace.path.empty();
+    auto r = replay_pipeline(sch, p, traced ? &events : nullptr, trace.max_ranks);
+    res.instructions += r.instructions;
+    res.deadlock = res.deadlock || r.deadlock;
+    const long inner = q % T, dpc = q / T;
+    for (int st = 0; st < g.pp; ++st) {
+      const long rank = inner + T * (st + static_cast<long>(g.pp) * dpc);
+      res.ranks[static_cast<std::size_t>(rank)] = r.t[st];
+    }
+    ready[static_cast<std::size_t>(q)] = std::move(r.clock);
+  }
+  // OptimizerStep: the data-parallel group of each (stage, tensor coordinate) starts its
+  // reduction when its last member arrives.
+  std::vector<double> end(static_cast<std::size_t>(g.world_size()), 0);
+  for (long inner = 0; inner < T; ++inner)
+    for (int st = 0; st < g.pp; ++st) {
+      double start = 0;
+      for (long d = 0; d < g.dp; ++d)
+        start = std::max(start, ready[static_cast<std::size_t>(inner + T * d)][st]);
+      const double dp = p.dp_s.empty() ? 0 : p.dp_s[st];
+      for (long d = 0; d < g.dp; ++d) {
+        const long rank = inner + T * (st + static_cast<long>(g.pp) * d);
+        auto& rt = res.ranks[static_cast<std::size_t>(rank)];
+        rt.idle += start - ready[static_cast<std::size_t>(inner + T * d)][st];
+        rt.comm += dp;
+        rt.busy += p.optimizer_s;
+        end[static_cast<std::size_t>(rank)] = start + dp + p.optimizer_s;
+        ++res.instructions;
+      }
+      if (inner == 0 && !trace.path.empty() && st < trace.max_ranks) {
+        parallel::Instr opt{OpKind::OptimizerStep, -1, 0, -1};
+        if (dp > 0) events.push_back({st, "comm", "dp-reduce", start, dp});
+        events.push_back({st, "compute", parallel::describe(opt), start + dp, p.optimizer_s});
+      }
+    }
+  for (double e : end) res.step_s = std::max(res.step_s, e);
+  for (std::size_t i = 0; i < res.ranks.size(); ++i) res.ranks[i].idle += res.step_s - end[i];
+  res.stages.resize(static_cast<std::size_t>(g.pp));
+  for (int st = 0; st < g.pp; ++st)
+    res.stages[static_cast<std::size_t>(st)] = res.ranks[static_cast<std::size_t>(T * st)];
+  if (!trace.path.empty()) write_trace(trace.path, events, p);
+  return res;
+}
+
+}  // namespace tessera::perf

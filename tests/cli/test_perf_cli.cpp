@@ -1,0 +1,74 @@
+// End-to-end tests of tessera plan, simulate and probe: outputs, JSON, traces, clean errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.hpp"
+#include "tessera/perf/cluster.hpp"
+
+namespace {
+
+void expect_clean_error(const cli::Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
+  auto lines = r.err_lines();
+  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
+  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos)
+      << "expected '" << needle << "' in: " << lines[0];
+}
+
+}  // namespace
+
+TEST(PerfCli, PlanTableAndJson) {
+  auto r = cli::run("plan --model gpt-22b --cluster frontier --gpus 64 --global-batch 128 --top 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("configurations"), std::string::npos);
+  EXPECT_NE(r.out.find("out of memory"), std::string::npos);
+  EXPECT_NE(r.out.find("TFLOP/s"), std::string::npos);
+  auto j = cli::run(
+      "plan -m configs/models/gpt-22b.toml -c configs/clusters/frontier.toml -n 64 "
+      "-b 128 --top 3 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  auto js = nlohmann::json::parse(j.out);
+  ASSERT_EQ(js["plans"].size(), 3u);
+  EXPECT_LE(js["plans"][0]["step_s"].get<double>(), js["plans"][1]["step_s"].get<double>());
+  EXPECT_LE(js["plans"][0]["memory_bytes"]["total"].get<double>(),
+            js["plans"][0]["capacity_bytes"].get<double>());
+}
+
+TEST(PerfCli, PlanErrors) {
+  expect_clean_error(cli::run("plan -m nope -c frontier -n 8 -b 8"), "model file not found");
+  expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --grid 1,2,3"), "--grid");
+  expect_clean_error(cli::run("plan -m gpt-1t -c frontier -n 8 -b 8"), "no configuration");
+  expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --dtype fp8"), "dtype");
+}
+
+TEST(PerfCli, SimulateWithTrace) {
+  auto dir = cli::scratch("simulate");
+  auto trace = (dir / "trace.json").string();
+  auto r = cli::run(
+      "simulate -m gpt-22b -c selene -n 64 -b 64 --grid 2,4,1,8,1 --micro-batch 2 "
+      "--schedule interleaved --chunks 2 --trace " +
+      trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("busy"), std::string::npos);
+  EXPECT_NE(r.out.find("simulated"), std::string::npos);
+  auto j = nlohmann::json::parse(cli::slurp(trace));
+  EXPECT_GT(j["traceEvents"].size(), 100u);
+  expect_clean_error(cli::run("simulate -m gpt-22b -c selene -n 64 -b 64 --grid 2,4,1,8,1 "
+                              "--schedule interleaved --chunks 2 --micro-batch 3"),
+                     "cannot run");
+}
+
+TEST(PerfCli, ProbeWritesALoadableClusterFile) {
+  auto dir = cli::scratch("probe");
+  auto out = (dir / "here.toml").string();
+  auto r = cli::run("probe --quick --reps 1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto c = tessera::perf::load_cluster(out);
+  EXPECT_GT(c.peak_tflops_fp32, 0);
+  EXPECT_GT(c.memory_bw_gbps, 0);
+  // and the planner runs on it (fp32: the CPU path)
+  auto p = cli::run("plan -m gpt2-124m -c " + out + " -n 1 -b 4 --seq 256 --dtype fp32 --top 1");
+  EXPECT_EQ(p.code, 0) << p.err;
+}

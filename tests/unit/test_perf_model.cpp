@@ -1,0 +1,361 @@
+// The performance model (perf/): cluster and model files, FLOPs, memory (ZeRO accounting,
+// Korthikanti's activation formulas), AxoNN's communication volumes and bandwidth lookup, the
+// planner and the schedule simulator.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/model/layout.hpp"
+#include "tessera/perf/cluster.hpp"
+#include "tessera/perf/model_spec.hpp"
+#include "tessera/perf/planner.hpp"
+#include "tessera/perf/simulator.hpp"
+
+using namespace tessera::perf;
+using tessera::comm::Axis;
+using tessera::comm::GridShape;
+using tessera::parallel::ScheduleKind;
+
+namespace {
+
+std::string path(const std::string& rel) {
+  return std::string(TESSERA_DATA) + "/../" + rel;
+}
+
+std::string error_of(const std::string& toml) {
+  try {
+    parse_cluster(toml, "bad.toml");
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* k_small = R"(
+name = "small"
+[device]
+name = "dev"
+peak_tflops_bf16 = 100.0
+memory_gib = 16.0
+memory_bw_gbps = 1000.0
+[node]
+devices = 4
+[[node.links]]
+name = "link"
+group = 4
+bw_gbps = 100.0
+[network]
+injection_gbps = 50.0
+)";
+
+ModelSpec gpt(int l, int a, int h, int V = 51200) {
+  ModelSpec m;
+  m.cfg.n_layer = l;
+  m.cfg.n_head = a;
+  m.cfg.n_embd = h;
+  m.cfg.vocab_size = V;
+  m.cfg.block_size = 2048;
+  return m;
+}
+
+}  // namespace
+
+TEST(PerfCluster, EveryShippedFileLoads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(path("configs/clusters"))) {
+    auto c = load_cluster(e.path());  // (a file `tessera probe` wrote here must load too)
+    EXPECT_GT(std::max({c.peak_tflops_bf16, c.peak_tflops_fp16, c.peak_tflops_fp32}), 0);
+    EXPECT_EQ(c.links.empty(), c.devices_per_node == 1) << e.path();
+    // to_toml reads back to the same spec
+    auto again = parse_cluster(to_toml(c), "again");
+    EXPECT_EQ(again.devices_per_node, c.devices_per_node);
+    EXPECT_NEAR(again.injection_gbps, c.injection_gbps, 1e-6);
+    EXPECT_EQ(again.links.size(), c.links.size());
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+  auto frontier = load_cluster(path("configs/clusters/frontier.toml"));
+  EXPECT_EQ(frontier.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(frontier.memory_gib, 64);
+  EXPECT_DOUBLE_EQ(frontier.peak_tflops_bf16, 191.5);
+}
+
+TEST(PerfCluster, BadFilesGiveClearErrors) {
+  EXPECT_NE(error_of("name = 'x'").find("[device]: section missing"), std::string::npos);
+  std::string s = k_small;
+  EXPECT_EQ(error_of(s), "");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = s;
+    t.replace(t.find(from), from.size(), to);
+    return error_of(t);
+  };
+  EXPECT_NE(with("memory_gib = 16.0", "memory_gb = 16.0").find("unknown key"), std::string::npos);
+  EXPECT_NE(with("memory_gib = 16.0", "memory_gib = \"lots\"").find("must be a number"),
+            std::string::npos);
+  EXPECT_NE(with("group = 4", "group = 3").find("group 3"), std::string::npos);
+  EXPECT_NE(with("devices = 4", "devices = 0").find("devices must be >= 1"), std::string::npos);
+  EXPECT_NE(with("injection_gbps = 50.0", "injection_gbps = 0.0").find("injection_gbps"),
+            std::string::npos);
+  EXPECT_NE(error_of("name = [").find("TOML syntax error"), std::string::npos);
+  EXPECT_THROW(load_cluster("configs/clusters/nope.toml"), tessera::Error);
+}
+
+TEST(PerfModelSpec, FilesLoadAndParameterCountsMatchTheMegatronTable) {
+  const std::pair<const char*, double> rows[] = {
+      {"megatron-1.7b", 1.7},     {"megatron-3.6b", 3.6},     {"megatron-7.5b", 7.5},
+      {"megatron-18.4b", 18.4},   {"megatron-39.1b", 39.1},   {"megatron-76.1b", 76.1},
+      {"megatron-145.6b", 145.6}, {"megatron-310.1b", 310.1}, {"megatron-529.6b", 529.6},
+      {"megatron-1t", 1008.0}};
+  for (const auto& [name, billions] : rows) {
+    auto m = load_model_spec(path(std::string("configs/models/") + name + ".toml"));
+    EXPECT_NEAR(parameter_count(m.cfg) / 1e9, billions, 0.003 * billions + 0.05) << name;
+  }
+  auto g = load_model_spec(path("configs/models/gpt2-124m.toml"));
+  EXPECT_NEAR(parameter_count(g.cfg) / 1e6, 124.4, 0.5);  // GPT-2 small, padded vocab 50304
+  EXPECT_THROW(parse_model_spec("name = 'x'\nn_layer = 2\nn_head = 3\nn_embd = 64\n", "m"),
+               tessera::Error);  // heads must divide the width
+  EXPECT_THROW(parse_model_spec("name = 'x'\nn_layers = 2\n", "m"), tessera::Error);
+}
+
+TEST(PerfModel, FlopsAreNarayanansFormula) {
+  auto m = gpt(128, 160, 25600);
+  const double B = 3072, s = 2048, l = 128, h = 25600, V = 51200;
+  const double base = B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  EXPECT_NEAR(step_flops(m.cfg, 2048, 3072, Recompute::Full) / (96 * base), 1, 1e-12);
+  // Without recomputation the layers cost 72/96 of that, the LM head (never recomputed) the same
+  // 6 B s h V: "72 B s l h^2 (...)" would scale the head term too.
+  const double none = 72 * B * s * l * h * h * (1 + s / (6 * h)) + 6 * B * s * h * V;
+  EXPECT_NEAR(step_flops(m.cfg, 2048, 3072, Recompute::None) / none, 1, 1e-12);
+  const double sel = step_flops(m.cfg, 2048, 3072, Recompute::Selective);
+  EXPECT_NEAR(sel - none, 4 * B * s * s * l * h, 1e-6 * sel);
+}
+
+TEST(PerfModel, ZeroModelStatesArePaperAccounting) {
+  const double P = 1e9;
+  for (int N : {1, 4, 64}) {
+    auto sum = [&](int z) {
+      auto b = model_state_bytes(P, N, z, DType::BF16);
+      return b[0] + b[1] + b[2];
+    };
+    EXPECT_DOUBLE_EQ(sum(0), 16 * P);
+    EXPECT_DOUBLE_EQ(sum(1), 4 * P + 12 * P / N);
+    EXPECT_DOUBLE_EQ(sum(2), 2 * P + 14 * P / N);
+    EXPECT_DOUBLE_EQ(sum(3), 16 * P / N);
+  }
+  auto f = model_state_bytes(P, 2, 0, DType::FP32);  // tessera's fp32 path: w, g, m, v
+  EXPECT_DOUBLE_EQ(f[0] + f[1] + f[2], 16 * P);
+}
+
+TEST(PerfModel, ActivationsAreKorthikantisFormulas) {
+  auto m = gpt(1, 32, 4096);
+  const double s = 2048, b = 4, h = 4096, a = 32, t = 8;
+  auto act = [&](GridShape g, Recompute r, bool sp, bool flash = false) {
+    return layer_activation_bytes(m.cfg, 2048, 4, g, r, sp, flash, DType::BF16);
+  };
+  const GridShape one{}, tp{1, 1, 1, 8, 1};
+  EXPECT_NEAR(act(one, Recompute::None, false), s * b * h * (34 + 5 * a * s / h), 1);
+  EXPECT_NEAR(act(tp, Recompute::None, false), s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), 1);
+  EXPECT_NEAR(act(tp, Recompute::None, true), s * b * h / t * (34 + 5 * a * s / h), 1);
+  EXPECT_NEAR(act(tp, Recompute::Selective, true), 34 * s * b * h / t, 1);
+  EXPECT_NEAR(act(one, Recompute::Full, false), 2 * s * b * h, 1);
+  EXPECT_NEAR(act(one, Recompute::None, false, true), 34 * s * b * h, 1);  // flash attention
+  // the batch is split over tz
+  EXPECT_NEAR(act(GridShape{1, 1, 1, 1, 4}, Recompute::Full, false), 2 * s * b * h / 4, 1);
+}
+
+TEST(PerfModel, AxonnBandwidthLookupOnPerlmutter) {
+  auto c = load_cluster(path("configs/clusters/perlmutter.toml"));
+  auto gbps = [&](long ip, long my) { return group_link(c, ip, my).bw / 1e9; };
+  // AxoNN's measured table (papers.md §2.4): ip=1: my=2 76, my>=8 80; ip=2, my>=4: 40;
+  // ip>=4: 20. The model gives the same within 10%.
+  EXPECT_NEAR(gbps(1, 2), 76, 7.6);
+  EXPECT_NEAR(gbps(1, 8), 80, 8);
+  EXPECT_NEAR(gbps(2, 4), 40, 4);
+  EXPECT_NEAR(gbps(4, 4), 20, 2);
+  EXPECT_NEAR(gbps(16, 4), 20, 2);
+  EXPECT_FALSE(group_link(c, 1, 4).inter_node);
+  EXPECT_TRUE(group_link(c, 4, 2).inter_node);
+}
+
+TEST(PerfModel, TensorCommunicationVolumesAreAxonns) {
+  // AxoNN's comm model (papers.md §2.4) per step for one grid, without the ring factors: the
+  // forward all-reduce over X of each linear's output (twice with recomputation), the backward
+  // all-reduce over Y of its input gradient, 3 weight-block transfers over Z per micro-batch.
+  auto m = gpt(4, 16, 2048);
+  auto c = load_cluster(path("configs/clusters/perlmutter.toml"));
+  const int Gc = 2, Gr = 4, Gd = 2, Gdata = 2, mb = 4;
+  const long B = 64;
+  Workload w{m.cfg, 2048, B};
+  PlanPoint p;
+  p.grid = GridShape{Gdata, 1, Gc, Gr, Gd};
+  p.micro_batch = mb;
+  p.recompute = Recompute::Full;
+  auto r = predict(w, p, c);
+  const double H = 2048, S = 2048, e = 2, L = 4;
+  const double micro = static_cast<double>(B) / (Gdata * mb);
+  const double rows = mb / static_cast<double>(Gd) * S;  // per micro-batch per device
+  double col = 0, row = 0, depth = 0;
+  struct Lin {
+    double K;
+    bool transposed;
+  };
+  for (Lin lin : {Lin{3, false}, Lin{1, true}, Lin{4, false}, Lin{4, true}}) {
+    double in = lin.transposed ? lin.K * H : H, out = lin.transposed ? H : lin.K * H;
+    double pi = lin.transposed ? Gr : Gc, po = lin.transposed ? Gc : Gr;
+    // the forward all-reduce runs over the input axis, the backward over the output axis
+    (lin.transposed ? row : col) += 2 * rows * out / po * e;
+    (lin.transposed ? col : row) += rows * in / pi * e;
+    depth += 3 * in * out / (Gc * Gr) * e;
+  }
+  EXPECT_NEAR(r.comm[static_cast<int>(Axis::TX)].bytes, micro * L * col, 1e-6 * micro * L * col);
+  EXPECT_NEAR(r.comm[static_cast<int>(Axis::TY)].bytes, micro * L * row, 1e-6 * micro * L * row);
+  EXPECT_NEAR(r.comm[static_cast<int>(Axis::TZ)].bytes, micro * L * depth,
+              1e-6 * micro * L * depth);
+}
+
+TEST(PerfModel, TradeOffsGoTheRightWay) {
+  auto m = gpt(32, 32, 4096);
+  auto c = load_cluster(path("configs/clusters/selene.toml"));
+  Workload w{m.cfg, 2048, 256};
+  PlanPoint p;
+  p.grid = GridShape{4, 4, 1, 4, 1};
+  p.micro_batch = 1;
+  auto at = [&](auto&& change) {
+    PlanPoint q = p;
+    change(q);
+    return predict(w, q, c);
+  };
+  auto none = at([](PlanPoint& q) { q.recompute = Recompute::None; });
+  auto full = at([](PlanPoint& q) { q.recompute = Recompute::Full; });
+  EXPECT_GT(full.step_s, none.step_s);
+  EXPECT_LT(full.memory.activations, none.memory.activations);
+  EXPECT_NEAR(full.hw_flops / none.hw_flops, 4.0 / 3, 0.05);
+  auto f1b = at([](PlanPoint& q) { q.schedule = ScheduleKind::OneF1B; });
+  auto gpipe = at([](PlanPoint& q) { q.schedule = ScheduleKind::GPipe; });
+  auto inter = at([](PlanPoint& q) {
+    q.schedule = ScheduleKind::Interleaved;
+    q.v = 2;
+  });
+  EXPECT_LT(inter.bubble_s, f1b.bubble_s);
+  EXPECT_GT(gpipe.memory.activations, f1b.memory.activations);                  // m in flight vs pp
+  EXPECT_NEAR(f1b.bubble_s / (f1b.pipeline_s - f1b.bubble_s), 3.0 / 64, 0.01);  // (p-1)/m
+  auto z0 = at([](PlanPoint& q) { q.zero = 0; });
+  auto z1 = at([](PlanPoint& q) { q.zero = 1; });
+  EXPECT_LT(z1.memory.optimizer, z0.memory.optimizer / 3.9);
+  // infeasible points are named
+  PlanPoint bad = p;
+  bad.grid.ty = 3;
+  EXPECT_EQ(infeasible_reason(w, bad, c), "heads not divisible by ty");
+  EXPECT_THROW(predict(w, bad, c), tessera::Error);
+}
+
+TEST(PerfPlanner, EnumeratesRanksAndCountsRejections) {
+  EXPECT_EQ(enumerate_grids(8).size(), 35u);  // ordered factorizations of 2^3 into 5 factors
+  auto m = load_model_spec(path("configs/models/gpt-22b.toml"));
+  auto c = load_cluster(path("configs/clusters/frontier.toml"));
+  Workload w{m.cfg, 2048, 256};
+  PlanSearch s;
+  s.devices = 64;
+  s.top = 5;
+  auto r = plan(w, c, s);
+  ASSERT_EQ(r.best.size(), 5u);
+  for (std::size_t i = 1; i < r.best.size(); ++i) EXPECT_LE(r.best[i - 1].step_s, r.best[i].step_s);
+  long rejected = 0;
+  for (const auto& [why, n] : r.rejected) rejected += n;
+  EXPECT_EQ(r.considered, r.feasible + rejected);
+  EXPECT_GT(r.rejected["out of memory"], 0);
+  for (const auto& b : r.best) {
+    EXPECT_TRUE(b.fits);
+    EXPECT_EQ(b.point.grid.world_size(), 64);
+  }
+  // 22B does not fit on one 64 GB GCD
+  s.devices = 1;
+  EXPECT_TRUE(plan(w, c, s).best.empty());
+}
+
+TEST(PerfSimulator, ReplayMatchesTheModelAndAccountsEverySecond) {
+  auto m = gpt(32, 32, 4096);
+  auto c = load_cluster(path("configs/clusters/selene.toml"));
+  Workload w{m.cfg, 2048, 128};
+  for (ScheduleKind k : {ScheduleKind::OneF1B, ScheduleKind::GPipe, ScheduleKind::Interleaved}) {
+    PlanPoint p;
+    p.grid = GridShape{2, 4, 1, 2, 1};
+    p.micro_batch = 2;
+    p.schedule = k;
+    p.v = k == ScheduleKind::Interleaved ? 2 : 1;
+    auto pred = predict(w, p, c);
+    auto sim = simulate(pred);
+    EXPECT_FALSE(sim.deadlock);
+    ASSERT_EQ(sim.ranks.size(), 16u);
+    // sends are non-blocking in the replay, the model serializes them: within 5%
+    EXPECT_NEAR(sim.step_s / pred.step_s, 1, 0.05) << tessera::parallel::schedule_name(k);
+    for (const auto& r : sim.ranks) EXPECT_NEAR(r.busy + r.comm + r.idle, sim.step_s, 1e-9);
+    // the first stage waits least in 1F1B's warm-up; every stage idles (p-1)/m-ish
+    EXPECT_GT(sim.stages.back().idle, 0);
+  }
+}
+
+TEST(PerfSimulator, WritesAChromeTrace) {
+  auto m = gpt(8, 16, 1024);
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  Workload w{m.cfg, 1024, 16};
+  PlanPoint p;
+  p.grid = GridShape{1, 4, 1, 2, 1};
+  p.micro_batch = 2;
+  auto pred = predict(w, p, c);
+  auto dir = std::filesystem::temp_directory_path() / "tessera_perf_trace";
+  std::filesystem::create_directories(dir);
+  TraceOptions t;
+  t.path = dir / "trace.json";
+  simulate(pred, t);
+  auto j = nlohmann::json::parse(tessera::read_file(t.path));
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int forwards = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "compute" && e["name"].get<std::string>()[0] == 'F')
+      ++forwards;
+  EXPECT_EQ(forwards, 4 * 8);  // every stage, every micro-batch
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PerfModel, PredictStepForTheTrainer) {
+  auto m = gpt(12, 12, 768, 50257);
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  auto e = predict_step(m.cfg, GridShape{2, 1, 1, 1, 1}, c, 1024, 8, 4, 1);
+  EXPECT_TRUE(e.reason.empty()) << e.reason;
+  EXPECT_TRUE(e.fits);
+  EXPECT_GT(e.step_s, 0);
+  EXPECT_GT(e.peak_bytes, 124e6 * 16 / 2);
+  auto bad = predict_step(m.cfg, GridShape{1, 1, 1, 5, 1}, c, 1024, 8, 1, 0);
+  EXPECT_FALSE(bad.reason.empty());
+}
+
+TEST(PerfModel, ModelStatesMatchTheTrainersLayoutAndZeroStages) {
+  // fp32 (tessera's CPU path): 4 bytes each of parameters, gradients, and 8 of AdamW moments, per
+  // element of the real parameter layout; ZeRO shards them over dp like DataParallel does.
+  auto m = gpt(6, 12, 768, 50257);
+  m.cfg.block_size = 128;
+  const double P = static_cast<double>(tessera::model::ParamLayout(m.cfg).total());
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  ModelOptions o;
+  o.dtype = DType::FP32;
+  for (int dp : {1, 2, 4})
+    for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+      Workload w{m.cfg, 128, 4L * dp};
+      PlanPoint p;
+      p.grid = GridShape{dp, 1, 1, 1, 1};
+      p.micro_batch = 4;
+      p.zero = zero;
+      p.recompute = Recompute::None;
+      auto r = predict(w, p, c, o);
+      EXPECT_NEAR(r.memory.params, 4 * P / (zero == 3 ? dp : 1), 1) << dp << " " << zero;
+      EXPECT_NEAR(r.memory.grads, 4 * P / (zero >= 2 ? dp : 1), 1) << dp << " " << zero;
+      EXPECT_NEAR(r.memory.optimizer, 8 * P / (zero >= 1 ? dp : 1), 1) << dp << " " << zero;
+    }
+}
