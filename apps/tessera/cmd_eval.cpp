@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "eval_protocols.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/eval/memorization.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/quant/quantize.hpp"
 
 namespace tessera::app {
 
@@ -124,10 +126,15 @@ void add_eval_command(CLI::App& root) {
     int seq = 0;
     int batches = 0;
     bool json = false;
+    std::string protocol, reference;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
                   "run directory, checkpoint directory, or model.safetensors");
+  cmd->add_option("--protocol", a->protocol,
+                  "windows (non-overlapping, every token), llama (chunks, second half) or both");
+  cmd->add_option("--reference", a->reference,
+                  "KL divergence of the model's predictions against this (unquantized) model");
   cmd->add_option("--data,-d", a->data, "token shard (from tessera prepare)")
       ->capture_default_str();
   cmd->add_option("--batch,-b", a->batch, "sequences per forward pass")->capture_default_str();
@@ -142,7 +149,13 @@ void add_eval_command(CLI::App& root) {
     if (a->model.empty()) throw Error("eval needs --model");
     if (a->batch <= 0) throw Error("--batch must be positive");
     if (a->seq < 0 || a->batches < 0) throw Error("--seq and --batches must be >= 0");
-    auto loaded = io::load_model(resolve_model_path(a->model));
+    auto any = quant::load_any_model(resolve_model_path(a->model));
+    if (!a->protocol.empty() || !a->reference.empty() || any.act.mode != quant::ActMode::None) {
+      eval_protocols(any, {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches,
+                           a->json});
+      return;
+    }
+    auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
     int T = a->seq > 0 ? a->seq : loaded.config.block_size;
     if (T > loaded.config.block_size)

@@ -7,6 +7,8 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/quant/generate.hpp"
+#include "tessera/quant/quantize.hpp"
 
 namespace tessera::app {
 
@@ -55,7 +57,8 @@ void add_sample_command(CLI::App& root) {
     if (a->temperature < 0) throw Error("--temperature must be >= 0", "0 means greedy");
     if (a->top_k < 0) throw Error("--top-k must be >= 0");
     auto path = resolve_model_path(a->model);
-    auto loaded = io::load_model(path);
+    auto any = quant::load_any_model(path);  // tessera quantized files too (dequantized)
+    auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
     auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
     std::vector<std::int32_t> prompt;
@@ -69,7 +72,7 @@ void add_sample_command(CLI::App& root) {
     Rng rng(a->seed);
     if (!a->ids) std::fputs(a->prompt.c_str(), stdout);
     std::fflush(stdout);
-    auto out = eval::generate(layout, loaded.params.data(), prompt, so, rng, [&](std::int32_t t) {
+    auto print = [&](std::int32_t t) {
       if (a->ids) {
         std::printf("%d ", t);
       } else if (t < static_cast<std::int32_t>(tok.vocab_size())) {
@@ -77,7 +80,12 @@ void add_sample_command(CLI::App& root) {
         std::fputs(tok.decode({&id, 1}).c_str(), stdout);
       }
       std::fflush(stdout);
-    });
+    };
+    // W8A8 / LLM.int8() files: simulate their activation quantization (full recompute per token)
+    if (any.act.mode != quant::ActMode::None)
+      quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
+    else
+      eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
     std::fputc('\n', stdout);
   });
 }

@@ -14,5 +14,8 @@ void add_eval_command(CLI::App& root);
 void add_plan_command(CLI::App& root);
 void add_simulate_command(CLI::App& root);
 void add_probe_command(CLI::App& root);
+void add_quantize_command(CLI::App& root);
+void add_outliers_command(CLI::App& root);
+void add_study_command(CLI::App& root);
 
 }  // namespace tessera::app

@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
   tessera::app::add_plan_command(app);
   tessera::app::add_simulate_command(app);
   tessera::app::add_probe_command(app);
+  tessera::app::add_quantize_command(app);
+  tessera::app::add_outliers_command(app);
+  tessera::app::add_study_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,71 @@
+#include "eval_protocols.hpp"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/quant/study.hpp"
+
+namespace tessera::app {
+
+std::filesystem::path resolve_model_path(const std::filesystem::path& p);
+
+void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
+  const auto& cfg = m.model.config;
+  const int ctx = a.seq > 0 ? a.seq : cfg.block_size, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  if (ctx > cfg.block_size)
+    throw Error(fmt::format("--seq {} exceeds the model's block_size {}", ctx, cfg.block_size));
+  std::string proto = a.protocol.empty() ? "both" : a.protocol;
+  if (proto != "windows" && proto != "llama" && proto != "both")
+    throw Error(fmt::format("unknown --protocol '{}'", proto), "use windows, llama or both");
+  model::ParamLayout layout(cfg);
+  auto toks =
+      quant::read_tokens(a.data, a.windows > 0 ? static_cast<std::size_t>(a.windows) * ctx : 0, V);
+  auto fn = quant::logits_fn(layout, m.model.params.data(), m.act);
+  quant::AnyModel ref;
+  if (!a.reference.empty()) {
+    ref = quant::load_any_model(resolve_model_path(a.reference));
+    if (!(ref.model.config == cfg))
+      throw Error(fmt::format("the reference model {} is {} but the evaluated model is {}",
+                              a.reference, model::describe(ref.model.config), model::describe(cfg)),
+                  "compare a quantized model with the model it was quantized from");
+  }
+  nlohmann::json out{{"model", m.description.empty() ? "fp32" : m.description}};
+  std::printf("model: %s\n", m.description.empty() ? "fp32" : m.description.c_str());
+  for (auto p : {eval::PplProtocol::Windows, eval::PplProtocol::SecondHalf}) {
+    if (p == eval::PplProtocol::Windows && proto == "llama") continue;
+    if (p == eval::PplProtocol::SecondHalf && proto == "windows") continue;
+    auto r = eval::perplexity(fn, toks, ctx, V, Vp, p, a.windows, a.batch);
+    const char* key = p == eval::PplProtocol::Windows ? "windows" : "llama";
+    out[key] = {{"perplexity", r.perplexity},
+                {"nll", r.nll},
+                {"stderr", r.stderr_ppl},
+                {"scored", r.scored},
+                {"protocol", r.label}};
+    if (!a.json)
+      std::printf("perplexity %.4f +- %.4f  loss %.4f  (%s; %lld tokens scored)\n", r.perplexity,
+                  r.stderr_ppl, r.nll, r.label.c_str(), static_cast<long long>(r.scored));
+  }
+  if (!a.reference.empty()) {
+    auto rf = quant::logits_fn(layout, ref.model.params.data(), ref.act);
+    auto kl = eval::kl_divergence(rf, fn, toks, ctx, V, Vp, a.windows, a.batch);
+    out["kl"] = {{"mean", kl.mean},
+                 {"median", kl.median},
+                 {"p90", kl.p90},
+                 {"p99", kl.p99},
+                 {"max", kl.max},
+                 {"top1_agreement", kl.top1_agreement},
+                 {"positions", kl.positions}};
+    if (!a.json)
+      std::printf(
+          "KL(reference || model) mean %.5f  median %.5f  p90 %.5f  p99 %.5f  max %.4f  "
+          "top-1 agreement %.4f  (%lld positions, windows of %d)\n",
+          kl.mean, kl.median, kl.p90, kl.p99, kl.max, kl.top1_agreement,
+          static_cast<long long>(kl.positions), ctx);
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,163 @@
+#include "tessera/eval/perplexity.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::eval {
+
+const char* protocol_label(PplProtocol p, int ctx) {
+  static thread_local std::string s;
+  if (p == PplProtocol::Windows)
+    s = fmt::format("non-overlapping windows of {} tokens, every token scored", ctx);
+  else
+    s = fmt::format("llama.cpp chunks of {} tokens, first token BOS, second half scored", ctx);
+  return s.c_str();
+}
+
+namespace {
+// log-softmax over the first V of Vp logits of one row into lp (V), probabilities into p (V).
+void log_softmax(const float* z, int V, std::vector<double>& lp, std::vector<double>& p) {
+  double m = z[0];
+  for (int i = 1; i < V; ++i) m = std::max<double>(m, z[i]);
+  lp.resize(V);
+  p.resize(V);
+  double s = 0;
+  for (int i = 0; i < V; ++i) s += p[i] = std::exp(z[i] - m);
+  const double lse = std::log(s), inv = 1.0 / s;
+  for (int i = 0; i < V; ++i) {
+    lp[i] = z[i] - m - lse;
+    p[i] *= inv;
+  }
+}
+}  // namespace
+
+PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens, int ctx, int V,
+                     int Vp, PplProtocol protocol, int max_windows, int batch, std::int32_t bos) {
+  if (bos < 0 || bos >= V) bos = V - 1;
+  if (ctx < 2) throw Error(fmt::format("context {} is too short for perplexity", ctx));
+  // Windows: ctx+1 tokens per window would overlap by one; windows of ctx tokens score ctx-1
+  // predictions inside the window plus none across windows (GPTQ's eval: ctx-1 per segment).
+  int fit = static_cast<int>(tokens.size() / ctx);
+  if (protocol == PplProtocol::SecondHalf && fit < 1)
+    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one chunk of {}",
+                            tokens.size(), ctx));
+  if (fit < 1)
+    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
+                            tokens.size(), ctx));
+  int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
+  PplResult r;
+  r.protocol = protocol;
+  r.ctx = ctx;
+  r.windows = nw;
+  r.label = protocol_label(protocol, ctx);
+  std::vector<float> logits(static_cast<std::size_t>(batch) * ctx * Vp);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * ctx);
+  double sum = 0, sumsq = 0;
+  std::int64_t count = 0;
+  const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
+  for (int w0 = 0; w0 < nw; w0 += batch) {
+    int B = std::min(batch, nw - w0);
+    for (int b = 0; b < B; ++b) {
+      std::copy(tokens.begin() + static_cast<std::size_t>(w0 + b) * ctx,
+                tokens.begin() + static_cast<std::size_t>(w0 + b + 1) * ctx,
+                in.begin() + static_cast<std::size_t>(b) * ctx);
+      if (protocol == PplProtocol::SecondHalf) in[static_cast<std::size_t>(b) * ctx] = bos;
+    }
+    fn(in.data(), B, ctx, logits.data());
+    for (int b = 0; b < B; ++b)
+      for (int t = first; t < ctx - 1; ++t) {
+        const float* z = logits.data() + (static_cast<std::size_t>(b) * ctx + t) * Vp;
+        std::int32_t target = tokens[static_cast<std::size_t>(w0 + b) * ctx + t + 1];
+        double m = z[0];
+        for (int i = 1; i < V; ++i) m = std::max<double>(m, z[i]);
+        double s = 0;
+        for (int i = 0; i < V; ++i) s += std::exp(z[i] - m);
+        double nll = m + std::log(s) - z[target];
+        sum += nll;
+        sumsq += nll * nll;
+        ++count;
+      }
+  }
+  r.scored = count;
+  r.nll = count ? sum / count : 0;
+  r.perplexity = std::exp(r.nll);
+  if (count > 1) {
+    double var = std::max(0.0, sumsq / count - r.nll * r.nll);
+    r.stderr_ppl = r.perplexity * std::sqrt(var / (count - 1));
+  }
+  return r;
+}
+
+KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
+                       const std::vector<std::int32_t>& tokens, int ctx, int V, int Vp,
+                       int max_windows, int batch) {
+  int fit = static_cast<int>(tokens.size() / ctx);
+  if (fit < 1)
+    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
+                            tokens.size(), ctx));
+  int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
+  std::vector<float> la(static_cast<std::size_t>(batch) * ctx * Vp), lb(la.size());
+  std::vector<double> kls;
+  std::int64_t agree = 0, scored = 0;
+  double nll_sum = 0, nll_sq = 0;
+  std::vector<double> pa, pb, ea, eb;
+  for (int w0 = 0; w0 < nw; w0 += batch) {
+    int B = std::min(batch, nw - w0);
+    const std::int32_t* in = tokens.data() + static_cast<std::size_t>(w0) * ctx;
+    reference(in, B, ctx, la.data());
+    model(in, B, ctx, lb.data());
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(B) * ctx; ++i) {
+      log_softmax(la.data() + i * Vp, V, pa, ea);
+      log_softmax(lb.data() + i * Vp, V, pb, eb);
+      double kl = 0;
+      int aa = 0, ab = 0;
+      for (int v = 0; v < V; ++v) {
+        kl += ea[v] * (pa[v] - pb[v]);
+        if (pa[v] > pa[aa]) aa = v;
+        if (pb[v] > pb[ab]) ab = v;
+      }
+      if (i % ctx != ctx - 1) {  // the model's NLL of the next token inside the window
+        double nll = -pb[in[i + 1]];
+        nll_sum += nll;
+        nll_sq += nll * nll;
+        ++scored;
+      }
+      kls.push_back(std::max(0.0, kl));
+      agree += aa == ab;
+    }
+  }
+  KlResult r;
+  r.positions = static_cast<std::int64_t>(kls.size());
+  r.model_ppl.protocol = PplProtocol::Windows;
+  r.model_ppl.ctx = ctx;
+  r.model_ppl.windows = nw;
+  r.model_ppl.label = protocol_label(PplProtocol::Windows, ctx);
+  r.model_ppl.scored = scored;
+  r.model_ppl.nll = scored ? nll_sum / scored : 0;
+  r.model_ppl.perplexity = std::exp(r.model_ppl.nll);
+  if (scored > 1)
+    r.model_ppl.stderr_ppl =
+        r.model_ppl.perplexity *
+        std::sqrt(std::max(0.0, nll_sq / scored - r.model_ppl.nll * r.model_ppl.nll) /
+                  (scored - 1));
+  if (kls.empty()) return r;
+  double s = 0;
+  for (double k : kls) s += k;
+  r.mean = s / kls.size();
+  std::sort(kls.begin(), kls.end());
+  auto pct = [&](double p) {
+    return kls[std::min(kls.size() - 1, static_cast<std::size_t>(p * (kls.size() - 1) + 0.5))];
+  };
+  r.median = pct(0.5);
+  r.p90 = pct(0.9);
+  r.p99 = pct(0.99);
+  r.max = kls.back();
+  r.top1_agreement = static_cast<double>(agree) / kls.size();
+  return r;
+}
+
+}  // namespace tessera::eval

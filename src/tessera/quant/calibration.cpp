@@ -1,0 +1,265 @@
+#include "tessera/quant/calibration.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/data/bpe.hpp"
+#include "tessera/data/shard.hpp"
+
+namespace tessera::quant {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& calibration_names() {
+  static const std::vector<std::string> names{"corpus", "corpus-concat", "random",
+                                              "punct",  "domain",        "lang2"};
+  return names;
+}
+
+std::string CalibSet::describe() const {
+  return fmt::format("{} (seed {}, {} x {} tokens)", name, seed, n(), seqlen);
+}
+
+namespace {
+
+std::vector<std::int32_t> read_text_tokens(const fs::path& text, const fs::path& tokenizer,
+                                           const std::string& what) {
+  if (!fs::is_regular_file(text))
+    throw Error(fmt::format("{} text for calibration not found: {}", what, text.string()),
+                "run scripts/setup (it extracts the default texts) or pass another file");
+  std::ifstream in(text, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto tok = data::Tokenizer::load_gpt2(tokenizer);
+  auto ids = tok.encode(ss.str(), false);
+  return std::vector<std::int32_t>(ids.begin(), ids.end());
+}
+
+// GPTQ-style: n random windows of seqlen tokens from a token stream.
+void random_windows(const std::vector<std::int32_t>& stream, CalibSet& s, int n, Rng& rng,
+                    const std::string& source) {
+  if (stream.size() < static_cast<std::size_t>(s.seqlen) + 1)
+    throw Error(fmt::format("calibration source {} has {} tokens, fewer than one sample of {}",
+                            source, stream.size(), s.seqlen),
+                "use a shorter --seqlen or a larger text");
+  const std::size_t span = stream.size() - s.seqlen;
+  for (int i = 0; i < n; ++i) {
+    std::size_t start = rng.next_u64() % (span + 1);
+    s.tokens.insert(s.tokens.end(), stream.begin() + start, stream.begin() + start + s.seqlen);
+  }
+}
+
+}  // namespace
+
+CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
+                          int vocab_size, const CalibSources& src) {
+  if (n < 1 || seqlen < 1)
+    throw Error(fmt::format("calibration set '{}' would be empty ({} samples x {} tokens)", name, n,
+                            seqlen),
+                "use --nsamples >= 1 and --seqlen >= 1");
+  CalibSet s;
+  s.name = name;
+  s.seed = seed;
+  s.seqlen = seqlen;
+  s.tokens.reserve(static_cast<std::size_t>(n) * seqlen);
+  Rng rng(seed * 0x9E3779B97F4A7C15ull + 17);
+  if (name == "corpus" || name == "corpus-concat") {
+    if (!fs::is_regular_file(src.train_shard))
+      throw Error(fmt::format("calibration corpus not found: {}", src.train_shard.string()),
+                  "run 'tessera prepare' or pass --calib-data SHARD");
+    data::ShardReader rd(src.train_shard);
+    std::vector<std::int32_t> all(rd.size());
+    if (!all.empty()) rd.read(0, all.size(), all.data());
+    for (auto t : all)
+      if (t >= vocab_size)
+        throw Error(
+            fmt::format("calibration shard {} holds token id {} outside the model's "
+                        "vocabulary of {}",
+                        src.train_shard.string(), t, vocab_size));
+    if (name == "corpus") {
+      random_windows(all, s, n, rng, src.train_shard.string());
+    } else {
+      // AWQ-style: documents (split at <|endoftext|> = 50256) shuffled, concatenated, cut.
+      std::vector<std::pair<std::size_t, std::size_t>> docs;
+      std::size_t b = 0;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (all[i] == 50256) {
+          if (i > b) docs.emplace_back(b, i);
+          b = i + 1;
+        }
+      if (b < all.size()) docs.emplace_back(b, all.size());
+      for (std::size_t i = docs.size(); i > 1; --i)
+        std::swap(docs[i - 1], docs[rng.next_u64() % i]);
+      std::size_t need = static_cast<std::size_t>(n) * seqlen;
+      for (const auto& d : docs) {
+        if (s.tokens.size() >= need) break;
+        s.tokens.insert(s.tokens.end(), all.begin() + d.first, all.begin() + d.second);
+      }
+      if (s.tokens.size() < need)
+        throw Error(fmt::format("calibration corpus {} has {} tokens, fewer than {} x {}",
+                                src.train_shard.string(), s.tokens.size(), n, seqlen));
+      s.tokens.resize(need);
+    }
+  } else if (name == "random") {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
+      s.tokens.push_back(static_cast<std::int32_t>(rng.next_u64() % vocab_size));
+  } else if (name == "punct") {
+    // GPT-2's byte-level vocabulary maps the printable ASCII bytes 33..126 to ids 0..93.
+    static const std::string punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i) {
+      int id = punct[rng.next_u64() % punct.size()] - 33;
+      s.tokens.push_back(std::min(id, vocab_size - 1));
+    }
+  } else if (name == "domain" || name == "lang2") {
+    const auto& path = name == "domain" ? src.domain_text : src.lang2_text;
+    auto stream = read_text_tokens(path, src.tokenizer, name);
+    for (auto t : stream)
+      if (t >= vocab_size)
+        throw Error(fmt::format("text {} tokenizes to id {} outside the model's vocabulary of {}",
+                                path.string(), t, vocab_size));
+    random_windows(stream, s, n, rng, path.string());
+  } else {
+    throw Error(fmt::format("unknown calibration set '{}'", name),
+                "use corpus, corpus-concat, random, punct, domain or lang2");
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- statistics
+void ChannelStats::init(int c) {
+  cols = c;
+  count = 0;
+  sum.assign(c, 0);
+  sumsq.assign(c, 0);
+  sumabs.assign(c, 0);
+  sum3.assign(c, 0);
+  sum4.assign(c, 0);
+  maxabs.assign(c, 0.0f);
+  over6.assign(c, 0);
+}
+
+void ChannelStats::add(const float* x, std::int64_t N) {
+#pragma omp parallel for schedule(static)
+  for (int j = 0; j < cols; ++j) {
+    double s1 = 0, s2 = 0, sa = 0, s3 = 0, s4 = 0;
+    float m = maxabs[j];
+    std::int64_t o = 0;
+    for (std::int64_t i = 0; i < N; ++i) {
+      double v = x[i * cols + j], v2 = v * v;
+      s1 += v;
+      s2 += v2;
+      sa += std::fabs(v);
+      s3 += v2 * v;
+      s4 += v2 * v2;
+      float a = std::fabs(static_cast<float>(v));
+      m = std::max(m, a);
+      o += a >= 6.0f;
+    }
+    sum[j] += s1;
+    sumsq[j] += s2;
+    sumabs[j] += sa;
+    sum3[j] += s3;
+    sum4[j] += s4;
+    maxabs[j] = m;
+    over6[j] += o;
+  }
+  count += N;
+}
+
+double ChannelStats::excess_kurtosis(int j) const {
+  if (count < 2) return 0.0;
+  double n = static_cast<double>(count);
+  double mu = sum[j] / n, m2 = sumsq[j] / n - mu * mu;
+  if (m2 <= 1e-30) return 0.0;
+  double m4 =
+      sum4[j] / n - 4 * mu * sum3[j] / n + 6 * mu * mu * sumsq[j] / n - 3 * mu * mu * mu * mu;
+  return m4 / (m2 * m2) - 3.0;
+}
+
+void Hessian::init(int c) {
+  cols = c;
+  count = 0;
+  xtx.assign(static_cast<std::size_t>(c) * c, 0.0);
+}
+
+void Hessian::add(const float* x, std::int64_t N, kernels::GemmLibrary gemm) {
+  std::vector<float> h(static_cast<std::size_t>(cols) * cols);
+  kernels::gemm(gemm, true, false, cols, cols, N, 1.0f, x, cols, x, cols, 0.0f, h.data(), cols);
+  for (std::size_t i = 0; i < h.size(); ++i) xtx[i] += h[i];
+  count += N;
+}
+
+std::vector<double> Hessian::mean_xtx() const {
+  std::vector<double> m(xtx.size());
+  double inv = count ? 1.0 / count : 0.0;
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = xtx[i] * inv;
+  return m;
+}
+
+Capture capture(const model::ParamLayout& layout, const float* params, const CalibSet& calib,
+                bool hessians, int micro, kernels::GemmLibrary gemm) {
+  const auto& cfg = layout.config();
+  const int L = cfg.n_layer, C = cfg.n_embd, T = calib.seqlen;
+  if (calib.n() < 1) throw Error("the calibration set is empty", "use --nsamples >= 1");
+  if (T > cfg.block_size)
+    throw Error(fmt::format("calibration --seqlen {} exceeds the model's block_size {}", T,
+                            cfg.block_size));
+  Capture cap;
+  cap.layers.resize(L);
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      int cols = lin_cols(cfg, static_cast<Lin>(k));
+      cap.layers[l][k].stats.init(cols);
+      if (hessians) cap.layers[l][k].hessian.init(cols);
+    }
+  cap.residual.maxabs.assign(L, 0.0f);
+  cap.residual.max_ratio.assign(L, 0.0);
+  Runner run(layout, gemm);
+  Hooks hooks;
+  hooks.capture = [&](int l, Lin kind, const float* x, std::int64_t N, int cols) {
+    auto& lc = cap.layers[l][static_cast<int>(kind)];
+    lc.stats.add(x, N);
+    if (hessians) lc.hessian.add(x, N, gemm);
+  };
+  int sample0 = 0;
+  hooks.residual = [&](int l, const float* x, std::int64_t N, int Cc) {
+    std::vector<float> a(Cc);
+    for (std::int64_t i = 0; i < N; ++i) {
+      const float* r = x + i * Cc;
+      float m = 0;
+      int arg = 0;
+      for (int c = 0; c < Cc; ++c) {
+        a[c] = std::fabs(r[c]);
+        if (a[c] > m) {
+          m = a[c];
+          arg = c;
+        }
+      }
+      std::nth_element(a.begin(), a.begin() + Cc / 2, a.end());
+      float med = std::max(a[Cc / 2], 1e-12f);
+      cap.residual.maxabs[l] = std::max(cap.residual.maxabs[l], m);
+      cap.residual.max_ratio[l] = std::max(cap.residual.max_ratio[l], double(m) / med);
+      if (m > 100.0f && m >= 1000.0f * med && cap.residual.massive.size() < 1000)
+        cap.residual.massive.push_back(
+            {l, sample0 + static_cast<int>(i / T), static_cast<int>(i % T), arg, r[arg], med});
+    }
+  };
+  std::vector<float> x(static_cast<std::size_t>(micro) * T * C);
+  for (int s = 0; s < calib.n(); s += micro) {
+    int B = std::min(micro, calib.n() - s);
+    sample0 = s;
+    const std::int32_t* tok = calib.tokens.data() + static_cast<std::size_t>(s) * T;
+    run.embed(params, tok, B, T, x.data());
+    for (int l = 0; l < L; ++l) run.block(params, l, x.data(), B, T, hooks);
+  }
+  cap.tokens = static_cast<std::int64_t>(calib.n()) * T;
+  return cap;
+}
+
+}  // namespace tessera::quant

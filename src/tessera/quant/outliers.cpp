@@ -1,0 +1,200 @@
+#include "tessera/quant/outliers.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace tessera::quant {
+
+using nlohmann::json;
+
+OutlierReport analyze_outliers(const Capture& cap, double ratio_threshold) {
+  OutlierReport r;
+  r.tokens = cap.tokens;
+  r.ratio_threshold = ratio_threshold;
+  r.residual = cap.residual;
+  const int L = static_cast<int>(cap.layers.size());
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      const auto& st = cap.layers[l][k].stats;
+      LinearOutlierSummary s;
+      s.layer = l;
+      s.kind = static_cast<Lin>(k);
+      s.linear = linear_name(l, s.kind);
+      std::vector<float> m = st.maxabs;
+      std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+      double med = std::max(1e-12, static_cast<double>(m[m.size() / 2]));
+      double ksum = 0;
+      s.max_kurtosis = -1e30;
+      for (int j = 0; j < st.cols; ++j) {
+        if (st.maxabs[j] > s.maxabs) {
+          s.maxabs = st.maxabs[j];
+          s.max_channel = j;
+        }
+        double ku = st.excess_kurtosis(j);
+        ksum += ku;
+        if (ku > s.max_kurtosis) {
+          s.max_kurtosis = ku;
+          s.kurtosis_channel = j;
+        }
+        double ratio = st.maxabs[j] / med;
+        if (ratio >= ratio_threshold)
+          r.channels.push_back({s.linear, l, j, st.maxabs[j], ratio, ku});
+      }
+      s.mean_kurtosis = st.cols ? ksum / st.cols : 0;
+      s.max_over_median = s.maxabs / med;
+      r.linears.push_back(s);
+    }
+  std::sort(r.channels.begin(), r.channels.end(),
+            [](const auto& a, const auto& b) { return a.ratio > b.ratio; });
+  // LLM.int8() outlier features over hidden dims (inputs of c_attn, attn.c_proj, c_fc).
+  if (L > 0) {
+    const int C = cap.layers[0][0].stats.cols;
+    for (int h = 0; h < C; ++h) {
+      int layers_hit = 0;
+      double pos = 0;
+      float mx = 0;
+      for (int l = 0; l < L; ++l) {
+        bool hit = false;
+        for (Lin kind : {Lin::Qkv, Lin::AttnProj, Lin::Fc}) {
+          const auto& st = cap.layers[l][static_cast<int>(kind)].stats;
+          if (st.over6[h] > 0) {
+            hit = true;
+            pos = std::max(pos,
+                           static_cast<double>(st.over6[h]) / std::max<std::int64_t>(1, st.count));
+            mx = std::max(mx, st.maxabs[h]);
+          }
+        }
+        layers_hit += hit;
+      }
+      double lf = static_cast<double>(layers_hit) / L;
+      if (lf >= 0.25 && pos >= 0.06) r.dettmers.push_back({h, lf, pos, mx});
+    }
+  }
+  return r;
+}
+
+json OutlierReport::to_json() const {
+  json lin = json::array();
+  for (const auto& s : linears)
+    lin.push_back({{"linear", s.linear},
+                   {"layer", s.layer},
+                   {"max_abs", s.maxabs},
+                   {"max_abs_channel", s.max_channel},
+                   {"max_over_median", s.max_over_median},
+                   {"mean_excess_kurtosis", s.mean_kurtosis},
+                   {"max_excess_kurtosis", s.max_kurtosis},
+                   {"max_kurtosis_channel", s.kurtosis_channel}});
+  json ch = json::array();
+  for (const auto& c : channels)
+    ch.push_back({{"linear", c.linear},
+                  {"layer", c.layer},
+                  {"channel", c.channel},
+                  {"max_abs", c.maxabs},
+                  {"max_over_median", c.ratio},
+                  {"excess_kurtosis", c.kurtosis}});
+  json dt = json::array();
+  for (const auto& f : dettmers)
+    dt.push_back({{"dim", f.dim},
+                  {"layer_fraction", f.layer_fraction},
+                  {"position_fraction", f.position_fraction},
+                  {"max_abs", f.maxabs}});
+  json ms = json::array();
+  for (const auto& m : residual.massive)
+    ms.push_back({{"layer", m.layer},
+                  {"sample", m.sample},
+                  {"position", m.position},
+                  {"dim", m.dim},
+                  {"value", m.value},
+                  {"median_abs", m.median}});
+  return json{{"tokens", tokens},
+              {"definitions",
+               {{"outlier_channels", fmt::format("channel max|x| >= {} x the median over channels "
+                                                 "of max|x| (per linear input)",
+                                                 ratio_threshold)},
+                {"llm_int8_features",
+                 "|x| >= 6 in the same hidden dim in >= 25% of layers and "
+                 ">= 6% of positions (inputs of c_attn, attn.c_proj, c_fc)"},
+                {"massive_activations",
+                 "|x| > 100 and >= 1000 x the median |x| of its hidden "
+                 "state (block outputs)"}}},
+              {"linears", lin},
+              {"outlier_channels", ch},
+              {"llm_int8_outlier_features", dt},
+              {"massive_activations", ms},
+              {"residual_max_abs", residual.maxabs},
+              {"residual_max_over_median", residual.max_ratio}};
+}
+
+std::string OutlierReport::summary_line() const {
+  float mx = 0;
+  std::string where = "-";
+  double kmean = 0;
+  for (const auto& s : linears) {
+    kmean += s.mean_kurtosis;
+    if (s.maxabs > mx) {
+      mx = s.maxabs;
+      where = fmt::format("{} ch {}", s.linear, s.max_channel);
+    }
+  }
+  if (!linears.empty()) kmean /= linears.size();
+  return fmt::format(
+      "max |x| {:.2f} at {}; {} outlier channels (>= {:.0f}x median); {} LLM.int8() outlier "
+      "features; {} massive activations; mean excess kurtosis {:.2f}",
+      mx, where, channels.size(), ratio_threshold, dettmers.size(), residual.massive.size(), kmean);
+}
+
+std::string outliers_svg(const OutlierReport& r, const Capture& cap, const std::string& title) {
+  const int L = static_cast<int>(cap.layers.size());
+  const int W = 900, rowh = 60, top = 40, left = 170;
+  const int H = top + L * k_num_lin * rowh + 30;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">{} - per-channel max |x| of each "
+      "linear's input (log scale; red: >= {:.0f}x median)</text>\n",
+      W, H, title, r.ratio_threshold);
+  float gmax = 1e-6f;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k)
+      for (float v : cap.layers[l][k].stats.maxabs) gmax = std::max(gmax, v);
+  const double lmax = std::log10(gmax) + 0.1, lmin = std::min(-2.0, lmax - 4);
+  int row = 0;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k, ++row) {
+      const auto& st = cap.layers[l][k].stats;
+      const auto& sum = r.linears[static_cast<std::size_t>(l) * k_num_lin + k];
+      const int y0 = top + row * rowh, y1 = y0 + rowh - 8;
+      s += fmt::format("<text x=\"5\" y=\"{}\">{}</text>\n", y0 + rowh / 2,
+                       linear_name(l, static_cast<Lin>(k)));
+      s += fmt::format("<text x=\"5\" y=\"{}\" fill=\"#666\">max {:.1f} (ch {})</text>\n",
+                       y0 + rowh / 2 + 13, sum.maxabs, sum.max_channel);
+      s += fmt::format(
+          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
+          "stroke=\"#ccc\"/>\n",
+          left, y0, W - left - 10, rowh - 8);
+      std::vector<float> m = st.maxabs;
+      std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+      const double med = std::max(1e-12f, m[m.size() / 2]);
+      const double bw = static_cast<double>(W - left - 10) / std::max(1, st.cols);
+      for (int j = 0; j < st.cols; ++j) {
+        double lv = std::log10(std::max(1e-6f, st.maxabs[j]));
+        double h = (lv - lmin) / (lmax - lmin) * (rowh - 8);
+        if (h <= 0) continue;
+        bool out = st.maxabs[j] / med >= r.ratio_threshold;
+        s += fmt::format(
+            "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
+            "fill=\"{}\"/>\n",
+            left + j * bw, y1 - h, std::max(bw, out ? 2.0 : 0.5), h, out ? "#d62728" : "#1f77b4");
+      }
+    }
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{}\" fill=\"#666\">channels -&gt;  (y axis: log10 max|x| "
+      "from {:.1f} to {:.1f})</text>\n</svg>\n",
+      left, H - 10, lmin, lmax);
+  return s;
+}
+
+}  // namespace tessera::quant

@@ -1,0 +1,557 @@
+#include "tessera/quant/quantize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+#include "tessera/io/safetensors.hpp"
+#include "tessera/quant/methods.hpp"
+
+namespace tessera::quant {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Method parse_method(const std::string& s) {
+  if (s == "rtn") return Method::Rtn;
+  if (s == "gptq") return Method::Gptq;
+  if (s == "awq") return Method::Awq;
+  if (s == "smoothquant" || s == "sq") return Method::SmoothQuant;
+  if (s == "w8a8") return Method::W8A8;
+  if (s == "llm-int8" || s == "int8") return Method::Int8;
+  throw Error(fmt::format("unknown quantization method '{}'", s),
+              "use rtn, gptq, awq, smoothquant, w8a8 or llm-int8");
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::Rtn:
+      return "rtn";
+    case Method::Gptq:
+      return "gptq";
+    case Method::Awq:
+      return "awq";
+    case Method::SmoothQuant:
+      return "smoothquant";
+    case Method::W8A8:
+      return "w8a8";
+    case Method::Int8:
+      return "llm-int8";
+  }
+  return "?";
+}
+
+bool needs_calibration(Method m) {
+  return m == Method::Gptq || m == Method::Awq || m == Method::SmoothQuant;
+}
+
+std::vector<float> QuantizedModel::effective_weight(std::size_t i) const {
+  const auto& L = linears[i];
+  std::vector<float> w(static_cast<std::size_t>(L.q.rows) * L.q.cols);
+  L.q.dequantize(w.data());
+  for (int r = 0; r < L.q.rows; ++r)
+    for (int c = 0; c < L.q.cols; ++c) {
+      float& v = w[static_cast<std::size_t>(r) * L.q.cols + c];
+      if (!L.out_fold.empty()) v *= L.out_fold[r];
+      if (!L.in_fold.empty()) v /= L.in_fold[c];
+    }
+  return w;
+}
+
+namespace {
+
+// INT8 absmax per output row as a QuantizedLinear (codes q + 128, zero 128).
+QuantizedLinear int8_rows(const float* W, int rows, int cols) {
+  QuantizedLinear out;
+  out.rows = rows;
+  out.cols = cols;
+  out.spec = WeightQuant{8, -1, true};
+  out.q.resize(static_cast<std::size_t>(rows) * cols);
+  out.scales.resize(rows);
+  out.zeros.assign(rows, 128.0f);
+  out.g_idx.assign(cols, 0);
+  for (int r = 0; r < rows; ++r) {
+    const float* wr = W + static_cast<std::size_t>(r) * cols;
+    float m = 0;
+    for (int c = 0; c < cols; ++c) m = std::max(m, std::fabs(wr[c]));
+    float s = std::max(m, 1e-8f) / 127.0f;
+    out.scales[r] = s;
+    for (int c = 0; c < cols; ++c)
+      out.q[static_cast<std::size_t>(r) * cols + c] =
+          static_cast<std::uint8_t>(std::clamp(std::nearbyint(wr[c] / s), -127.0f, 127.0f) + 128);
+  }
+  return out;
+}
+
+void scale_cols(float* W, int rows, int cols, const std::vector<float>& s, bool divide) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float& v = W[static_cast<std::size_t>(r) * cols + c];
+      v = divide ? v / s[c] : v * s[c];
+    }
+}
+
+// S' = diag(1/s) S diag(1/s): second moment of x / s.
+std::vector<double> scale_moment(const std::vector<double>& S, const std::vector<float>& s) {
+  const std::size_t n = s.size();
+  std::vector<double> out(S.size());
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) out[i * n + j] = S[i * n + j] / (double(s[i]) * s[j]);
+  return out;
+}
+
+QLinear make_qlinear(int layer, Lin kind) {
+  QLinear q;
+  q.name = linear_name(layer, kind);
+  q.layer = layer;
+  q.kind = kind;
+  return q;
+}
+
+void log(const QuantizeOptions& opt, const std::string& msg) {
+  if (opt.verbose) std::fprintf(stderr, "%s\n", msg.c_str());
+}
+
+}  // namespace
+
+QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
+                              const QuantizeOptions& opt, const CalibSet* calib) {
+  const auto& cfg = layout.config();
+  const int L = cfg.n_layer, C = cfg.n_embd;
+  QuantizedModel qm;
+  qm.config = cfg;
+  qm.method = method_name(opt.method);
+  qm.params.resize(layout.total());
+  std::copy(params, params + layout.total(), qm.params.data());
+  float* P = qm.params.data();
+  const bool weight_only =
+      opt.method == Method::Rtn || opt.method == Method::Gptq || opt.method == Method::Awq;
+  if (weight_only) validate(opt.wq, {C, 4 * C});
+  if (needs_calibration(opt.method)) {
+    if (!calib || calib->n() < 1)
+      throw Error(fmt::format("{} needs a calibration set and it is empty", qm.method),
+                  "use --nsamples >= 1");
+    if (calib->seqlen > cfg.block_size)
+      throw Error(fmt::format("calibration --seqlen {} exceeds the model's block_size {}",
+                              calib->seqlen, cfg.block_size));
+    qm.info["calibration"] = calib->describe();
+  }
+  auto W = [&](int l, Lin k) { return P + lin_weight_offset(layout, l, k); };
+  auto finish = [&](QLinear&& ql) {
+    // write the dequantized weight (in the folded coordinates) into the parameters
+    ql.q.dequantize(W(ql.layer, ql.kind));
+    qm.linears.push_back(std::move(ql));
+  };
+
+  switch (opt.method) {
+    case Method::Rtn:
+      for (int l = 0; l < L; ++l)
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          auto ql = make_qlinear(l, kind);
+          ql.q = rtn(W(l, kind), lin_rows(cfg, kind), lin_cols(cfg, kind), opt.wq);
+          finish(std::move(ql));
+        }
+      break;
+
+    case Method::W8A8:
+    case Method::Int8:
+      qm.act.mode = opt.method == Method::Int8 ? ActMode::Int8Mixed : opt.act;
+      qm.act.threshold = opt.int8_threshold;
+      for (int l = 0; l < L; ++l)
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          auto ql = make_qlinear(l, kind);
+          ql.q = int8_rows(W(l, kind), lin_rows(cfg, kind), lin_cols(cfg, kind));
+          finish(std::move(ql));
+        }
+      break;
+
+    case Method::SmoothQuant: {
+      qm.act.mode = opt.act;
+      auto cap = capture(layout, params, *calib, false, opt.micro_batch);
+      for (int l = 0; l < L; ++l) {
+        const auto& lw = layout.layers[l];
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          auto ql = make_qlinear(l, kind);
+          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
+          if (kind == Lin::Qkv || kind == Lin::Fc) {  // LayerNorm -> linear sites
+            auto s =
+                smooth_scales(cap.layers[l][k].stats.maxabs, W(l, kind), rows, cols, opt.alpha);
+            std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
+            std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
+            for (int j = 0; j < C; ++j) {
+              P[lnw + j] /= s[j];
+              P[lnb + j] /= s[j];
+            }
+            scale_cols(W(l, kind), rows, cols, s, false);
+            ql.in_fold = s;
+          }
+          ql.q = int8_rows(W(l, kind), rows, cols);
+          finish(std::move(ql));
+        }
+      }
+      qm.info["alpha"] = fmt::format("{}", opt.alpha);
+      break;
+    }
+
+    case Method::Awq: {
+      auto cap = capture(layout, params, *calib, true, opt.micro_batch);
+      for (int l = 0; l < L; ++l) {
+        const auto& lw = layout.layers[l];
+        std::array<QLinear, k_num_lin> qls;
+        std::array<std::vector<double>, k_num_lin> S;
+        for (int k = 0; k < k_num_lin; ++k) {
+          qls[k] = make_qlinear(l, static_cast<Lin>(k));
+          S[k] = cap.layers[l][k].hessian.mean_xtx();
+        }
+        auto mean_abs = [&](int k) {
+          const auto& st = cap.layers[l][k].stats;
+          std::vector<double> m(st.cols);
+          for (int j = 0; j < st.cols; ++j) m[j] = st.mean_abs(j);
+          return m;
+        };
+        // 1. scale search for every site on the unscaled inputs, then fold
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
+          float alpha = 0;
+          auto s = awq_search_scales(W(l, kind), rows, cols, mean_abs(k), S[k], opt.wq,
+                                     opt.awq_grid, &alpha);
+          qls[k].alpha = alpha;
+          scale_cols(W(l, kind), rows, cols, s, false);
+          S[k] = scale_moment(S[k], s);
+          if (kind == Lin::Qkv || kind == Lin::Fc) {
+            std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
+            std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
+            for (int j = 0; j < C; ++j) {
+              P[lnw + j] /= s[j];
+              P[lnb + j] /= s[j];
+            }
+            qls[k].in_fold = s;
+          } else if (kind == Lin::AttnProj) {
+            // previous op: the v rows of c_attn (attention output is linear in v)
+            float* wq = W(l, Lin::Qkv);
+            float* bq = P + lw.qkv_b;
+            auto& of = qls[static_cast<int>(Lin::Qkv)].out_fold;
+            of.assign(3 * C, 1.0f);
+            for (int r = 0; r < C; ++r) {
+              for (int c = 0; c < C; ++c) wq[static_cast<std::size_t>(2 * C + r) * C + c] /= s[r];
+              bq[2 * C + r] /= s[r];
+              of[2 * C + r] = s[r];
+            }
+            qls[k].in_fold = s;
+          } else {
+            // after GELU nothing can absorb the scales: llm-awq's ScaledActivation, kept as a
+            // per-input-column divisor of the quantized weight
+            qls[k].q.in_scale = s;
+          }
+          log(opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
+        }
+        // 2. clip search (not for q and k: only the v rows of c_attn), 3. quantize
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
+          if (opt.awq_clip) {
+            if (kind == Lin::Qkv)
+              awq_clip(W(l, kind) + static_cast<std::size_t>(2 * C) * C, C, cols, S[k], opt.wq);
+            else
+              awq_clip(W(l, kind), rows, cols, S[k], opt.wq);
+          }
+          auto in_scale = std::move(qls[k].q.in_scale);
+          qls[k].q = rtn(W(l, kind), rows, cols, opt.wq);
+          qls[k].q.in_scale = std::move(in_scale);
+          finish(std::move(qls[k]));
+        }
+      }
+      qm.info["grid"] = std::to_string(opt.awq_grid);
+      break;
+    }
+
+    case Method::Gptq: {
+      const int T = calib->seqlen, n = calib->n();
+      Runner run(layout);
+      std::vector<float> xs(static_cast<std::size_t>(n) * T * C);  // residual stream (n, T, C)
+      for (int s = 0; s < n; s += opt.micro_batch) {
+        int B = std::min(opt.micro_batch, n - s);
+        run.embed(P, calib->tokens.data() + static_cast<std::size_t>(s) * T, B, T,
+                  xs.data() + static_cast<std::size_t>(s) * T * C);
+      }
+      std::vector<float> scratch(static_cast<std::size_t>(opt.micro_batch) * T * C);
+      GptqOptions go;
+      go.spec = opt.wq;
+      go.percdamp = opt.damp;
+      go.blocksize = opt.blocksize;
+      go.act_order = opt.act_order;
+      go.static_groups = opt.static_groups;
+      for (int l = 0; l < L; ++l) {
+        // true-sequential inside the block: each linear sees the already-quantized ones
+        for (int k = 0; k < k_num_lin; ++k) {
+          Lin kind = static_cast<Lin>(k);
+          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
+          Hessian H;
+          H.init(cols);
+          Hooks hooks;
+          hooks.stop_after = k;
+          hooks.capture = [&](int, Lin kk, const float* x, std::int64_t N, int) {
+            if (kk == kind) H.add(x, N, kernels::GemmLibrary::OneDnn);
+          };
+          for (int s = 0; s < n; s += opt.micro_batch) {
+            int B = std::min(opt.micro_batch, n - s);
+            std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
+                        sizeof(float) * B * T * C);
+            run.block(P, l, scratch.data(), B, T, hooks);
+          }
+          auto r = gptq(W(l, kind), rows, cols, H.xtx, go);
+          auto ql = make_qlinear(l, kind);
+          ql.q = std::move(r.q);
+          ql.gptq_loss = r.loss;
+          ql.damp = r.damp;
+          log(opt, fmt::format("gptq {}: loss {:.4g} damp {:.2f}", ql.name, r.loss, r.damp));
+          finish(std::move(ql));
+        }
+        // the next block's inputs: this block's outputs with its quantized weights
+        Hooks none;
+        for (int s = 0; s < n; s += opt.micro_batch) {
+          int B = std::min(opt.micro_batch, n - s);
+          run.block(P, l, xs.data() + static_cast<std::size_t>(s) * T * C, B, T, none);
+        }
+      }
+      qm.info["damp"] = fmt::format("{}", opt.damp);
+      qm.info["act_order"] = opt.act_order ? "true" : "false";
+      break;
+    }
+  }
+  return qm;
+}
+
+// ---------------------------------------------------------------- files
+namespace {
+
+constexpr const char* k_format = "tessera-quant-1";
+
+json hf_config_json(const model::ModelConfig& c) {
+  return json{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+              {"n_layer", c.n_layer},       {"n_head", c.n_head},
+              {"n_embd", c.n_embd},         {"n_positions", c.block_size},
+              {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
+              {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
+              {"tie_word_embeddings", true}};
+}
+
+int packed_cols(int cols, int bits) {
+  return bits <= 4 ? (cols + 1) / 2 : cols;
+}
+
+std::vector<std::uint8_t> pack(const QuantizedLinear& q) {
+  if (q.spec.bits > 4) return q.q;
+  const int pc = packed_cols(q.cols, q.spec.bits);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(q.rows) * pc, 0);
+  for (int r = 0; r < q.rows; ++r)
+    for (int c = 0; c < q.cols; ++c) {
+      std::uint8_t v = q.q[static_cast<std::size_t>(r) * q.cols + c];
+      out[static_cast<std::size_t>(r) * pc + c / 2] |= (c % 2) ? (v << 4) : v;
+    }
+  return out;
+}
+
+void unpack(const std::vector<std::int64_t>& packed, QuantizedLinear& q) {
+  const int pc = packed_cols(q.cols, q.spec.bits);
+  q.q.resize(static_cast<std::size_t>(q.rows) * q.cols);
+  for (int r = 0; r < q.rows; ++r)
+    for (int c = 0; c < q.cols; ++c) {
+      auto b = static_cast<std::uint8_t>(
+          packed[static_cast<std::size_t>(r) * pc + (q.spec.bits <= 4 ? c / 2 : c)]);
+      q.q[static_cast<std::size_t>(r) * q.cols + c] =
+          q.spec.bits <= 4 ? ((c % 2) ? (b >> 4) : (b & 15)) : b;
+    }
+}
+
+bool is_linear_weight(const model::ParamTensor& t) {
+  return t.layer >= 0 && t.shape.size() == 2;
+}
+
+}  // namespace
+
+void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
+  fs::create_directories(dir);
+  model::ParamLayout layout(qm.config);
+  io::SafetensorsWriter w;
+  const float* P = qm.params.data();
+  for (const auto& t : layout.tensors()) {
+    if (is_linear_weight(t)) continue;  // stored quantized below
+    std::vector<std::int64_t> shape = t.shape;
+    if (t.name == "wte.weight") shape = {qm.config.vocab_size, qm.config.n_embd};
+    w.add_f32(t.name, shape, P + t.offset);
+  }
+  json lin = json::array();
+  for (const auto& L : qm.linears) {
+    const auto& q = L.q;
+    auto packed = pack(q);
+    w.add_copy(L.name + ".qweight", io::DType::U8, {q.rows, packed_cols(q.cols, q.spec.bits)},
+               packed.data(), packed.size());
+    w.add_copy(L.name + ".scales", io::DType::F32, {q.rows, q.ngroups()}, q.scales.data(),
+               q.scales.size() * 4);
+    std::vector<std::uint8_t> z(q.zeros.size());
+    for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<std::uint8_t>(q.zeros[i]);
+    w.add_copy(L.name + ".zeros", io::DType::U8, {q.rows, q.ngroups()}, z.data(), z.size());
+    w.add_copy(L.name + ".g_idx", io::DType::I32, {q.cols}, q.g_idx.data(), q.g_idx.size() * 4);
+    if (!q.in_scale.empty())
+      w.add_copy(L.name + ".in_scale", io::DType::F32, {q.cols}, q.in_scale.data(),
+                 q.in_scale.size() * 4);
+    lin.push_back(
+        {{"name", L.name}, {"bits", q.spec.bits}, {"group", q.spec.group}, {"sym", q.spec.sym}});
+  }
+  json meta{{"format", k_format},
+            {"method", qm.method},
+            {"activations", act_mode_name(qm.act.mode)},
+            {"int8_threshold", qm.act.threshold},
+            {"linears", lin},
+            {"info", qm.info},
+            {"layout",
+             "qweight (out_features, in_features[/2 for <= 4 bits, low nibble first]); "
+             "w = scales[r, g_idx[c]] * (q - zeros[r, g_idx[c]]) / in_scale[c]"}};
+  w.set_metadata("format", "pt");
+  w.set_metadata("tessera_config", hf_config_json(qm.config).dump());
+  w.set_metadata("quantization", meta.dump());
+  w.write(dir / "model.safetensors");
+  write_file_atomic(dir / "config.json", hf_config_json(qm.config).dump(2) + "\n");
+}
+
+AnyModel load_any_model(const fs::path& path) {
+  fs::path file = fs::is_directory(path) ? path / "model.safetensors" : path;
+  AnyModel out;
+  if (!fs::exists(file)) {  // io::load_model gives the standard message
+    out.model = io::load_model(path);
+    return out;
+  }
+  auto st = io::SafetensorsFile::open(file);
+  auto it = st.metadata().find("quantization");
+  if (it == st.metadata().end()) {
+    out.model = io::load_model(path);
+    out.description = "fp32";
+    return out;
+  }
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("quantized model {}: {}", file.string(), what),
+                 "re-create it with 'tessera quantize'");
+  };
+  json meta = json::parse(it->second, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != k_format)
+    throw bad("unknown quantization metadata");
+  fs::path cfg_path = (fs::is_directory(path) ? path : path.parent_path()) / "config.json";
+  model::ModelConfig cfg;
+  if (fs::exists(cfg_path)) {
+    cfg = io::read_hf_config(cfg_path);
+  } else if (auto c = st.metadata().find("tessera_config"); c != st.metadata().end()) {
+    cfg = io::parse_hf_config(c->second, file.string() + " (embedded config)");
+  } else {
+    throw bad("no config.json beside it");
+  }
+  model::ParamLayout layout(cfg);
+  out.model.config = cfg;
+  out.model.params = Buffer<float>(layout.total());
+  float* P = out.model.params.data();
+  std::fill(P, P + layout.total(), 0.0f);
+  for (const auto& t : layout.tensors()) {
+    if (is_linear_weight(t)) continue;
+    std::vector<std::int64_t> shape = t.shape;
+    if (t.name == "wte.weight") shape = {cfg.vocab_size, cfg.n_embd};
+    try {
+      st.read_f32(t.name, shape, P + t.offset);
+    } catch (const Error& e) {
+      throw Error(fmt::format("quantized model {} does not match its config ({}): {}",
+                              file.string(), model::describe(cfg), e.what()),
+                  "use the config.json written with the quantized file");
+    }
+  }
+  if (!meta.contains("linears") || !meta["linears"].is_array()) throw bad("no 'linears' list");
+  std::map<std::string, json> specs;
+  for (const auto& l : meta["linears"]) {
+    if (!l.is_object() || !l.contains("name") || !l["name"].is_string())
+      throw bad("bad linear entry");
+    specs[l["name"].get<std::string>()] = l;
+  }
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      const std::string name = linear_name(l, kind);
+      auto sp = specs.find(name);
+      if (sp == specs.end()) throw bad(fmt::format("linear {} is missing", name));
+      QuantizedLinear q;
+      q.rows = lin_rows(cfg, kind);
+      q.cols = lin_cols(cfg, kind);
+      q.spec.bits = sp->second.value("bits", 0);
+      q.spec.group = sp->second.value("group", 0);
+      q.spec.sym = sp->second.value("sym", false);
+      if (q.spec.bits < 2 || q.spec.bits > 8) throw bad(fmt::format("{}: bad bit width", name));
+      const int ng = q.spec.groups(q.cols);
+      auto expect = [&](const std::string& tn, std::vector<std::int64_t> shape) {
+        const auto* ti = st.find(tn);
+        if (!ti) throw bad(fmt::format("tensor {} is missing", tn));
+        if (ti->shape != shape)
+          throw Error(fmt::format("quantized model {} does not match its config: {} has shape {}, "
+                                  "the model {} expects {}",
+                                  file.string(), tn, io::shape_str(ti->shape), model::describe(cfg),
+                                  io::shape_str(shape)),
+                      "use the config.json written with the quantized file");
+      };
+      expect(name + ".qweight", {q.rows, packed_cols(q.cols, q.spec.bits)});
+      expect(name + ".scales", {q.rows, ng});
+      expect(name + ".zeros", {q.rows, ng});
+      expect(name + ".g_idx", {q.cols});
+      unpack(st.read_i64(name + ".qweight"), q);
+      q.scales = st.read_f32(name + ".scales");
+      for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
+      for (auto g : st.read_i64(name + ".g_idx")) {
+        if (g < 0 || g >= ng) throw bad(fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
+        q.g_idx.push_back(static_cast<std::int32_t>(g));
+      }
+      for (auto c : q.q)
+        if (c > q.spec.maxq())
+          throw bad(fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
+      if (st.contains(name + ".in_scale")) {
+        expect(name + ".in_scale", {q.cols});
+        q.in_scale = st.read_f32(name + ".in_scale");
+      }
+      q.dequantize(P + lin_weight_offset(layout, l, kind));
+    }
+  out.quantized = true;
+  out.act.mode = parse_act_mode(meta.value("activations", "none"));
+  out.act.threshold = meta.value("int8_threshold", 6.0f);
+  const auto& l0 = meta["linears"].empty() ? json::object() : meta["linears"][0];
+  WeightQuant wq{l0.value("bits", 0), l0.value("group", 0), l0.value("sym", false)};
+  out.description = fmt::format("{} {} act {}", meta.value("method", "?"), describe(wq),
+                                act_mode_name(out.act.mode));
+  if (meta.contains("info") && meta["info"].is_object())
+    for (auto& [k, v] : meta["info"].items())
+      if (v.is_string()) out.info[k] = v.get<std::string>();
+  return out;
+}
+
+std::vector<double> relative_reconstruction_error(const model::ParamLayout& layout,
+                                                  const float* params, const QuantizedModel& qm,
+                                                  const Capture& cap) {
+  std::vector<double> out;
+  for (std::size_t i = 0; i < qm.linears.size(); ++i) {
+    const auto& L = qm.linears[i];
+    const int rows = L.q.rows, cols = L.q.cols;
+    const float* W = params + lin_weight_offset(layout, L.layer, L.kind);
+    auto S = cap.layers[L.layer][static_cast<int>(L.kind)].hessian.mean_xtx();
+    auto We = qm.effective_weight(i);
+    std::vector<float> zero(static_cast<std::size_t>(rows) * cols, 0.0f);
+    double err = output_mse(We.data(), W, rows, cols, S);
+    double ref = output_mse(zero.data(), W, rows, cols, S);
+    out.push_back(ref > 0 ? err / ref : err);
+  }
+  return out;
+}
+
+}  // namespace tessera::quant

@@ -1,0 +1,94 @@
+// Model-level quantization: RTN, GPTQ (sequential, block by block), AWQ, SmoothQuant W8A8,
+// naive W8A8 and LLM.int8() over a GPT-2 model; the quantized model file (safetensors with
+// integer codes and quantization metadata) and a loader that any command can use.
+//
+// Quantized: the four linears of every block. Not quantized (as in the GPTQ/AWQ references):
+// embeddings, the tied LM head, LayerNorms and biases.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/core/buffer.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/quant/calibration.hpp"
+#include "tessera/quant/quantizer.hpp"
+#include "tessera/quant/runner.hpp"
+
+namespace tessera::quant {
+
+enum class Method { Rtn, Gptq, Awq, SmoothQuant, W8A8, Int8 };
+Method parse_method(const std::string& s);  // rtn gptq awq smoothquant w8a8 llm-int8
+const char* method_name(Method m);
+bool needs_calibration(Method m);  // all but rtn, w8a8 and llm-int8
+
+struct QuantizeOptions {
+  Method method = Method::Rtn;
+  WeightQuant wq;  // weight-only methods (rtn, gptq, awq); W8A8 methods use INT8 per channel
+  // GPTQ
+  double damp = 0.01;
+  int blocksize = 128;
+  bool act_order = false;
+  bool static_groups = false;
+  // AWQ
+  int awq_grid = 20;
+  bool awq_clip = true;
+  // SmoothQuant / W8A8 / LLM.int8()
+  float alpha = 0.5f;
+  ActMode act = ActMode::PerToken;  // smoothquant, w8a8
+  float int8_threshold = 6.0f;
+  int micro_batch = 8;
+  bool verbose = false;
+};
+
+struct QLinear {
+  std::string name;  // "h.3.mlp.c_fc"
+  int layer = 0;
+  Lin kind = Lin::Qkv;
+  QuantizedLinear q;
+  // The linear's input was divided by in_fold (scales folded into the previous op) and its output
+  // multiplied by 1/out_fold (v rows of c_attn scaled for AWQ): the effective weight in the
+  // original model's coordinates is deq(q)[r, c] * out_fold[r] / in_fold[c]. Empty = ones.
+  std::vector<float> in_fold, out_fold;
+  double gptq_loss = 0, damp = 0;
+  float alpha = 0;  // AWQ's chosen grid point
+};
+
+struct QuantizedModel {
+  model::ModelConfig config;
+  Buffer<float> params;  // fp32, dequantized linears, folded LayerNorms: ready for the forward
+  std::vector<QLinear> linears;
+  ActQuant act;
+  std::string method;
+  std::map<std::string, std::string> info;  // calibration, options (written as metadata)
+  // The effective weight (rows, cols) of linear i in the original model's coordinates.
+  std::vector<float> effective_weight(std::size_t i) const;
+};
+
+QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
+                              const QuantizeOptions& opt, const CalibSet* calib);
+
+// Files: DIR/model.safetensors (+ config.json).
+void save_quantized(const std::filesystem::path& dir, const QuantizedModel& qm);
+
+// Loads a tessera quantized file, a tessera checkpoint or a Hugging Face GPT-2 model (`path` as
+// io::load_model takes it). For a quantized file the parameters are the dequantized weights and
+// `act` the activation quantization to simulate.
+struct AnyModel {
+  io::LoadedModel model;
+  ActQuant act;
+  bool quantized = false;
+  std::string description;  // "gptq W4 g128 asym" or "fp32"
+  std::map<std::string, std::string> info;
+};
+AnyModel load_any_model(const std::filesystem::path& path);
+
+// ||W X - W' X||^2 / ||W X||^2 on the calibration inputs of the unquantized model (rows of S =
+// X^T X / N) for every quantized linear, in qm.linears order.
+std::vector<double> relative_reconstruction_error(const model::ParamLayout& layout,
+                                                  const float* params, const QuantizedModel& qm,
+                                                  const Capture& fp_capture);
+
+}  // namespace tessera::quant

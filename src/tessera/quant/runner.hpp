@@ -1,0 +1,77 @@
+// A block-by-block GPT-2 forward for quantization: the same ops as model::forward, but each
+// block is a separate call over a residual stream the caller keeps, and the input of every
+// linear passes through hooks (statistics capture; simulated activation quantization).
+// Memory is bounded by one block's activations for the tokens of one call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/core/buffer.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/model/layout.hpp"
+
+namespace tessera::quant {
+
+// The four linears of a GPT-2 block, in execution order.
+enum class Lin { Qkv = 0, AttnProj = 1, Fc = 2, FcProj = 3 };
+inline constexpr int k_num_lin = 4;
+const char* lin_hf_name(Lin k);  // "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"
+std::string linear_name(int layer, Lin k);           // "h.3.attn.c_attn"
+int lin_rows(const model::ModelConfig& cfg, Lin k);  // out features
+int lin_cols(const model::ModelConfig& cfg, Lin k);  // in features
+std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin k);
+std::size_t lin_bias_offset(const model::ParamLayout& layout, int layer, Lin k);
+
+// Simulated (fake) activation quantization of linear inputs, applied just before the GEMM.
+enum class ActMode {
+  None,
+  PerToken,   // dynamic absmax INT8 per token (row)
+  PerTensor,  // dynamic absmax INT8 over the whole input of the call
+  Int8Mixed,  // LLM.int8(): columns with some |x| >= threshold stay fp32, the rest per token
+};
+struct ActQuant {
+  ActMode mode = ActMode::None;
+  float threshold = 6.0f;  // Int8Mixed outlier threshold
+};
+const char* act_mode_name(ActMode m);  // "none", "per-token", "per-tensor", "int8-mixed"
+ActMode parse_act_mode(const std::string& s);
+// Applies the fake quantization in place to x (N, cols).
+void fake_quant_activations(const ActQuant& aq, float* x, std::int64_t N, int cols);
+
+struct Hooks {
+  // Called with the (unquantized) input of every linear: x (N, cols).
+  std::function<void(int layer, Lin k, const float* x, std::int64_t N, int cols)> capture;
+  ActQuant act;
+  // Called with the residual stream after each block (N, C) (massive activations).
+  std::function<void(int layer, const float* x, std::int64_t N, int C)> residual;
+  // Stop the block right after capturing this linear's input (Lin as int; -1 = run it all).
+  // The residual stream is then left partly updated: use on a scratch copy.
+  int stop_after = -1;
+};
+
+class Runner {
+ public:
+  Runner(const model::ParamLayout& layout, kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn)
+      : layout_(layout), gemm_(gemm) {}
+  // x (B*T, C) = token + position embeddings of tokens (B, T).
+  void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x);
+  // One transformer block in place on the residual stream x (B*T, C).
+  void block(const float* params, int layer, float* x, int B, int T, const Hooks& hooks);
+  // ln_f and the tied LM head: logits (B*T, Vp).
+  void head(const float* params, const float* x, std::int64_t N, float* logits);
+  // Everything: logits (B*T, Vp) of tokens (B, T).
+  void logits(const float* params, const std::int32_t* tokens, int B, int T, float* logits,
+              const Hooks& hooks);
+
+ private:
+  void ensure(std::int64_t N);
+  const model::ParamLayout& layout_;
+  kernels::GemmLibrary gemm_;
+  std::int64_t cap_ = 0;
+  Buffer<float> ln_, qkv_, att_, lse_, fch_, tmp_, x_;
+};
+
+}  // namespace tessera::quant

@@ -1,0 +1,193 @@
+#include "tessera/quant/study.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/data/shard.hpp"
+#include "tessera/quant/outliers.hpp"
+
+namespace tessera::quant {
+
+eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params, ActQuant act) {
+  auto run = std::make_shared<Runner>(layout);
+  return [run, params, act](const std::int32_t* tokens, int B, int T, float* logits) {
+    Hooks h;
+    h.act = act;
+    run->logits(params, tokens, B, T, logits, h);
+  };
+}
+
+std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::size_t max_tokens,
+                                      int vocab_size) {
+  if (!std::filesystem::is_regular_file(shard))
+    throw Error(fmt::format("evaluation shard not found: {}", shard.string()),
+                "run 'tessera prepare' or pass --data SHARD");
+  data::ShardReader rd(shard);
+  std::size_t n = max_tokens ? std::min(max_tokens, rd.size()) : rd.size();
+  std::vector<std::int32_t> t(n);
+  if (n) rd.read(0, n, t.data());
+  for (auto v : t)
+    if (v < 0 || v >= vocab_size)
+      throw Error(fmt::format("{} holds token id {} outside the model's vocabulary of {}",
+                              shard.string(), v, vocab_size));
+  return t;
+}
+
+StudyResult run_study(const model::ParamLayout& layout, const float* params,
+                      const StudyOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const auto& cfg = layout.config();
+  const int ctx = cfg.block_size, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  if (opt.seeds < 1) throw Error("--seeds must be >= 1");
+  if (opt.methods.empty() || opt.calibs.empty())
+    throw Error("the study needs at least one method and one calibration set");
+  for (const auto& m : opt.methods) parse_method(m);  // validates
+  for (const auto& c : opt.calibs)
+    if (std::find(calibration_names().begin(), calibration_names().end(), c) ==
+        calibration_names().end())
+      throw Error(fmt::format("unknown calibration set '{}'", c),
+                  "use corpus, corpus-concat, random, punct, domain or lang2");
+  const int seqlen = opt.seqlen > 0 ? opt.seqlen : std::min(cfg.block_size, 512);
+  auto tokens = read_tokens(opt.eval_shard, static_cast<std::size_t>(opt.eval_windows) * ctx, V);
+  StudyResult res;
+  auto fp = logits_fn(layout, params, {});
+  auto w = eval::perplexity(fp, tokens, ctx, V, Vp, eval::PplProtocol::Windows, opt.eval_windows);
+  auto h =
+      eval::perplexity(fp, tokens, ctx, V, Vp, eval::PplProtocol::SecondHalf, opt.eval_windows);
+  res.fp_ppl_windows = w.perplexity;
+  res.fp_ppl_second_half = h.perplexity;
+  res.windows_label = w.label;
+  res.second_half_label = h.label;
+  {
+    auto calib = make_calibration(opt.calibs.front(), opt.nsamples, seqlen, 0, V, opt.sources);
+    auto cap = capture(layout, params, calib, false);
+    auto rep = analyze_outliers(cap);
+    res.outlier_summary = rep.summary_line() + " (calibration " + calib.describe() + ")";
+    res.outliers = rep.to_json();
+  }
+  for (const auto& mname : opt.methods) {
+    Method m = parse_method(mname);
+    // Methods without calibration give one row per calibration set and seed all the same; run
+    // them once.
+    const bool calib_free = !needs_calibration(m);
+    for (const auto& cname : opt.calibs) {
+      for (int seed = 0; seed < opt.seeds; ++seed) {
+        if (calib_free && (seed > 0 || cname != opt.calibs.front())) continue;
+        const auto r0 = clock::now();
+        QuantizeOptions qo = opt.base;
+        qo.method = m;
+        CalibSet calib;
+        if (!calib_free)
+          calib = make_calibration(cname, opt.nsamples, seqlen, static_cast<std::uint64_t>(seed), V,
+                                   opt.sources);
+        auto qm = quantize_model(layout, params, qo, calib_free ? nullptr : &calib);
+        auto qf = logits_fn(layout, qm.params.data(), qm.act);
+        StudyRow row;
+        row.method = mname;
+        row.calib = calib_free ? "-" : cname;
+        row.seed = static_cast<std::uint64_t>(seed);
+        auto kl = eval::kl_divergence(fp, qf, tokens, ctx, V, Vp, opt.eval_windows);
+        row.ppl_windows = kl.model_ppl.perplexity;  // same windows and logits as the KL
+        row.ppl_second_half = eval::perplexity(qf, tokens, ctx, V, Vp,
+                                               eval::PplProtocol::SecondHalf, opt.eval_windows)
+                                  .perplexity;
+        row.kl_mean = kl.mean;
+        row.top1 = kl.top1_agreement;
+        row.seconds = std::chrono::duration<double>(clock::now() - r0).count();
+        if (opt.verbose)
+          std::fprintf(stderr, "study: %s calib %s seed %d: ppl %.3f / %.3f  KL %.4f  (%.1f s)\n",
+                       mname.c_str(), row.calib.c_str(), seed, row.ppl_windows, row.ppl_second_half,
+                       row.kl_mean, row.seconds);
+        res.rows.push_back(row);
+      }
+    }
+  }
+  res.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return res;
+}
+
+namespace {
+struct Agg {
+  double mean = 0, sd = 0, min = 0, max = 0;
+  int n = 0;
+};
+Agg agg(const std::vector<double>& v) {
+  Agg a;
+  a.n = static_cast<int>(v.size());
+  if (v.empty()) return a;
+  a.min = *std::min_element(v.begin(), v.end());
+  a.max = *std::max_element(v.begin(), v.end());
+  for (double x : v) a.mean += x;
+  a.mean /= v.size();
+  for (double x : v) a.sd += (x - a.mean) * (x - a.mean);
+  a.sd = v.size() > 1 ? std::sqrt(a.sd / (v.size() - 1)) : 0.0;
+  return a;
+}
+}  // namespace
+
+std::string StudyResult::markdown(const std::string& model_name) const {
+  std::string s = fmt::format("# Calibration study: {}\n\n", model_name);
+  s += fmt::format("Perplexity A: {}. Perplexity B: {}.\n\n", windows_label, second_half_label);
+  s += fmt::format("fp32: A {:.3f}, B {:.3f}\n\n", fp_ppl_windows, fp_ppl_second_half);
+  // method x calibration: mean +- sd over seeds (protocol A)
+  std::vector<std::string> methods, calibs;
+  for (const auto& r : rows) {
+    if (std::find(methods.begin(), methods.end(), r.method) == methods.end())
+      methods.push_back(r.method);
+    if (std::find(calibs.begin(), calibs.end(), r.calib) == calibs.end()) calibs.push_back(r.calib);
+  }
+  s += "## Perplexity A (mean +- sd over seeds) per method x calibration set\n\n| method |";
+  for (const auto& c : calibs) s += " " + c + " |";
+  s += " spread (max-min over all) |\n|---|";
+  for (std::size_t i = 0; i < calibs.size(); ++i) s += "---|";
+  s += "---|\n";
+  for (const auto& m : methods) {
+    s += "| " + m + " |";
+    std::vector<double> all;
+    for (const auto& c : calibs) {
+      std::vector<double> v;
+      for (const auto& r : rows)
+        if (r.method == m && r.calib == c) v.push_back(r.ppl_windows);
+      all.insert(all.end(), v.begin(), v.end());
+      if (v.empty()) {
+        s += " |";
+        continue;
+      }
+      auto a = agg(v);
+      s += v.size() > 1 ? fmt::format(" {:.3f} +- {:.3f} |", a.mean, a.sd)
+                        : fmt::format(" {:.3f} |", a.mean);
+    }
+    auto a = agg(all);
+    s += fmt::format(" {:.3f} ({:+.2f}% vs fp32 at best, {:+.2f}% at worst) |\n", a.max - a.min,
+                     100 * (a.min / fp_ppl_windows - 1), 100 * (a.max / fp_ppl_windows - 1));
+  }
+  s += "\n## Every run\n\n| method | calibration | seed | ppl A | ppl B | KL mean | top-1 agree | "
+       "seconds |\n|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows)
+    s += fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.5f} | {:.4f} | {:.1f} |\n", r.method,
+                     r.calib, r.seed, r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1,
+                     r.seconds);
+  s += fmt::format("\n## Outliers\n\n{}\n\nTotal time {:.1f} s.\n", outlier_summary, seconds);
+  return s;
+}
+
+std::string StudyResult::csv() const {
+  std::string s =
+      "method,calibration,seed,ppl_windows,ppl_second_half,kl_mean,top1_agreement,"
+      "seconds\n";
+  s += fmt::format("fp32,-,-,{:.6f},{:.6f},0,1,0\n", fp_ppl_windows, fp_ppl_second_half);
+  for (const auto& r : rows)
+    s += fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.2f}\n", r.method, r.calib, r.seed,
+                     r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1, r.seconds);
+  return s;
+}
+
+}  // namespace tessera::quant

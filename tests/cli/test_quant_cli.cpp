@@ -1,0 +1,123 @@
+// End-to-end tests of quantize / outliers / study and of eval and sample on quantized files,
+// on the tiny Hugging Face GPT-2 fixture (C = 32, vocabulary 100, 16 positions).
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cli_util.hpp"
+#include "tessera/data/shard.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/model/gpt.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string k_fixture = TESSERA_FIXTURES "/gpt2_tiny";
+
+void expect_clean_error(const cli::Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
+  auto lines = r.err_lines();
+  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
+  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos)
+      << "expected '" << needle << "' in: " << lines[0];
+}
+
+// A token shard of ids < 100 for the fixture.
+fs::path tiny_shard(const fs::path& dir) {
+  std::vector<std::uint32_t> t(16 * 12);
+  for (std::size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<std::uint32_t>((i * 7 + i / 5) % 100);
+  auto p = dir / "val.bin";
+  tessera::data::write_shard(p, t);
+  return p;
+}
+
+const char* k_calib = " --calib random --nsamples 4 --seqlen 16 ";
+
+}  // namespace
+
+TEST(QuantCli, QuantizeThenEvalOutliersStudy) {
+  auto dir = cli::scratch("quant_ok");
+  auto shard = tiny_shard(dir);
+  auto q = cli::run("quantize -m " + k_fixture + " -o " + (dir / "q").string() +
+                    " --method gptq --group 16 --act-order" + k_calib);
+  ASSERT_EQ(q.code, 0) << q.err;
+  EXPECT_TRUE(fs::exists(dir / "q" / "model.safetensors"));
+  auto e = cli::run("eval -m " + (dir / "q").string() + " --data " + shard.string() +
+                    " --reference " + k_fixture);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("non-overlapping windows of 16 tokens"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("llama.cpp chunks of 16 tokens"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("KL(reference || model)"), std::string::npos) << e.out;
+  // the plain eval path loads the quantized file too
+  auto e2 = cli::run("eval -m " + (dir / "q").string() + " --data " + shard.string() + " --json");
+  ASSERT_EQ(e2.code, 0) << e2.err;
+  EXPECT_NE(e2.out.find("\"perplexity\""), std::string::npos);
+  // W8A8 with simulated activation quantization is evaluated with it
+  auto w = cli::run("quantize -m " + k_fixture + " -o " + (dir / "w8a8").string() +
+                    " --method smoothquant --alpha 0.5" + k_calib);
+  ASSERT_EQ(w.code, 0) << w.err;
+  auto e3 = cli::run("eval -m " + (dir / "w8a8").string() + " --data " + shard.string() +
+                     " --protocol llama");
+  ASSERT_EQ(e3.code, 0) << e3.err;
+  EXPECT_NE(e3.out.find("act per-token"), std::string::npos) << e3.out;
+  // outliers: JSON + SVG
+  auto o = cli::run("outliers -m " + k_fixture + k_calib + "--out " + (dir / "out").string());
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(cli::slurp(dir / "out" / "outliers.json").find("\"linears\""), std::string::npos);
+  EXPECT_NE(cli::slurp(dir / "out" / "outliers.svg").find("<svg"), std::string::npos);
+  // study: Markdown + CSV, one row per method x set x seed (rtn: once, no calibration)
+  auto s = cli::run("study calibration -m " + k_fixture +
+                    " --methods rtn,gptq,smoothquant --calib random,punct --seeds 2 --nsamples 2 "
+                    "--seqlen 16 --windows 4 --group 16 --data " +
+                    shard.string() + " --out " + (dir / "study").string());
+  ASSERT_EQ(s.code, 0) << s.err;
+  auto csv = cli::slurp(dir / "study" / "study.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 1 + 1 + 2 * 2 * 2);
+  EXPECT_NE(cli::slurp(dir / "study" / "study.md").find("| gptq |"), std::string::npos);
+}
+
+TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {
+  auto dir = cli::scratch("quant_bad");
+  auto out = " -o " + (dir / "x").string();
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --bits 9"),
+                     "bit width 9");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --group 7"),
+                     "group size 7");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --group 0"),
+                     "group size 0");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out +
+                              " --method gptq --calib random --nsamples 0 --seqlen 16"),
+                     "empty");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method nope"),
+                     "unknown quantization method");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out +
+                              " --method gptq --calib nope --nsamples 2 --seqlen 16"),
+                     "unknown calibration set");
+  // a quantized file, then: re-quantizing it, a config of another model beside it, and a KL
+  // reference of another shape
+  auto q = dir / "q";
+  ASSERT_EQ(
+      cli::run("quantize -m " + k_fixture + " -o " + q.string() + " --method rtn --group 16").code,
+      0);
+  expect_clean_error(cli::run("quantize -m " + q.string() + out + " --method rtn --group 16"),
+                     "already quantized");
+  auto bad = dir / "bad";
+  fs::create_directories(bad);
+  fs::copy_file(q / "model.safetensors", bad / "model.safetensors");
+  std::ofstream(bad / "config.json")
+      << R"({"model_type":"gpt2","n_layer":2,"n_head":4,"n_embd":64,"n_positions":16,)"
+      << R"("vocab_size":100})";
+  auto shard = tiny_shard(dir);
+  expect_clean_error(cli::run("eval -m " + bad.string() + " --data " + shard.string()),
+                     "does not match");
+  tessera::model::ModelConfig other{1, 4, 32, 16, 100};
+  tessera::model::ParamLayout layout(other);
+  std::vector<float> p(layout.total(), 0.01f);
+  tessera::io::save_model(dir / "other", layout, p.data());
+  expect_clean_error(cli::run("eval -m " + q.string() + " --data " + shard.string() +
+                              " --reference " + (dir / "other").string()),
+                     "reference model");
+}
