@@ -45,7 +45,8 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
                                    prompt.end());
   model::Decoder dec(layout, params, ctx, opt.gemm);
   const float* logits = nullptr;
-  for (auto t : window) logits = dec.step(t);
+  for (std::size_t i = 0; i < window.size(); ++i)
+    logits = dec.step(window[i], i + 1 == window.size());  // logits of the last prompt token only
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     std::int32_t next = pick_token(logits, cfg.vocab_size, opt.temperature, opt.top_k, rng);
     out.push_back(next);
@@ -58,7 +59,8 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
       all.insert(all.end(), out.begin(), out.end());
       std::vector<std::int32_t> recent(all.end() - ctx / 2, all.end());
       dec.reset();
-      for (auto t : recent) logits = dec.step(t);
+      for (std::size_t j = 0; j < recent.size(); ++j)
+        logits = dec.step(recent[j], j + 1 == recent.size());
     } else {
       logits = dec.step(next);
     }

@@ -380,7 +380,7 @@ Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
   scores_.resize(max_T);
 }
 
-const float* Decoder::step(std::int32_t token) {
+const float* Decoder::step(std::int32_t token, bool want_logits) {
   const auto& cfg = layout_.config();
   if (pos_ >= max_T_)
     throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
@@ -432,10 +432,11 @@ const float* Decoder::step(std::int32_t token) {
     k::gelu_forward(fch_.data(), fch_.data(), 4 * C);
     k::linear_forward(gemm_, x, fch_.data(), P + w.fcproj_w, P + w.fcproj_b, 1, 4 * C, C, true);
   }
+  ++pos_;
+  if (!want_logits) return nullptr;
   k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + layout_.lnf_w, P + layout_.lnf_b, 1, C);
   k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.wte, nullptr, 1, C,
                     cfg.padded_vocab());
-  ++pos_;
   return logits_.data();
 }
 

@@ -131,8 +131,10 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 class Decoder {
  public:
   Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm);
-  // Feeds one token at the next position; returns logits (Vp) for the following token.
-  const float* step(std::int32_t token);
+  // Feeds one token at the next position; returns logits (Vp) for the following token, or
+  // nullptr without computing them when `logits` is false (prompt tokens before the last: the
+  // LM head is the largest product of a step).
+  const float* step(std::int32_t token, bool logits = true);
   int position() const { return pos_; }
   int capacity() const { return max_T_; }
   void reset() { pos_ = 0; }

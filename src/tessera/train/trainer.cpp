@@ -455,6 +455,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       row["comm_wait_ms"] = comm_wait * 1e3;        // exposed gradient-reduction time
     }
     if (lead) metrics << row.dump() << "\n";
+    if (lead && opt.on_step) opt.on_step(step, tc.steps, loss);
     if (!opt.quiet &&
         (step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1)) {
       double el = run_timer.seconds();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "tessera/model/config.hpp"
@@ -21,6 +22,8 @@ struct TrainOptions {
   // Stop (with a checkpoint) once this optimizer step is reached, although the schedule runs to
   // train.steps: for preemptible jobs and time limits. 0 = run to train.steps.
   std::int64_t stop_at = 0;
+  // Called on rank 0 after each optimizer step (studies drawing their own progress).
+  std::function<void(std::int64_t step, std::int64_t steps, double loss)> on_step;
 };
 
 struct TrainSummary {
