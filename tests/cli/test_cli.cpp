@@ -269,3 +269,22 @@ TEST_F(Cli, KillDuringCheckpointSaveLeavesLoadableNewest) {
   EXPECT_GT(kills, 0);
   ASSERT_TRUE(tessera::io::latest_checkpoint(out / "checkpoints").has_value());
 }
+
+// Closing the loop (issue 6): with a cluster file, a training run logs the performance model's
+// predicted step time and memory next to the measured ones.
+TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
+  auto out = cli::scratch("predicted");
+  auto r = cli::run(tiny_run_args(data_, out, 3) + " 'hardware.cluster=\"" TESSERA_SOURCE_DIR
+                                                   "/configs/clusters/selene.toml\"'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto m = cli::slurp(out / "metrics.jsonl");
+  EXPECT_NE(m.find("\"event\":\"prediction\""), std::string::npos) << m;
+  EXPECT_NE(m.find("\"predicted_step_ms\""), std::string::npos) << m;
+  EXPECT_NE(m.find("\"event\":\"summary\""), std::string::npos) << m;
+  EXPECT_NE(m.find("\"peak_rss_bytes\""), std::string::npos) << m;
+  // A cluster file given that cannot be read is one error line before any work.
+  auto out2 = cli::scratch("predicted_bad");
+  auto r2 = cli::run(tiny_run_args(data_, out2, 1) + " 'hardware.cluster=\"/nonexistent.toml\"'");
+  expect_clean_error(r2, "/nonexistent.toml");
+  EXPECT_FALSE(fs::exists(out2 / "metrics.jsonl"));
+}

@@ -65,6 +65,7 @@ void for_each_field(Config& c, F&& f) {
   f("hardware", "peak_tflops", c.hardware.peak_tflops);
   f("hardware", "tune_gemm", c.hardware.tune_gemm);
   f("hardware", "gemm_tuning_file", c.hardware.gemm_tuning_file);
+  f("hardware", "cluster", c.hardware.cluster);
 
   f("parallel", "dp", c.parallel.dp);
   f("parallel", "pp", c.parallel.pp);

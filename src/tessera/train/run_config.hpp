@@ -75,6 +75,9 @@ struct HardwareSection {
   double peak_tflops = 0.0;      // peak dense TFLOP/s for MFU; 0 = look up / unknown
   bool tune_gemm = false;        // tensor parallelism: GEMM layout tuning of the linears
   std::string gemm_tuning_file;  // tuner choices: loaded if present, saved after training
+  // cluster file for the performance model's prediction logged next to the measurements;
+  // "" = configs/clusters/this-machine.toml when it exists (written by `tessera probe`)
+  std::string cluster;
   bool operator==(const HardwareSection&) const = default;
 };
 

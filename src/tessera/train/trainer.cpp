@@ -1,11 +1,13 @@
 #include "tessera/train/trainer.hpp"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
@@ -23,6 +25,8 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/tensor_model.hpp"
+#include "tessera/perf/cluster.hpp"
+#include "tessera/perf/model.hpp"
 #include "tessera/train/goldfish.hpp"
 #include "tessera/train/peak.hpp"
 
@@ -117,6 +121,20 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
         fmt::format("the micro-batch of {} sequences is not divisible by parallel.tz={}", B, pc.tz),
         "tz splits each micro-batch by whole sequences: choose train.batch_size (or "
         "global_batch) so that it is");
+  // The cluster file of the performance model: an explicit one must load (checked before any
+  // work); the default one (written by `tessera probe`) is used when present and readable.
+  fs::path cluster_path = cfg.hardware.cluster;
+  std::optional<perf::ClusterSpec> cluster_spec;
+  if (!cluster_path.empty()) {
+    cluster_spec = perf::load_cluster(cluster_path);  // throws tessera::Error naming the file
+  } else if (fs::exists("configs/clusters/this-machine.toml")) {
+    cluster_path = "configs/clusters/this-machine.toml";
+    try {
+      cluster_spec = perf::load_cluster(cluster_path);
+    } catch (const Error& e) {
+      log_info("(no performance-model prediction: {})", e.what());
+    }
+  }
   comm::Topology topo(shape, rt.world_rank());
   // Tensor parallelism: each rank trains its slices of the model, held in a flat buffer with a
   // local layout; data parallelism and ZeRO then work on that buffer over the dp group.
@@ -254,6 +272,42 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (!opt.quiet)
       log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",
                mem.params_bytes / 1e6, mem.grads_bytes / 1e6, mem.optimizer_bytes / 1e6);
+  }
+
+  // The performance model's prediction for this run (docs/performance-model.md), logged next to
+  // what is measured: per-step time in every row, peak memory in the closing summary.
+  double predicted_step_s = 0, predicted_peak_bytes = 0;
+  if (cluster_spec) {
+    const fs::path& cluster = cluster_path;
+    {
+      try {
+        const auto& spec = *cluster_spec;
+        perf::ModelOptions mo;
+        mo.dtype = perf::DType::FP32;
+        mo.tp_overlap = pc.overlap_dx && pc.prefetch;
+        mo.dp_overlap = pc.overlap;
+        const auto est = perf::predict_step(
+            mcfg, shape, spec, T, B, accum, pc.zero,
+            pc.recompute && tensor_size > 1 ? perf::Recompute::Full : perf::Recompute::None, mo);
+        predicted_step_s = est.step_s;
+        predicted_peak_bytes = est.peak_bytes;
+        if (lead)
+          metrics << nlohmann::json{{"event", "prediction"},
+                                    {"cluster", cluster.string()},
+                                    {"step_ms", est.step_s * 1e3},
+                                    {"peak_bytes", est.peak_bytes},
+                                    {"fits", est.fits},
+                                    {"reason", est.reason}}
+                         .dump()
+                  << "\n";
+        if (!opt.quiet)
+          log_info("performance model ({}): {:.1f} ms per step, {:.1f} MB per rank{}",
+                   cluster.string(), est.step_s * 1e3, est.peak_bytes / 1e6,
+                   est.fits ? std::string() : " (" + est.reason + ")");
+      } catch (const Error& e) {
+        if (!opt.quiet) log_info("(no performance-model prediction: {})", e.what());
+      }
+    }
   }
 
   // Per rank: MFU is per device (a tensor group shares its micro-batch's FLOPs).
@@ -431,6 +485,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     nlohmann::json row{{"step", step},         {"loss", loss},         {"lr", lr},
                        {"grad_norm", norm},    {"step_ms", sec * 1e3}, {"tokens_per_s", tps},
                        {"tokens", tokens_seen}};
+    if (predicted_step_s > 0) row["predicted_step_ms"] = predicted_step_s * 1e3;
     if (peak_measured && peak.flops > 0 && flops_per_step / sec > peak.flops) {
       // The start-up measurement ran on a busy machine: a step cannot beat the peak, so the
       // peak is at least this step's rate. Say so once instead of printing MFU > 100%.
@@ -478,6 +533,22 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (step > start_step || !resumed) checkpoint_now();
   summary.last_step = step;
   if (tm && lead) tm->save_gemm_choices();
+  if (lead && step > start_step) {
+    // Measured against predicted, once per run.
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    std::vector<double> sorted = tok_rates;
+    std::sort(sorted.begin(), sorted.end());
+    const double median_step_s = static_cast<double>(tokens_per_step) / sorted[sorted.size() / 2];
+    nlohmann::json row{{"event", "summary"},
+                       {"median_step_ms", median_step_s * 1e3},
+                       {"peak_rss_bytes", static_cast<double>(ru.ru_maxrss) * 1024.0}};
+    if (predicted_step_s > 0) {
+      row["predicted_step_ms"] = predicted_step_s * 1e3;
+      row["predicted_peak_bytes"] = predicted_peak_bytes;
+    }
+    metrics << row.dump() << "\n";
+  }
   if (!tok_rates.empty()) {
     std::nth_element(tok_rates.begin(), tok_rates.begin() + tok_rates.size() / 2, tok_rates.end());
     summary.tokens_per_s = tok_rates[tok_rates.size() / 2];
