@@ -64,26 +64,53 @@ Batch make_batch(const model::ModelConfig& c) {
   return b;
 }
 
+// The single-process loss and gradients of a training forward + backward, computed on every rank.
+struct Reference {
+  std::vector<float> params, grads;
+  float loss = 0;
+  model::ForwardOptions fo;
+};
+
+Reference make_reference(const model::ParamLayout& layout, const Batch& batch) {
+  Reference r;
+  r.params.resize(layout.total());
+  r.grads.assign(layout.total(), 0.0f);
+  model::init_params(layout, r.params.data(), 1234);
+  // Larger than GPT-2's 0.02 so that every path carries a visible gradient.
+  for (float& p : r.params) p *= 5.0f;
+  model::Activations acts;
+  r.fo.training = true;
+  r.fo.dloss = 1.0f / static_cast<float>(batch.B * batch.T);
+  r.loss = model::forward(layout, r.params.data(), acts, batch.x.data(), batch.y.data(), batch.B,
+                          batch.T, r.fo);
+  model::backward(layout, r.params.data(), r.grads.data(), acts, batch.x.data(), batch.B, batch.T,
+                  r.fo.gemm);
+  return r;
+}
+
+// Each tensor of `full` within 1e-4 of the reference tensor's largest entry.
+void expect_grads_close(const model::ParamLayout& layout, const std::vector<float>& full,
+                        const std::vector<float>& ref) {
+  for (const auto& t : layout.tensors()) {
+    double scale = 0.0, err = 0.0;
+    for (std::size_t j = 0; j < t.numel; ++j) {
+      scale = std::max(scale, static_cast<double>(std::fabs(ref[t.offset + j])));
+      err = std::max(err, static_cast<double>(std::fabs(full[t.offset + j] - ref[t.offset + j])));
+    }
+    EXPECT_GT(scale, 0.0) << t.name << ": the reference gradient is zero";
+    EXPECT_LE(err, 1e-4 * scale) << t.name;
+  }
+}
+
 TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
   const int world = runtime().world_size();
   const auto cfg = tiny_config();
   const model::ParamLayout layout(cfg);
   const Batch batch = make_batch(cfg);
-  const int N = batch.B * batch.T;
-
-  // The reference, computed on every rank.
-  std::vector<float> params(layout.total()), ref_grads(layout.total(), 0.0f);
-  model::init_params(layout, params.data(), 1234);
-  // Larger than GPT-2's 0.02 so that every path carries a visible gradient.
-  for (float& p : params) p *= 5.0f;
-  model::Activations acts;
-  model::ForwardOptions fo;
-  fo.training = true;
-  fo.dloss = 1.0f / static_cast<float>(N);
-  const float ref_loss = model::forward(layout, params.data(), acts, batch.x.data(), batch.y.data(),
-                                        batch.B, batch.T, fo);
-  model::backward(layout, params.data(), ref_grads.data(), acts, batch.x.data(), batch.B, batch.T,
-                  fo.gemm);
+  const Reference ref = make_reference(layout, batch);
+  const auto& params = ref.params;
+  const auto& fo = ref.fo;
+  const float ref_loss = ref.loss;
 
   for (auto [tx, ty, tz] : factorizations(world)) {
     SCOPED_TRACE(fmt::format("tx={} ty={} tz={}", tx, ty, tz));
@@ -125,16 +152,7 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
 
       std::vector<float> full(layout.total());
       tm.gather_full(lg.data(), full.data());
-      for (const auto& t : layout.tensors()) {
-        double scale = 0.0, err = 0.0;
-        for (std::size_t j = 0; j < t.numel; ++j) {
-          scale = std::max(scale, static_cast<double>(std::fabs(ref_grads[t.offset + j])));
-          err = std::max(
-              err, static_cast<double>(std::fabs(full[t.offset + j] - ref_grads[t.offset + j])));
-        }
-        EXPECT_GT(scale, 0.0) << t.name << ": the reference gradient is zero";
-        EXPECT_LE(err, 1e-4 * scale) << t.name;
-      }
+      expect_grads_close(layout, full, ref.grads);
       // Replicas hold the owner's value.
       std::vector<float> back(local.total());
       tm.extract(full.data(), back.data());
@@ -161,18 +179,10 @@ TEST_F(TensorModelTest, GemmTuningKeepsTheNumbers) {
   const auto cfg = tiny_config();
   const model::ParamLayout layout(cfg);
   const Batch batch = make_batch(cfg);
-  const int N = batch.B * batch.T;
-  std::vector<float> params(layout.total()), ref_grads(layout.total(), 0.0f);
-  model::init_params(layout, params.data(), 1234);
-  for (float& p : params) p *= 5.0f;
-  model::Activations acts;
-  model::ForwardOptions fo;
-  fo.training = true;
-  fo.dloss = 1.0f / static_cast<float>(N);
-  const float ref_loss = model::forward(layout, params.data(), acts, batch.x.data(), batch.y.data(),
-                                        batch.B, batch.T, fo);
-  model::backward(layout, params.data(), ref_grads.data(), acts, batch.x.data(), batch.B, batch.T,
-                  fo.gemm);
+  const Reference ref = make_reference(layout, batch);
+  const auto& params = ref.params;
+  const auto& fo = ref.fo;
+  const float ref_loss = ref.loss;
   const int tx = world >= 4 ? 2 : 1, ty = world / tx;  // a 2D grid where the world allows it
   Topology topo(GridShape{1, 1, tx, ty, 1}, runtime().world_rank());
   par::TensorModelOptions opt;
@@ -186,15 +196,7 @@ TEST_F(TensorModelTest, GemmTuningKeepsTheNumbers) {
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
   std::vector<float> full(layout.total());
   tm.gather_full(lg.data(), full.data());
-  for (const auto& t : layout.tensors()) {
-    double scale = 0.0, err = 0.0;
-    for (std::size_t j = 0; j < t.numel; ++j) {
-      scale = std::max(scale, static_cast<double>(std::fabs(ref_grads[t.offset + j])));
-      err = std::max(err,
-                     static_cast<double>(std::fabs(full[t.offset + j] - ref_grads[t.offset + j])));
-    }
-    EXPECT_LE(err, 1e-4 * scale) << t.name;
-  }
+  expect_grads_close(layout, full, ref.grads);
   ASSERT_NE(tm.gemm_tuner(), nullptr);
   // qkv, proj, fc, fcproj x (forward, dX, dW); shapes may coincide, at least 3 distinct
   EXPECT_GE(tm.gemm_tuner()->cache_size(), 3u);
