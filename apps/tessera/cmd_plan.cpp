@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "perf_setup.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/perf/model_spec.hpp"
@@ -56,17 +57,13 @@ void add_plan_command(CLI::App& root) {
   cmd->add_flag("--1d", a->one_d, "only 1D (Megatron) tensor parallelism: tx = tz = 1");
   cmd->callback([a] {
     Timer timer;
-    auto ms = perf::load_model_spec(perf::resolve_spec(a->model, "configs/models", "model file"));
-    auto cl =
-        perf::load_cluster(perf::resolve_spec(a->cluster, "configs/clusters", "cluster file"));
-    if (a->gpus < 1) throw Error(fmt::format("--gpus must be >= 1 (got {})", a->gpus));
-    if (a->global_batch < 1) throw Error("--global-batch must be >= 1");
+    auto setup = load_perf_setup(a->model, a->cluster, a->gpus, a->global_batch, a->seq, a->dtype,
+                                 a->no_flash, a->no_overlap);
     if (a->top < 1) throw Error("--top must be >= 1");
-    perf::Workload w{ms.cfg, a->seq > 0 ? a->seq : ms.cfg.block_size, a->global_batch};
-    perf::ModelOptions o;
-    o.dtype = perf::parse_dtype(a->dtype);
-    o.flash_attention = !a->no_flash;
-    o.tp_overlap = o.dp_overlap = !a->no_overlap;
+    const auto& ms = setup.ms;
+    const auto& cl = setup.cl;
+    const auto& w = setup.w;
+    const auto& o = setup.o;
     perf::PlanSearch s;
     s.devices = a->gpus;
     if (!a->grid.empty()) s.grid = perf::parse_grid(a->grid);
