@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "calib_flags.hpp"
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
@@ -18,27 +19,16 @@ void add_outliers_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "outliers", "activation outliers of a model: per layer and channel, JSON and SVG");
   struct Args {
-    std::string model, out = "outliers", calib = "corpus", calib_data = "data/brown/train.bin";
-    std::string calib_text, tokenizer = "data/gpt2";
-    int nsamples = 32, seqlen = 0, top = 10;
+    std::string model, out = "outliers";
+    CalibFlags cf;  // 32 samples
+    int top = 10;
     double ratio = 20;
-    std::uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model, "model directory or .safetensors")->required();
   cmd->add_option("--out,-o", a->out, "folder for outliers.json and outliers.svg")
       ->capture_default_str();
-  cmd->add_option("--calib", a->calib, "calibration set (see tessera quantize)")
-      ->capture_default_str();
-  cmd->add_option("--nsamples", a->nsamples, "samples")->capture_default_str();
-  cmd->add_option("--seqlen", a->seqlen, "tokens per sample (0 = min(block_size, 512))")
-      ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
-  cmd->add_option("--calib-data", a->calib_data, "token shard for corpus sets")
-      ->capture_default_str();
-  cmd->add_option("--calib-text", a->calib_text, "text file for the domain / lang2 sets");
-  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
-      ->capture_default_str();
+  add_calibration_options(cmd, a->cf);
   cmd->add_option("--ratio", a->ratio, "outlier channel: max|x| >= ratio x median channel")
       ->capture_default_str();
   cmd->add_option("--top", a->top, "outlier channels to print")->capture_default_str();
@@ -49,14 +39,7 @@ void add_outliers_command(CLI::App& root) {
     auto any = quant::load_any_model(path);
     const auto& cfg = any.model.config;
     model::ParamLayout layout(cfg);
-    quant::CalibSources src;
-    src.train_shard = a->calib_data;
-    src.tokenizer = a->tokenizer;
-    if (!a->calib_text.empty()) src.domain_text = src.lang2_text = a->calib_text;
-    int T = a->seqlen > 0 ? a->seqlen : std::min(cfg.block_size, 512);
-    if (T > cfg.block_size)
-      throw Error(fmt::format("--seqlen {} exceeds the model's block_size {}", T, cfg.block_size));
-    auto calib = quant::make_calibration(a->calib, a->nsamples, T, a->seed, cfg.vocab_size, src);
+    auto calib = calibration_from_flags(a->cf, cfg);
     auto cap = quant::capture(layout, any.model.params.data(), calib, false);
     auto rep = quant::analyze_outliers(cap, a->ratio);
     auto j = rep.to_json();

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "calib_flags.hpp"
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/quant/quantize.hpp"
@@ -18,14 +19,17 @@ void add_quantize_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "quantize", "post-training quantization (RTN, GPTQ, AWQ, SmoothQuant, W8A8, LLM.int8())");
   struct Args {
-    std::string model, out, method = "gptq", calib = "corpus", act = "per-token";
-    std::string calib_data = "data/brown/train.bin", calib_text, tokenizer = "data/gpt2";
+    std::string model, out, method = "gptq", act = "per-token";
+    CalibFlags cf = [] {
+      CalibFlags f;
+      f.nsamples = 128;
+      return f;
+    }();
     std::string eval_data;
-    int bits = 4, group = 128, nsamples = 128, seqlen = 0, blocksize = 128, eval_windows = 32;
+    int bits = 4, group = 128, blocksize = 128, eval_windows = 32;
     bool sym = false, act_order = false, static_groups = false, no_clip = false, verbose = false;
     bool recon = false;
     double damp = 0.01, alpha = 0.5, threshold = 6.0;
-    std::uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
@@ -39,18 +43,7 @@ void add_quantize_command(CLI::App& root) {
   cmd->add_option("--group", a->group, "columns per quantization group (-1 = per channel)")
       ->capture_default_str();
   cmd->add_flag("--sym", a->sym, "symmetric weight quantizer (default asymmetric)");
-  cmd->add_option("--calib", a->calib,
-                  "calibration set: corpus, corpus-concat, random, punct, domain, lang2")
-      ->capture_default_str();
-  cmd->add_option("--nsamples", a->nsamples, "calibration samples")->capture_default_str();
-  cmd->add_option("--seqlen", a->seqlen, "tokens per sample (0 = min(block_size, 512))")
-      ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "calibration sampling seed")->capture_default_str();
-  cmd->add_option("--calib-data", a->calib_data, "token shard for corpus calibration sets")
-      ->capture_default_str();
-  cmd->add_option("--calib-text", a->calib_text, "text file for the domain / lang2 sets");
-  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
-      ->capture_default_str();
+  add_calibration_options(cmd, a->cf);
   cmd->add_option("--damp", a->damp, "GPTQ relative damping")->capture_default_str();
   cmd->add_option("--blocksize", a->blocksize, "GPTQ lazy batch width")->capture_default_str();
   cmd->add_flag("--act-order", a->act_order,
@@ -104,15 +97,7 @@ void add_quantize_command(CLI::App& root) {
     quant::CalibSet calib;
     const bool needs = quant::needs_calibration(qo.method);
     if (needs) {
-      quant::CalibSources src;
-      src.train_shard = a->calib_data;
-      src.tokenizer = a->tokenizer;
-      if (!a->calib_text.empty()) src.domain_text = src.lang2_text = a->calib_text;
-      int T = a->seqlen > 0 ? a->seqlen : std::min(cfg.block_size, 512);
-      if (T > cfg.block_size)
-        throw Error(
-            fmt::format("--seqlen {} exceeds the model's block_size {}", T, cfg.block_size));
-      calib = quant::make_calibration(a->calib, a->nsamples, T, a->seed, cfg.vocab_size, src);
+      calib = calibration_from_flags(a->cf, cfg);
     }
     auto t0 = clock::now();
     auto qm = quant::quantize_model(layout, any.model.params.data(), qo, needs ? &calib : nullptr);
