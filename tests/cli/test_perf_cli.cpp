@@ -72,3 +72,49 @@ TEST(PerfCli, ProbeWritesALoadableClusterFile) {
   auto p = cli::run("plan -m gpt2-124m -c " + out + " -n 1 -b 4 --seq 256 --dtype fp32 --top 1");
   EXPECT_EQ(p.code, 0) << p.err;
 }
+
+TEST(PerfCli, ShowSchedule) {
+  auto r = cli::run("plan --show-schedule 1f1b --pp 4 --micro-batches 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (int st = 0; st < 4; ++st)
+    EXPECT_NE(r.out.find("stage " + std::to_string(st) + " |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("stage 4 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ideal 0.375 = (pp-1)/m = 3/8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0.375 measured"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("schedule check: ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  // Interleaved: v defaults to 2, a chunk row under each stage; JSON has the lists.
+  auto i = cli::run("plan --show-schedule interleaved --pp 2 --micro-batches 4");
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("v=2"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("chunk |"), std::string::npos) << i.out;
+  auto j = cli::run("plan --show-schedule interleaved --pp 2 --micro-batches 4 --chunks 3 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  auto js = nlohmann::json::parse(j.out);
+  EXPECT_EQ(js["chunks"], 3);
+  EXPECT_TRUE(js["check"]["ok"].get<bool>());
+  ASSERT_EQ(js["stages"].size(), 2u);
+  EXPECT_EQ(js["stages"][0]["instructions"][0]["op"], "F");
+  EXPECT_EQ(js["stages"][1]["instructions"].back()["op"], "OPT");
+  EXPECT_NEAR(js["stages"][0]["bubble"].get<double>(), js["ideal_bubble"].get<double>(), 1e-12);
+}
+
+TEST(PerfCli, ShowScheduleErrors) {
+  expect_clean_error(cli::run("plan --show-schedule interleaved --pp 4 --micro-batches 6"),
+                     "micro-batches divisible by pp");
+  expect_clean_error(cli::run("plan --show-schedule 1f1b --micro-batches 8"), "needs --pp");
+  expect_clean_error(cli::run("plan --show-schedule 1f1b"), "--pp and --micro-batches");
+  expect_clean_error(cli::run("plan --show-schedule zigzag --pp 2 --micro-batches 2"),
+                     "unknown pipeline schedule");
+  expect_clean_error(cli::run("plan --show-schedule 1f1b --pp 2 --micro-batches 2 --chunks 2"),
+                     "one chunk per stage");
+  expect_clean_error(cli::run("plan --show-schedule 1f1b --pp 2 --micro-batches 2 -m gpt-22b"),
+                     "--model is not used");
+  // Without --show-schedule the planner's flags stay required, and the drawing flags are refused.
+  expect_clean_error(cli::run("plan -m gpt-22b -c frontier"),
+                     "--gpus and --global-batch are required");
+  expect_clean_error(cli::run("plan"), "--model, --cluster, --gpus and --global-batch");
+  expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --pp 2"),
+                     "only used with --show-schedule");
+}

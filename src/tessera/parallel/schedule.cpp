@@ -1,6 +1,8 @@
 #include "tessera/parallel/schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -185,6 +187,420 @@ int in_flight_formula(const ScheduleSpec& s, int stage) {
 
 double ideal_bubble_fraction(const ScheduleSpec& s) {
   return static_cast<double>(s.pp - 1) / (static_cast<double>(s.v) * s.m);
+}
+
+namespace {
+
+// The message an instruction sends or receives, as a slot (is_grad, micro-batch, consumer global
+// chunk) in 0 .. 2*pp*v*m - 1; -1 for compute instructions and for messages that cannot exist
+// (micro-batch or chunk out of range, an activation into the first global chunk or out of the
+// last, a gradient out of the first or into the last).
+int message_key(const Schedule& s, int stage, const Instr& in) {
+  const auto& sp = s.spec;
+  const int nchunks = sp.pp * sp.v;
+  if (in.mb < 0 || in.mb >= sp.m || in.chunk < 0 || in.chunk >= sp.v) return -1;
+  const int g = s.global_chunk(stage, in.chunk);
+  int grad = 0, consumer = -1;
+  switch (in.op) {
+    case OpKind::SendAct:
+      consumer = g + 1;
+      break;
+    case OpKind::RecvAct:
+      consumer = g > 0 ? g : -1;
+      break;
+    case OpKind::SendGrad:
+      grad = 1, consumer = g - 1;
+      break;
+    case OpKind::RecvGrad:
+      grad = 1, consumer = g < nchunks - 1 ? g : -1;
+      break;
+    default:
+      return -1;
+  }
+  if (consumer < 0 || consumer >= nchunks) return -1;
+  return (grad * nchunks + consumer) * sp.m + in.mb;
+}
+
+bool is_send(OpKind k) {
+  return k == OpKind::SendAct || k == OpKind::SendGrad;
+}
+bool is_recv(OpKind k) {
+  return k == OpKind::RecvAct || k == OpKind::RecvGrad;
+}
+
+struct Replayed {
+  std::vector<std::size_t> pc;          // (pp) next instruction of each stage
+  std::vector<int> clock, busy;         // (pp)
+  std::vector<std::vector<int>> start;  // (pp, list size)
+};
+
+// Runs the lists with non-blocking sends and blocking receives, a forward costing tf and a
+// backward tb; messages are free. A stage runs until it blocks on a receive, and is woken by the
+// send it waits for: each instruction is visited once.
+Replayed replay_lists(const Schedule& s, int tf, int tb) {
+  const int pp = static_cast<int>(s.ranks.size());
+  const int nkeys = 2 * s.spec.pp * s.spec.v * s.spec.m;
+  Replayed r;
+  r.pc.assign(pp, 0);
+  r.clock.assign(pp, 0);
+  r.busy.assign(pp, 0);
+  r.start.resize(pp);
+  for (int st = 0; st < pp; ++st) r.start[st].assign(s.ranks[st].size(), -1);
+  std::vector<int> pending(nkeys, 0), arrival(nkeys, 0), waiter(nkeys, -1);
+  std::vector<int> ready(pp);
+  std::iota(ready.begin(), ready.end(), 0);
+  while (!ready.empty()) {
+    const int st = ready.back();
+    ready.pop_back();
+    const auto& list = s.ranks[st];
+    auto& pc = r.pc[st];
+    int& clock = r.clock[st];
+    for (; pc < list.size(); ++pc) {
+      const Instr& in = list[pc];
+      if (is_recv(in.op)) {
+        const int k = message_key(s, st, in);
+        if (k < 0) break;  // nothing can ever send it
+        if (pending[k] == 0) {
+          waiter[k] = st;
+          break;
+        }
+        --pending[k];
+        clock = std::max(clock, arrival[k]);
+        r.start[st][pc] = clock;
+      } else if (is_send(in.op)) {
+        r.start[st][pc] = clock;
+        const int k = message_key(s, st, in);
+        if (k < 0) continue;
+        ++pending[k];
+        arrival[k] = std::max(arrival[k], clock);
+        if (waiter[k] >= 0) {
+          ready.push_back(waiter[k]);
+          waiter[k] = -1;
+        }
+      } else {
+        r.start[st][pc] = clock;
+        const int cost = in.op == OpKind::Forward ? tf : in.op == OpKind::Backward ? tb : 0;
+        clock += cost;
+        r.busy[st] += cost;
+      }
+    }
+  }
+  return r;
+}
+
+const char* op_long_name(OpKind k) {
+  switch (k) {
+    case OpKind::Forward:
+      return "Forward";
+    case OpKind::Backward:
+      return "Backward";
+    case OpKind::SendAct:
+      return "SendAct";
+    case OpKind::RecvAct:
+      return "RecvAct";
+    case OpKind::SendGrad:
+      return "SendGrad";
+    case OpKind::RecvGrad:
+      return "RecvGrad";
+    case OpKind::OptimizerStep:
+      return "OptimizerStep";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ScheduleCheck check_schedule(const Schedule& s) {
+  ScheduleCheck r;
+  const auto& sp = s.spec;
+  auto done = [&r] {
+    r.ok = r.problems.empty();
+    return r;
+  };
+  if (sp.pp < 1 || sp.m < 1 || sp.v < 1) {
+    r.problems.push_back(
+        fmt::format("spec: pp, m and v must be >= 1 (got pp={} m={} v={})", sp.pp, sp.m, sp.v));
+    return done();
+  }
+  if (static_cast<int>(s.ranks.size()) != sp.pp) {
+    r.problems.push_back(fmt::format("spec: {} stage lists for pp={}", s.ranks.size(), sp.pp));
+    return done();
+  }
+  const int pp = sp.pp, m = sp.m, v = sp.v, last = pp * v - 1;
+  const int nkeys = 2 * pp * v * m;
+  auto at = [&](int st, std::size_t i) {
+    return fmt::format("stage {}, instruction {} ({})", st, i, describe(s.ranks[st][i]));
+  };
+  auto add = [&](std::string p) { r.problems.push_back(std::move(p)); };
+
+  // Per stage: the first position and the count of each op of each (micro-batch, local chunk).
+  constexpr int k_ops = 6;  // Forward .. RecvGrad
+  struct Slot {
+    int first[k_ops] = {-1, -1, -1, -1, -1, -1};
+    int count[k_ops] = {};
+  };
+  std::vector<int> sends(nkeys, 0), recvs(nkeys, 0);
+  std::vector<std::pair<int, int>> send_at(nkeys, {-1, -1});  // (stage, index) of the send
+  for (int st = 0; st < pp; ++st) {
+    const auto& list = s.ranks[st];
+    std::vector<Slot> slots(static_cast<std::size_t>(m) * v);
+    int opts = 0;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Instr& in = list[i];
+      if (in.op == OpKind::OptimizerStep) {
+        if (++opts > 1)
+          add(at(st, i) + ": a second OptimizerStep");
+        else if (i + 1 != list.size())
+          add(at(st, i) + ": OptimizerStep is not the last instruction");
+        continue;
+      }
+      if (static_cast<int>(in.op) >= k_ops) {
+        add(at(st, i) + ": unknown op");
+        continue;
+      }
+      if (in.mb < 0 || in.mb >= m) {
+        add(at(st, i) + fmt::format(": micro-batch out of range 0..{}", m - 1));
+        continue;
+      }
+      if (in.chunk < 0 || in.chunk >= v) {
+        add(at(st, i) + fmt::format(": chunk out of range 0..{}", v - 1));
+        continue;
+      }
+      const int g = s.global_chunk(st, in.chunk);
+      if (is_send(in.op) || is_recv(in.op)) {
+        const int k = message_key(s, st, in);
+        if (k < 0) {
+          add(at(st, i) +
+              (in.op == OpKind::SendAct    ? ": the last global chunk sends no activation"
+               : in.op == OpKind::RecvAct  ? ": the first global chunk receives no activation"
+               : in.op == OpKind::SendGrad ? ": the first global chunk sends no gradient"
+                                           : ": the last global chunk receives no gradient "
+                                             "(it starts from the loss)"));
+          continue;
+        }
+        const bool towards_next = in.op == OpKind::SendAct || in.op == OpKind::RecvGrad;
+        const int other = towards_next ? g + 1 : g - 1;
+        if (in.peer != other % pp)
+          add(at(st, i) + fmt::format(": peer should be stage {} (it holds global chunk {})",
+                                      other % pp, other));
+        if (is_send(in.op)) {
+          if (sends[k]++ == 0) send_at[k] = {st, static_cast<int>(i)};
+        } else {
+          ++recvs[k];
+        }
+      }
+      Slot& sl = slots[static_cast<std::size_t>(in.mb) * v + in.chunk];
+      const int o = static_cast<int>(in.op);
+      if (sl.count[o]++ == 0)
+        sl.first[o] = static_cast<int>(i);
+      else
+        add(at(st, i) + fmt::format(": a second {} of micro-batch {} chunk {} (first at "
+                                    "instruction {})",
+                                    op_long_name(in.op), in.mb, in.chunk, sl.first[o]));
+    }
+    if (opts == 0) add(fmt::format("stage {}: no OptimizerStep at the end of the list", st));
+
+    for (int mb = 0; mb < m; ++mb)
+      for (int c = 0; c < v; ++c) {
+        const Slot& sl = slots[static_cast<std::size_t>(mb) * v + c];
+        const int g = s.global_chunk(st, c);
+        auto first = [&](OpKind k) { return sl.first[static_cast<int>(k)]; };
+        const int f = first(OpKind::Forward), b = first(OpKind::Backward);
+        if (f < 0) add(fmt::format("stage {}: no Forward of micro-batch {} chunk {}", st, mb, c));
+        if (b < 0) add(fmt::format("stage {}: no Backward of micro-batch {} chunk {}", st, mb, c));
+        if (f >= 0 && b >= 0 && b < f)
+          add(at(st, b) + fmt::format(": Backward before its Forward (instruction {})", f));
+        if (f >= 0) {
+          const int ra = first(OpKind::RecvAct), sa = first(OpKind::SendAct);
+          if (g > 0 && ra < 0)
+            add(at(st, f) + fmt::format(": no RecvAct from stage {} before it", (g - 1) % pp));
+          if (g > 0 && ra > f)
+            add(at(st, ra) + fmt::format(": RecvAct after its Forward (instruction {})", f));
+          if (g < last && sa < 0)
+            add(at(st, f) + fmt::format(": no SendAct to stage {} after it", (g + 1) % pp));
+          if (g < last && sa >= 0 && sa < f)
+            add(at(st, sa) + fmt::format(": SendAct before its Forward (instruction {})", f));
+        }
+        if (b >= 0) {
+          const int rg = first(OpKind::RecvGrad), sg = first(OpKind::SendGrad);
+          if (g < last && rg < 0)
+            add(at(st, b) + fmt::format(": no RecvGrad from stage {} before it", (g + 1) % pp));
+          if (g < last && rg > b)
+            add(at(st, rg) + fmt::format(": RecvGrad after its Backward (instruction {})", b));
+          if (g > 0 && sg < 0)
+            add(at(st, b) + fmt::format(": no SendGrad to stage {} after it", (g - 1) % pp));
+          if (g > 0 && sg >= 0 && sg < b)
+            add(at(st, sg) + fmt::format(": SendGrad before its Backward (instruction {})", b));
+        }
+      }
+  }
+
+  // Every send has a receive and every receive a send. (Several of either for one message come
+  // from one (stage, chunk) and were reported as duplicates above.)
+  for (int st = 0; st < pp; ++st) {
+    const auto& list = s.ranks[st];
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Instr& in = list[i];
+      const int k = message_key(s, st, in);
+      if (k < 0) continue;
+      const int g = s.global_chunk(st, in.chunk);
+      const bool grad = in.op == OpKind::SendGrad || in.op == OpKind::RecvGrad;
+      if (is_send(in.op) && recvs[k] == 0) {
+        const int to = grad ? g - 1 : g + 1;
+        const Instr want{grad ? OpKind::RecvGrad : OpKind::RecvAct, in.mb, to / pp, st};
+        add(at(st, i) +
+            fmt::format(": no matching receive (stage {} has no {})", to % pp, describe(want)));
+      }
+      if (is_recv(in.op) && sends[k] == 0) {
+        const int from = grad ? g + 1 : g - 1;
+        const Instr want{grad ? OpKind::SendGrad : OpKind::SendAct, in.mb, from / pp, st};
+        add(at(st, i) +
+            fmt::format(": no matching send (stage {} has no {})", from % pp, describe(want)));
+      }
+    }
+  }
+
+  // Deadlock freedom: replay and report where each unfinished stage is stuck.
+  const Replayed rep = replay_lists(s, 1, 1);
+  for (int st = 0; st < pp; ++st) {
+    const std::size_t i = rep.pc[st];
+    if (i == s.ranks[st].size()) continue;
+    const int k = message_key(s, st, s.ranks[st][i]);
+    if (k < 0 || sends[k] == 0) {
+      add(at(st, i) + ": blocked for ever, nothing sends it");
+      continue;
+    }
+    const auto [ps, j] = send_at[k];
+    const std::string send = describe(s.ranks[ps][j]);
+    if (rep.pc[ps] > static_cast<std::size_t>(j))
+      add(at(st, i) + fmt::format(": blocked, its send {} (stage {}, instruction {}) was taken by "
+                                  "another receive",
+                                  send, ps, j));
+    else
+      add(at(st, i) + fmt::format(": blocked (deadlock), waits for {} at stage {} instruction {}, "
+                                  "which stage {} never reaches (it blocks at instruction {})",
+                                  send, ps, j, ps, rep.pc[ps]));
+  }
+  return done();
+}
+
+bool Timeline::complete() const {
+  return std::all_of(blocked_at.begin(), blocked_at.end(), [](int b) { return b < 0; });
+}
+
+double Timeline::bubble(int stage) const {
+  return busy[stage] > 0 ? static_cast<double>(idle(stage)) / busy[stage] : 0.0;
+}
+
+Timeline replay_timeline(const Schedule& s, double backward_cost) {
+  const auto& sp = s.spec;
+  TESSERA_CHECK(sp.pp >= 1 && sp.m >= 1 && sp.v >= 1 && static_cast<int>(s.ranks.size()) == sp.pp,
+                "schedule pp={} m={} v={} with {} lists", sp.pp, sp.m, sp.v, s.ranks.size());
+  if (!std::isfinite(backward_cost) || backward_cost <= 0)
+    throw Error(
+        fmt::format("backward cost must be a positive number of forwards (got {})", backward_cost));
+  Timeline t;
+  t.forward_cols = 1;
+  t.backward_cols = std::max(1, static_cast<int>(std::lround(std::min(backward_cost, 1e6))));
+  auto r = replay_lists(s, t.forward_cols, t.backward_cols);
+  t.busy = std::move(r.busy);
+  t.start = std::move(r.start);
+  t.makespan = r.clock.empty() ? 0 : *std::max_element(r.clock.begin(), r.clock.end());
+  t.blocked_at.assign(sp.pp, -1);
+  for (int st = 0; st < sp.pp; ++st)
+    if (r.pc[st] < s.ranks[st].size()) t.blocked_at[st] = static_cast<int>(r.pc[st]);
+  return t;
+}
+
+namespace {
+
+constexpr int k_timeline_width = 160;  // columns per block of the drawn timeline
+
+// Labels every 10th column that has room for its label: "0         10        20".
+std::string time_ruler(int from, int to) {
+  std::string r(static_cast<std::size_t>(to - from), ' ');
+  for (int t = (from + 9) / 10 * 10; t < to; t += 10) {
+    const std::string label = std::to_string(t);
+    if (t - from + label.size() <= r.size()) r.replace(t - from, label.size(), label);
+  }
+  while (!r.empty() && r.back() == ' ') r.pop_back();
+  return r;
+}
+
+}  // namespace
+
+std::string draw_timeline(const Schedule& s, double backward_cost) {
+  const Timeline t = replay_timeline(s, backward_cost);
+  const auto& sp = s.spec;
+  const int pp = sp.pp, m = sp.m, v = sp.v;
+  std::string out = fmt::format(
+      "{} pp={} m={} v={}: one column per forward of a chunk, a backward takes {} column{}, "
+      "messages are free\n",
+      schedule_name(sp.kind), pp, m, v, t.backward_cols, t.backward_cols == 1 ? "" : "s");
+  const int letters = std::min(m, 26);
+  auto span = [&](char a) {
+    return letters == 1 ? std::string(1, a) : fmt::format("{}-{}", a, char(a + letters - 1));
+  };
+  out += fmt::format("legend: {} forward of micro-batch {}, {} its backward, . idle", span('A'),
+                     letters == 1 ? "0" : fmt::format("0-{}", letters - 1), span('a'));
+  if (m > 26) out += " (micro-batch 26 is A again, 27 is B, ...)";
+  out += "\n";
+  if (v > 1)
+    out += "chunk rows: the local chunk run in each column (global chunk = chunk * pp + stage)\n";
+
+  // The rows.
+  std::vector<std::string> row(pp, std::string(t.makespan, '.')), chunk_row(pp);
+  if (v > 1) chunk_row.assign(pp, std::string(t.makespan, ' '));
+  for (int st = 0; st < pp; ++st)
+    for (std::size_t i = 0; i < s.ranks[st].size(); ++i) {
+      const Instr& in = s.ranks[st][i];
+      const int at = t.start[st][i];
+      if (at < 0 || (in.op != OpKind::Forward && in.op != OpKind::Backward)) continue;
+      const bool fwd = in.op == OpKind::Forward;
+      const int len = fwd ? t.forward_cols : t.backward_cols;
+      const char letter = static_cast<char>((fwd ? 'A' : 'a') + ((in.mb % 26) + 26) % 26);
+      const char digit = static_cast<char>('0' + ((in.chunk % 10) + 10) % 10);
+      for (int c = at; c < at + len && c < t.makespan; ++c) {
+        row[st][c] = letter;
+        if (v > 1) chunk_row[st][c] = digit;
+      }
+    }
+  const int label = static_cast<int>(fmt::format("stage {}", pp - 1).size());
+  if (t.makespan > k_timeline_width)
+    out += fmt::format("{} columns, drawn in blocks of {}\n", t.makespan, k_timeline_width);
+  for (int from = 0; from < t.makespan; from += k_timeline_width) {
+    const int to = std::min(t.makespan, from + k_timeline_width);
+    if (from > 0) out += "\n";
+    out += fmt::format("{:<{}} |{}\n", "time", label, time_ruler(from, to));
+    for (int st = 0; st < pp; ++st) {
+      out += fmt::format("{:<{}} |{}\n", fmt::format("stage {}", st), label,
+                         row[st].substr(from, to - from));
+      if (v > 1) {
+        std::string c = chunk_row[st].substr(from, to - from);
+        while (!c.empty() && c.back() == ' ') c.pop_back();
+        out += fmt::format("{:>{}} |{}\n", "chunk", label, c);
+      }
+    }
+  }
+  for (int st = 0; st < pp; ++st)
+    if (t.blocked_at[st] >= 0)
+      out += fmt::format("deadlock: stage {} never gets past instruction {} ({})\n", st,
+                         t.blocked_at[st], describe(s.ranks[st][t.blocked_at[st]]));
+
+  // The numbers.
+  out += fmt::format("\n{:<{}}  busy  idle  bubble  in flight (formula)\n", "", label);
+  double worst = 0;
+  for (int st = 0; st < pp; ++st) {
+    worst = std::max(worst, t.bubble(st));
+    out += fmt::format("{:<{}} {:>5} {:>5} {:>7.3f}  {:>9} ({})\n", fmt::format("stage {}", st),
+                       label, t.busy[st], t.idle(st), t.bubble(st), max_in_flight(s.ranks[st]),
+                       in_flight_formula(sp, st));
+  }
+  out += fmt::format("bubble (idle / busy): {:.3f} measured on the worst stage, ideal {:.3f} = ",
+                     worst, ideal_bubble_fraction(sp));
+  out += v > 1 ? fmt::format("(pp-1)/(v*m) = {}/{}\n", pp - 1, v * m)
+               : fmt::format("(pp-1)/m = {}/{}\n", pp - 1, m);
+  return out;
 }
 
 }  // namespace tessera::parallel

@@ -103,4 +103,45 @@ int in_flight_formula(const ScheduleSpec& spec, int stage);
 // (pp-1)/(v*m) for Interleaved.
 double ideal_bubble_fraction(const ScheduleSpec& spec);
 
+// Checks a schedule from its lists alone (for hand-written or transformed lists, and as the
+// generators' test oracle): every stage ends with exactly one OptimizerStep; every (micro-batch,
+// local chunk) has one Forward and one Backward on its stage, Forward first; the Forward of global
+// chunk g > 0 is preceded by its RecvAct from the stage holding g-1 and the Forward of g < last is
+// followed by its SendAct to the stage holding g+1 (likewise RecvGrad before and SendGrad after
+// each Backward); every send has exactly one matching receive on its peer and vice versa (same
+// kind, micro-batch and consumer global chunk); and a replay with non-blocking sends and blocking
+// receives runs every list to its end (no deadlock). Linear in the number of instructions.
+struct ScheduleCheck {
+  bool ok = true;
+  // One line each, naming the stage and, where one is at fault, the instruction's index in the
+  // stage's list and describe(instr): "stage 1, instruction 4 (RA(0,0)<-0): ...".
+  std::vector<std::string> problems;
+};
+ScheduleCheck check_schedule(const Schedule& s);
+
+// The lists replayed on a clock counted in columns: a forward of one chunk takes
+// `forward_cols`, a backward `backward_cols`, messages are free and instant, sends never block
+// and a receive waits for its send.
+struct Timeline {
+  int forward_cols = 1, backward_cols = 2;
+  int makespan = 0;                     // columns until the last stage finishes
+  std::vector<int> busy;                // (pp) forward and backward columns per stage
+  std::vector<std::vector<int>> start;  // (pp, list size) start column of each instruction
+                                        // (-1: never reached, the replay deadlocked)
+  std::vector<int> blocked_at;          // (pp) index of the receive a stage is stuck on, or -1
+  bool complete() const;
+  int idle(int stage) const { return makespan - busy[stage]; }
+  double bubble(int stage) const;  // idle / busy of `stage`
+};
+// backward_cost: a backward's cost in forwards, rounded to whole columns (at least 1); throws
+// tessera::Error unless it is a positive number.
+Timeline replay_timeline(const Schedule& s, double backward_cost = 2.0);
+
+// The schedule as a text timeline, one column per forward: a header, a legend, a time ruler and
+// one row per stage (A-Z: forward of micro-batch 0-25, a-z: its backward, '.': idle; with v > 1 a
+// row of local chunk digits under each stage), wrapped in blocks of 160 columns; then per stage
+// the busy and idle columns, the bubble fraction (idle / busy) against ideal_bubble_fraction and
+// max_in_flight against in_flight_formula. docs/plan.md shows an example.
+std::string draw_timeline(const Schedule& s, double backward_cost = 2.0);
+
 }  // namespace tessera::parallel
