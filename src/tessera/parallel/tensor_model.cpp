@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -43,6 +44,25 @@ Kind kind_of(const model::ParamTensor& t) {
   return Kind::Norm;
 }
 
+// The options with the chunks checked (empty: the whole model as one chunk).
+TensorModelOptions with_chunks(const model::ModelConfig& cfg, TensorModelOptions opt) {
+  const int L = cfg.n_layer;
+  if (opt.chunks.empty()) opt.chunks = {ModelChunk{0, L, true, true}};
+  int prev_end = 0;
+  for (std::size_t c = 0; c < opt.chunks.size(); ++c) {
+    const auto& ch = opt.chunks[c];
+    TESSERA_CHECK(ch.first_layer >= prev_end && ch.first_layer <= ch.end_layer && ch.end_layer <= L,
+                  "chunk {} holds layers [{}, {}) (model of {} layers, previous chunk ends at {})",
+                  c, ch.first_layer, ch.end_layer, L, prev_end);
+    TESSERA_CHECK(!ch.embedding || (c == 0 && ch.first_layer == 0),
+                  "the embeddings belong to the first chunk of the model");
+    TESSERA_CHECK(!ch.head || (c + 1 == opt.chunks.size() && ch.end_layer == L),
+                  "the LM head belongs to the last chunk of the model");
+    prev_end = ch.end_layer;
+  }
+  return opt;
+}
+
 }  // namespace
 
 // ---- activations and scratch ----
@@ -60,24 +80,45 @@ struct TensorModel::WsSet {
   std::vector<TensorLinearWorkspace*> linears() { return {&att.qkv, &att.proj, &fc, &fcproj}; }
 };
 
+// One micro-batch's activations through one chunk of nl layers.
+struct TensorModel::Slot {
+  std::vector<std::int32_t> ids, targets;  // (n) this rank's rows (embedding / head chunk)
+  std::vector<std::vector<float>> resid;   // nl+1 x (n, cl): the input, then each layer's output
+  std::vector<Layer> layers;               // nl (none with recomputation)
+  std::vector<float> lnf, lnf_mean, lnf_rstd, losses;  // head chunk: (n, cl), (n), (n), (n)
+  // Head chunk: the vocabulary workspace's logits (dlogits after training) and LM head input,
+  // kept here between the forward and the backward (swapped with the workspace's).
+  std::vector<float> logits, h_full;
+  bool have_targets = false;
+  std::size_t bytes() const {
+    std::size_t f = ids.size() + targets.size() + lnf.size() + lnf_mean.size() + lnf_rstd.size() +
+                    losses.size() + logits.size() + h_full.size();
+    for (const auto& r : resid) f += r.size();
+    for (const auto& a : layers)
+      f += a.att.ln_out.size() + a.att.ln_mean.size() + a.att.ln_rstd.size() + a.att.qkv.size() +
+           a.att.att.size() + a.att.lse.size() + a.res2.size() + a.ln2.size() + a.ln2_mean.size() +
+           a.ln2_rstd.size() + a.fch.size() + a.fch_gelu.size();
+    return f * sizeof(float);
+  }
+};
+
 struct TensorModel::State {
   int B = 0, T = 0;
-  std::int64_t n = 0;  // local rows
-  std::vector<std::int32_t> ids, targets;
-  std::vector<std::vector<float>> resid;  // L+1: embedding output, then each layer's output
-  std::vector<Layer> layers;              // L, or 1 with recomputation
-  std::vector<float> lnf, lnf_mean, lnf_rstd, losses;
-  std::vector<WsSet> sets;  // 1, or 2 alternating by layer parity (overlap)
+  std::int64_t n = 0;               // local rows
+  std::vector<Layer> shared_layer;  // recomputation: the one layer's activations, rebuilt
+  std::vector<WsSet> sets;          // 1, or 2 alternating by layer parity (overlap)
   VocabParallelWorkspace vocab_ws;
   std::vector<float> row_stats, ln_params, mlp_out, d_fch, d_ln, d_res;
   std::vector<float> sp_full, sp_part, sp_local;  // sequence parallelism: (n, 4C), (n/tx, 4C)
-  bool have_targets = false;
+  std::vector<std::vector<std::unique_ptr<Slot>>> pool;       // per chunk: free slots
+  std::map<std::pair<int, int>, std::unique_ptr<Slot>> live;  // (chunk, mb) in flight
+  ActivationStats stats;
 };
 
 TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& topo,
                          comm::Runtime& rt, const TensorModelOptions& opt)
     : cfg_(cfg),
-      opt_(opt),
+      opt_(with_chunks(cfg, opt)),
       global_(cfg),
       att_(make_tensor_attention_layout(topo, cfg.n_embd, cfg.n_head)),
       fc_(make_tensor_linear_layout(topo, cfg.n_embd, 4 * cfg.n_embd, false)),
@@ -85,6 +126,7 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
       vocab_(make_vocab_parallel_layout(topo, cfg.vocab_size, cfg.padded_vocab(), cfg.n_embd)),
       local_(cfg,
              [this](const model::ParamTensor& t) -> std::size_t {
+               if (!holds(t)) return 0;
                switch (kind_of(t)) {
                  case Kind::Wte:
                    return static_cast<std::size_t>(vocab_.shard_numel);
@@ -126,6 +168,8 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   fcproj_comms_ = tensor_linear_comms(rt, topo, true);
   vocab_comms_ = vocab_parallel_comms(rt, topo);
   tensor_group_ = &rt.group(topo, comm::AxisSet{Axis::TX, Axis::TY, Axis::TZ});
+  model_group_ = s.pp > 1 ? &rt.group(topo, comm::AxisSet{Axis::PP, Axis::TX, Axis::TY, Axis::TZ})
+                          : tensor_group_;
 
   if (opt.tune_gemm) {
     tuner_ = std::make_unique<kernels::GemmTuner>();
@@ -141,7 +185,9 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   const auto& gt = global_.tensors();
   const auto& lt = local_.tensors();
   TESSERA_CHECK(gt.size() == lt.size(), "local and global layouts differ");
+  const bool embedding_here = opt_.chunks.front().embedding;
   for (std::size_t ti = 0; ti < gt.size(); ++ti) {
+    if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage
     const std::int64_t go = static_cast<std::int64_t>(gt[ti].offset);
     std::int64_t* idx = index_.data() + lt[ti].offset;
     std::uint8_t* own = owner_.data() + lt[ti].offset;
@@ -168,7 +214,7 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
         for (std::int64_t s2 = 0; s2 < vocab_.shard_numel; ++s2) {
           const std::int64_t e = vocab_.shard_offset + s2;
           idx[s2] = go + (vocab_.vocab_offset + e / C) * C + e % C;
-          own[s2] = 1;
+          own[s2] = embedding_here;  // the head's copy (another stage) is not counted
         }
         break;
       case Kind::Wpe:
@@ -214,6 +260,23 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
 
 TensorModel::~TensorModel() = default;
 
+bool TensorModel::holds(const model::ParamTensor& t) const {
+  const auto& ch = opt_.chunks;
+  if (t.layer >= 0) {
+    for (const auto& c : ch)
+      if (t.layer >= c.first_layer && t.layer < c.end_layer) return true;
+    return false;
+  }
+  switch (kind_of(t)) {
+    case Kind::Wte:
+      return ch.front().embedding || ch.back().head;
+    case Kind::Wpe:
+      return ch.front().embedding;
+    default:  // ln_f
+      return ch.back().head;
+  }
+}
+
 void TensorModel::save_gemm_choices() const {
   if (tuner_ && !opt_.gemm_tuning_file.empty()) tuner_->save(opt_.gemm_tuning_file);
 }
@@ -228,20 +291,34 @@ void TensorModel::gather_full(const float* local, float* global) {
   std::fill(global, global + global_.total(), 0.0f);
   for (std::size_t i = 0; i < index_.size(); ++i)
     if (owner_[i]) global[index_[i]] = local[i];
-  if (tensor_group_->size() > 1) tensor_group_->all_reduce_sum(global, global_.total());
+  if (model_group_->size() > 1) model_group_->all_reduce_sum(global, global_.total());
 }
 
 std::size_t TensorModel::activation_bytes() const {
+  const State& s = *st_;
   std::size_t f = 0;
   auto add = [&](const std::vector<float>& v) { f += v.size(); };
-  for (const auto& r : st_->resid) add(r);
-  for (const auto& L : st_->layers) {
-    add(L.att.ln_out), add(L.att.ln_mean), add(L.att.ln_rstd), add(L.att.qkv), add(L.att.att),
-        add(L.att.lse);
-    add(L.res2), add(L.ln2), add(L.ln2_mean), add(L.ln2_rstd), add(L.fch), add(L.fch_gelu);
+  for (const auto& a : s.shared_layer) {
+    add(a.att.ln_out), add(a.att.ln_mean), add(a.att.ln_rstd), add(a.att.qkv), add(a.att.att),
+        add(a.att.lse);
+    add(a.res2), add(a.ln2), add(a.ln2_mean), add(a.ln2_rstd), add(a.fch), add(a.fch_gelu);
   }
-  add(st_->lnf), add(st_->vocab_ws.logits), add(st_->vocab_ws.h_full);
-  return f * sizeof(float);
+  add(s.vocab_ws.logits), add(s.vocab_ws.h_full);
+  return f * sizeof(float) + s.stats.live_bytes;
+}
+
+const TensorModel::ActivationStats& TensorModel::activation_stats() const {
+  return st_->stats;
+}
+
+void TensorModel::reset_activation_stats() {
+  auto& st = st_->stats;
+  st.peak_live = st.live;
+  st.peak_bytes = st.live_bytes;
+}
+
+std::size_t TensorModel::boundary_numel() const {
+  return static_cast<std::size_t>(st_->n) * static_cast<std::size_t>(att_.c_local);
 }
 
 // ---- overlap helpers ----
@@ -271,7 +348,7 @@ void TensorModel::progress_all(model::ParamStore& store) {
 // ---- one layer ----
 
 void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x,
-                                int B, int T, Layer& a) {
+                                float* y, int B, int T, Layer& a) {
   State& s = *st_;
   const auto& w = local_.layers[l];
   auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
@@ -289,7 +366,7 @@ void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* bl
   k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n * fc_.out_local);
   tensor_linear_forward(lib, fcproj_, fcproj_comms_, s.mlp_out.data(), a.fch_gelu.data(),
                         PL(w.fcproj_w), PL(w.fcproj_b), n, ws.fcproj, l);
-  k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
+  k::add(y, a.res2.data(), s.mlp_out.data(), n * cl);
 }
 
 void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
@@ -353,7 +430,7 @@ void col_sums_into(float* db, const float* dy, std::int64_t rows, int cols) {
 }  // namespace
 
 void TensorModel::sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk,
-                                   const float* x, int B, int T, Layer& a) {
+                                   const float* x, float* y, int B, int T, Layer& a) {
   State& s = *st_;
   comm::Communicator& tx = *att_comms_.tx;
   const auto& w = local_.layers[l];
@@ -392,7 +469,7 @@ void TensorModel::sp_layer_forward(kernels::GemmLibrary lib, int l, const float*
   kernels::gemm(lib, false, true, n, cl, 4 * C, 1.0f, full, 4 * C, PL(w.fcproj_w), 4 * C, 0.0f,
                 s.mlp_out.data(), cl);
   add_bias_rows(s.mlp_out.data(), PL(w.fcproj_b), n, cl);
-  k::add(s.resid[l + 1].data(), a.res2.data(), s.mlp_out.data(), n * cl);
+  k::add(y, a.res2.data(), s.mlp_out.data(), n * cl);
 }
 
 void TensorModel::sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
@@ -456,211 +533,359 @@ void TensorModel::sp_layer_backward(kernels::GemmLibrary lib, int l, const float
                             s.row_stats.data(), s.ln_params.data());
 }
 
-// ---- forward ----
+// ---- buffers and slots ----
 
-float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
-                           const std::int32_t* targets, int B, int T,
-                           const model::ForwardOptions& opt) {
+void TensorModel::init_layer(Layer& a, int B, int T) const {
+  const int C = cfg_.n_embd, cl = att_.c_local;
+  const std::int64_t n = st_->n;
+  if (opt_.sequence_parallel) {
+    const std::int64_t ns = n / att_.tx;  // rows of the replicated region
+    a.att.ln_out.resize(n * cl);
+    a.att.ln_mean.resize(n);
+    a.att.ln_rstd.resize(n);
+    a.att.qkv.resize(ns * 3 * C);
+    a.att.att.resize(ns * C);
+    a.att.lse.resize(static_cast<std::size_t>(B / att_.tx) * cfg_.n_head * T);
+    a.res2.resize(n * cl);
+    a.ln2.resize(n * cl);
+    a.ln2_mean.resize(n);
+    a.ln2_rstd.resize(n);
+    a.fch.resize(ns * 4 * C);
+    a.fch_gelu.resize(ns * 4 * C);
+    return;
+  }
+  a.att = TensorAttentionActivations(att_, B, T);
+  a.res2.resize(n * cl);
+  a.ln2.resize(n * cl);
+  a.ln2_mean.resize(n);
+  a.ln2_rstd.resize(n);
+  a.fch.resize(n * fc_.out_local);
+  a.fch_gelu.resize(n * fc_.out_local);
+}
+
+void TensorModel::prepare(int B, int T) {
   if (T > cfg_.block_size)
     throw Error(
         fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg_.block_size));
   State& s = *st_;
-  const int L = cfg_.n_layer, C = cfg_.n_embd, V = cfg_.vocab_size;
+  if (s.B == B && s.T == T) return;
+  const int L = cfg_.n_layer, C = cfg_.n_embd;
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   att_.local_batch(B);  // throws unless B % tz == 0
-  const std::int64_t n = N / att_.tz;
+  const bool sp = opt_.sequence_parallel;
+  if (sp && B % att_.tx != 0)
+    throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
+                            "tx={}: it is not divisible",
+                            B, att_.tx),
+                "choose a micro-batch divisible by parallel.tx");
+  TESSERA_CHECK(s.live.empty(), "the micro-batch shape changed with {} slots in flight",
+                s.live.size());
+  s = State{};
+  s.B = B;
+  s.T = T;
+  s.n = N / att_.tz;
+  const std::int64_t n = s.n;
   const int cl = att_.c_local;
-  if (s.B != B || s.T != T) {
-    s = State{};
-    s.B = B;
-    s.T = T;
-    s.n = n;
-    s.ids.resize(n);
-    s.targets.resize(n);
-    s.resid.assign(L + 1, std::vector<float>(n * cl));
-    s.layers.resize(opt_.recompute ? std::min(L, 1) : L);
-    const bool sp = opt_.sequence_parallel;
-    if (sp && B % att_.tx != 0)
-      throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
-                              "tx={}: it is not divisible",
-                              B, att_.tx),
-                  "choose a micro-batch divisible by parallel.tx");
-    const std::int64_t ns = sp ? n / att_.tx : n;  // rows of the replicated region
-    for (auto& a : s.layers) {
-      if (sp) {
-        a.att.ln_out.resize(n * cl);
-        a.att.ln_mean.resize(n);
-        a.att.ln_rstd.resize(n);
-        a.att.qkv.resize(ns * 3 * C);
-        a.att.att.resize(ns * C);
-        a.att.lse.resize(static_cast<std::size_t>(B / att_.tx) * cfg_.n_head * T);
-        a.res2.resize(n * cl);
-        a.ln2.resize(n * cl);
-        a.ln2_mean.resize(n);
-        a.ln2_rstd.resize(n);
-        a.fch.resize(ns * 4 * C);
-        a.fch_gelu.resize(ns * 4 * C);
-        continue;
-      }
-      a.att = TensorAttentionActivations(att_, B, T);
-      a.res2.resize(n * cl);
-      a.ln2.resize(n * cl);
-      a.ln2_mean.resize(n);
-      a.ln2_rstd.resize(n);
-      a.fch.resize(n * fc_.out_local);
-      a.fch_gelu.resize(n * fc_.out_local);
-    }
-    s.lnf.resize(n * cl);
-    s.lnf_mean.resize(n);
-    s.lnf_rstd.resize(n);
-    s.losses.resize(n);
-    const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1;
-    s.sets.resize(two ? 2 : 1);
-    for (auto& w : s.sets) {
-      w.att = TensorAttentionWorkspace(att_, B, T);
-      w.fc = TensorLinearWorkspace(fc_);
-      w.fcproj = TensorLinearWorkspace(fcproj_);
-      for (auto* lw : w.linears()) {
-        lw->tuner = tuner_.get();
-        lw->overlap_dx = opt_.overlap_dx;
-        lw->defer_reduce = opt_.defer_dw && two;
-      }
-    }
-    s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
-    s.row_stats.resize(2 * n);
-    s.ln_params.resize(2 * cl);
-    s.mlp_out.resize(n * cl);
-    s.d_fch.resize(n * fc_.out_local);
-    s.d_ln.resize(n * cl);
-    s.d_res.resize(n * cl);
-    if (sp) {
-      s.sp_full.resize(n * 4 * C);
-      s.sp_part.resize(n * 4 * C);
-      s.sp_local.resize(ns * 4 * C);
+  if (opt_.recompute) {
+    s.shared_layer.resize(1);
+    init_layer(s.shared_layer[0], B, T);
+  }
+  // Two workspace sets (by layer parity) when a chunk has layers to overlap across.
+  int max_nl = 0;
+  for (const auto& ch : opt_.chunks) max_nl = std::max(max_nl, ch.end_layer - ch.first_layer);
+  const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1 && max_nl > 1;
+  s.sets.resize(two ? 2 : 1);
+  for (auto& w : s.sets) {
+    w.att = TensorAttentionWorkspace(att_, B, T);
+    w.fc = TensorLinearWorkspace(fc_);
+    w.fcproj = TensorLinearWorkspace(fcproj_);
+    for (auto* lw : w.linears()) {
+      lw->tuner = tuner_.get();
+      lw->overlap_dx = opt_.overlap_dx;
+      lw->defer_reduce = opt_.defer_dw && two;
     }
   }
-  for (std::int64_t i = 0; i < N; ++i)
-    if (inputs[i] < 0 || inputs[i] >= V)
-      throw Error(
-          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
-          "the data was tokenized with a larger vocabulary than model.vocab_size");
-  const std::int64_t r0 = vocab_.row_offset(N);
-  std::copy(inputs + r0, inputs + r0 + n, s.ids.begin());
-  const auto lib = opt.gemm;
+  s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
+  s.row_stats.resize(2 * n);
+  s.ln_params.resize(2 * cl);
+  s.mlp_out.resize(n * cl);
+  s.d_fch.resize(n * fc_.out_local);
+  s.d_ln.resize(n * cl);
+  s.d_res.resize(n * cl);
+  if (sp) {
+    s.sp_full.resize(n * 4 * C);
+    s.sp_part.resize(n * 4 * C);
+    s.sp_local.resize(n / att_.tx * 4 * C);
+  }
+  s.pool.resize(opt_.chunks.size());
+}
 
-  // New parameters since the last pass: nothing cached is valid; nothing may be in flight.
-  for (auto& set : s.sets)
+void TensorModel::invalidate_weights() {
+  for (auto& set : st_->sets)
     for (auto* lw : set.linears()) {
       tensor_linear_finish(*lw);
       tensor_linear_invalidate(*lw);
     }
+}
+
+void TensorModel::begin_step(int B, int T) {
+  prepare(B, T);
+  // New parameters since the last pass: nothing cached is valid; nothing may be in flight.
+  invalidate_weights();
+}
+
+TensorModel::Slot& TensorModel::acquire(int chunk, int mb) {
+  State& s = *st_;
+  TESSERA_CHECK(s.B > 0, "begin_step() must come before the first micro-batch");
+  TESSERA_CHECK(chunk >= 0 && chunk < static_cast<int>(opt_.chunks.size()), "chunk {} of {}", chunk,
+                opt_.chunks.size());
+  auto key = std::make_pair(chunk, mb);
+  auto it = s.live.find(key);
+  if (it != s.live.end()) return *it->second;
+  std::unique_ptr<Slot> slot;
+  auto& pool = s.pool[chunk];
+  if (!pool.empty()) {
+    slot = std::move(pool.back());
+    pool.pop_back();
+  } else {
+    slot = std::make_unique<Slot>();
+    const auto& ch = opt_.chunks[chunk];
+    const int nl = ch.end_layer - ch.first_layer;
+    const std::int64_t n = s.n;
+    const std::size_t bn = boundary_numel();
+    slot->resid.assign(nl + 1, std::vector<float>(bn));
+    if (!opt_.recompute) {
+      slot->layers.resize(nl);
+      for (auto& a : slot->layers) init_layer(a, s.B, s.T);
+    }
+    if (ch.embedding) slot->ids.resize(n);
+    if (ch.head) {
+      slot->targets.resize(n);
+      slot->lnf.resize(bn);
+      slot->lnf_mean.resize(n);
+      slot->lnf_rstd.resize(n);
+      slot->losses.resize(n);
+      slot->logits.resize(s.vocab_ws.logits.size());
+      slot->h_full.resize(s.vocab_ws.h_full.size());
+    }
+  }
+  auto& st = s.stats;
+  const std::size_t b = slot->bytes();
+  st.live += 1;
+  st.live_bytes += b;
+  st.peak_live = std::max(st.peak_live, st.live);
+  st.peak_bytes = std::max(st.peak_bytes, st.live_bytes);
+  st.slot_bytes_max = std::max(st.slot_bytes_max, b);
+  slot->have_targets = false;
+  return *s.live.emplace(key, std::move(slot)).first->second;
+}
+
+TensorModel::Slot& TensorModel::live_slot(int chunk, int mb) const {
+  auto it = st_->live.find({chunk, mb});
+  TESSERA_CHECK(it != st_->live.end(), "no forward of micro-batch {} on chunk {} in flight", mb,
+                chunk);
+  return *it->second;
+}
+
+void TensorModel::release_slot(int chunk, int mb) {
+  State& s = *st_;
+  auto it = s.live.find({chunk, mb});
+  if (it == s.live.end()) return;
+  s.stats.live -= 1;
+  s.stats.live_bytes -= it->second->bytes();
+  s.pool[chunk].push_back(std::move(it->second));
+  s.live.erase(it);
+}
+
+float* TensorModel::chunk_input(int chunk, int mb) {
+  TESSERA_CHECK(!opt_.chunks[chunk].embedding, "the first chunk reads tokens, not activations");
+  return acquire(chunk, mb).resid.front().data();
+}
+
+const float* TensorModel::chunk_output(int chunk, int mb) const {
+  return live_slot(chunk, mb).resid.back().data();
+}
+
+const float* TensorModel::input_grad() const {
+  return st_->d_res.data();
+}
+
+// ---- forward ----
+
+float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
+                                 const std::int32_t* inputs, const std::int32_t* targets,
+                                 const model::ForwardOptions& opt) {
+  State& s = *st_;
+  const auto& ch = opt_.chunks.at(chunk);
+  const int L = cfg_.n_layer, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int B = s.B, T = s.T;
+  const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
+  const int cl = att_.c_local;
+  const std::int64_t r0 = vocab_.row_offset(N);
+  Slot& sl = acquire(chunk, mb);
+  const auto lib = opt.gemm;
   const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
-  store.begin_forward();
-  const float* E = store.params(0);
-  vocab_embedding_forward(vocab_, vocab_comms_, s.resid[0].data(), s.ids.data(), E + local_.wte,
-                          E + local_.wpe, N, T, s.vocab_ws);
-  for (int l = 0; l < L; ++l) {
+  const float* E = (ch.embedding || ch.head) ? store.params(0) : nullptr;
+  if (ch.embedding) {
+    for (std::int64_t i = 0; i < N; ++i)
+      if (inputs[i] < 0 || inputs[i] >= V)
+        throw Error(
+            fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
+            "the data was tokenized with a larger vocabulary than model.vocab_size");
+    std::copy(inputs + r0, inputs + r0 + n, sl.ids.begin());
+    vocab_embedding_forward(vocab_, vocab_comms_, sl.resid[0].data(), sl.ids.data(), E + local_.wte,
+                            E + local_.wpe, N, T, s.vocab_ws);
+  }
+  const int a = ch.first_layer, b = ch.end_layer;
+  for (int l = a; l < b; ++l) {
     const float* blk = store.params(l + 1);
-    if (prefetch && l + 1 < L) prefetch_layer(l + 1, store.params(l + 2));
+    if (prefetch && l + 1 < b) prefetch_layer(l + 1, store.params(l + 2));
+    Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
+    const float* x = sl.resid[l - a].data();
+    float* y = sl.resid[l - a + 1].data();
     if (opt_.sequence_parallel)
-      sp_layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
+      sp_layer_forward(lib, l, blk, x, y, B, T, acts);
     else
-      layer_forward(lib, l, blk, s.resid[l].data(), B, T, s.layers[opt_.recompute ? 0 : l]);
+      layer_forward(lib, l, blk, x, y, B, T, acts);
     store.release(l + 1);
   }
+  if (!ch.head) return 0.0f;
   const float* F = store.params(L + 1);
   auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
-  tensor_layernorm_forward(*att_comms_.tx, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(),
-                           s.resid[L].data(), PF(local_.lnf_w), PF(local_.lnf_b), n, cl, C,
+  tensor_layernorm_forward(*att_comms_.tx, sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
+                           sl.resid.back().data(), PF(local_.lnf_w), PF(local_.lnf_b), n, cl, C,
                            s.row_stats.data());
-  vocab_lm_head_forward(lib, vocab_, vocab_comms_, s.lnf.data(), E + local_.wte, n, s.vocab_ws);
+  vocab_lm_head_forward(lib, vocab_, vocab_comms_, sl.lnf.data(), E + local_.wte, n, s.vocab_ws);
   store.release(L + 1);
-  s.have_targets = targets != nullptr;
-  if (!targets) return 0.0f;
-  for (std::int64_t i = 0; i < N; ++i)
-    if (targets[i] >= V)
-      throw Error(
-          fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
-          "the data was tokenized with a larger vocabulary than model.vocab_size");
-  std::copy(targets + r0, targets + r0 + n, s.targets.begin());
-  vocab_cross_entropy(vocab_, vocab_comms_, s.losses.data(), s.targets.data(), n, opt.training,
-                      opt.dloss, s.vocab_ws);
-  return static_cast<float>(vocab_mean_loss(vocab_comms_, s.losses.data(), s.targets.data(), n));
+  sl.have_targets = targets != nullptr;
+  float loss = 0.0f;
+  if (targets) {
+    for (std::int64_t i = 0; i < N; ++i)
+      if (targets[i] >= V)
+        throw Error(fmt::format("target token id {} is outside the model's vocabulary of {}",
+                                targets[i], V),
+                    "the data was tokenized with a larger vocabulary than model.vocab_size");
+    std::copy(targets + r0, targets + r0 + n, sl.targets.begin());
+    vocab_cross_entropy(vocab_, vocab_comms_, sl.losses.data(), sl.targets.data(), n, opt.training,
+                        opt.dloss, s.vocab_ws);
+    loss =
+        static_cast<float>(vocab_mean_loss(vocab_comms_, sl.losses.data(), sl.targets.data(), n));
+  }
+  // The slot keeps the (d)logits and the head input until its backward.
+  std::swap(sl.logits, s.vocab_ws.logits);
+  std::swap(sl.h_full, s.vocab_ws.h_full);
+  return loss;
+}
+
+float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
+                           const std::int32_t* targets, int B, int T,
+                           const model::ForwardOptions& opt) {
+  TESSERA_CHECK(opt_.chunks.size() == 1 && opt_.chunks[0].embedding && opt_.chunks[0].head,
+                "forward() runs the whole model; a pipeline stage runs forward_chunk()");
+  release_slot(0, 0);  // an evaluation forward leaves its slot
+  begin_step(B, T);
+  store.begin_forward();
+  return forward_chunk(store, 0, 0, inputs, targets, opt);
 }
 
 // ---- backward ----
 
-void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
-                           kernels::GemmLibrary lib) {
+void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, const float* dy,
+                                 kernels::GemmLibrary lib) {
   State& s = *st_;
-  TESSERA_CHECK(s.B == B && s.T == T && s.have_targets,
-                "backward() needs a training forward() of the same batch");
-  (void)inputs;  // the forward kept this rank's rows
-  const int L = cfg_.n_layer, C = cfg_.n_embd;
+  const auto& ch = opt_.chunks.at(chunk);
+  Slot& sl = live_slot(chunk, mb);
+  const int L = cfg_.n_layer, C = cfg_.n_embd, B = s.B, T = s.T;
   const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
   const int cl = att_.c_local;
   auto progress = [&] { progress_all(store); };
-
-  store.begin_backward();
-  const float* E = store.params(0);
-  float* GE = store.grads(0);
-  const float* F = store.params(L + 1);
-  float* GFb = store.grads(L + 1);
-  auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
-  auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
-  (void)E;
-
-  // LM head (ws.logits hold the dlogits), then the final LayerNorm.
-  vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(), GE + local_.wte, n, s.vocab_ws);
-  std::fill(s.d_res.begin(), s.d_res.end(), 0.0f);
-  tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GF(local_.lnf_w),
-                            GF(local_.lnf_b), s.d_ln.data(), s.resid[L].data(), PF(local_.lnf_w),
-                            s.lnf_mean.data(), s.lnf_rstd.data(), n, cl, C, s.row_stats.data(),
-                            s.ln_params.data());
-  store.grads_done(L + 1);
-  store.release(L + 1);
+  float* GE = nullptr;
+  if (ch.embedding || ch.head) {
+    store.params(0);
+    GE = store.grads(0);
+  }
+  if (ch.head) {
+    TESSERA_CHECK(sl.have_targets, "backward needs a training forward with targets");
+    const float* F = store.params(L + 1);
+    float* GFb = store.grads(L + 1);
+    auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
+    auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
+    // LM head (the slot's logits hold the dlogits), then the final LayerNorm.
+    std::swap(sl.logits, s.vocab_ws.logits);
+    std::swap(sl.h_full, s.vocab_ws.h_full);
+    vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(), GE + local_.wte, n,
+                           s.vocab_ws);
+    std::swap(sl.logits, s.vocab_ws.logits);
+    std::swap(sl.h_full, s.vocab_ws.h_full);
+    std::fill(s.d_res.begin(), s.d_res.end(), 0.0f);
+    tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GF(local_.lnf_w),
+                              GF(local_.lnf_b), s.d_ln.data(), sl.resid.back().data(),
+                              PF(local_.lnf_w), sl.lnf_mean.data(), sl.lnf_rstd.data(), n, cl, C,
+                              s.row_stats.data(), s.ln_params.data());
+    store.grads_done(L + 1);
+    store.release(L + 1);
+  } else {
+    TESSERA_CHECK(dy != nullptr, "backward of a chunk without the head needs its output gradient");
+    std::copy(dy, dy + boundary_numel(), s.d_res.begin());
+  }
 
   const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
   const bool defer = opt_.defer_dw && !opt_.sequence_parallel && s.sets.size() > 1;
   auto finish_layer = [&](int layer) {
     for (auto* lw : ws_of(layer).linears()) tensor_linear_finish(*lw);
   };
-  for (int l = L - 1; l >= 0; --l) {
+  const int a = ch.first_layer, b = ch.end_layer;
+  for (int l = b - 1; l >= a; --l) {
     const float* blk = store.params(l + 1);
     float* gblk = store.grads(l + 1);
-    if (prefetch && l > 0) prefetch_layer(l - 1, store.params(l));
-    Layer& a = s.layers[opt_.recompute ? 0 : l];
-    const float* x = s.resid[l].data();
+    if (prefetch && l > a) prefetch_layer(l - 1, store.params(l));
+    Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
+    const float* x = sl.resid[l - a].data();
     if (opt_.sequence_parallel) {
       if (opt_.recompute) {
-        sp_layer_forward(lib, l, blk, x, B, T, a);  // re-issues the layer's collectives
+        sp_layer_forward(lib, l, blk, x, sl.resid[l - a + 1].data(), B, T, acts);
         progress();
       }
-      sp_layer_backward(lib, l, blk, gblk, x, B, T, a, store);
+      sp_layer_backward(lib, l, blk, gblk, x, B, T, acts, store);
     } else {
       if (opt_.recompute) {
-        layer_forward(lib, l, blk, x, B, T, a);  // re-issues the gathers and all-reduces
+        // Re-issues the gathers and all-reduces; rewrites the (unchanged) layer output.
+        layer_forward(lib, l, blk, x, sl.resid[l - a + 1].data(), B, T, acts);
         progress();
       }
-      layer_backward(lib, l, blk, gblk, x, B, T, a, store);
+      layer_backward(lib, l, blk, gblk, x, B, T, acts, store);
     }
     if (!defer) {
       store.grads_done(l + 1);
-    } else if (l + 1 < L) {
+    } else if (l + 1 < b) {
       // Layer l+1's weight-gradient reductions ran during this layer's backward.
       finish_layer(l + 1);
       store.grads_done(l + 2);
     }
     store.release(l + 1);
   }
-  if (defer && L > 0) {
-    finish_layer(0);
-    store.grads_done(1);
+  if (defer && b > a) {
+    finish_layer(a);
+    store.grads_done(a + 1);
   }
-  vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, GE + local_.wpe, s.d_res.data(),
-                           s.ids.data(), N, T, s.vocab_ws);
-  store.grads_done(0);
-  store.release(0);
+  if (ch.embedding)
+    vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, GE + local_.wpe, s.d_res.data(),
+                             sl.ids.data(), N, T, s.vocab_ws);
+  if (ch.embedding || ch.head) {
+    store.grads_done(0);
+    store.release(0);
+  }
+  release_slot(chunk, mb);
+}
+
+void TensorModel::backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
+                           kernels::GemmLibrary lib) {
+  State& s = *st_;
+  TESSERA_CHECK(s.B == B && s.T == T && st_->live.count({0, 0}) && live_slot(0, 0).have_targets,
+                "backward() needs a training forward() of the same batch");
+  (void)inputs;  // the forward kept this rank's rows
+  store.begin_backward();
+  backward_chunk(store, 0, 0, nullptr, lib);
 }
 
 }  // namespace tessera::parallel

@@ -47,6 +47,13 @@
 // backward. Layer l+1's gradients are final (grads_done) once its reductions complete, after
 // layer l's backward.
 //
+// Pipeline stages (options.chunks, parallel/pipeline.hpp). A rank may hold only some chunks of
+// consecutive layers; its local layout then has no elements for the other tensors. Activations
+// of one micro-batch through one chunk live in a slot from its forward_chunk (or chunk_input)
+// to its backward_chunk, so a schedule can keep several micro-batches in flight; forward() and
+// backward() are the one-chunk, one-micro-batch case. The head's chunk keeps its (d)logits in the
+// slot between the two. activation_stats() measures the slots in flight.
+//
 // Recomputation (options.recompute): the forward keeps only each layer's input; the backward
 // re-runs the layer's forward (re-issuing its weight gathers and all-reduces) just before its
 // backward. Same numbers, L-fold fewer activations.
@@ -68,7 +75,20 @@
 
 namespace tessera::parallel {
 
+// A run of consecutive layers that a rank holds (pipeline parallelism, parallel/pipeline.hpp):
+// the model's first chunk also holds the token and position embeddings, its last chunk the final
+// LayerNorm and the LM head (tied to the token embedding, so both ends hold a copy of wte).
+struct ModelChunk {
+  int first_layer = 0, end_layer = 0;  // layers [first_layer, end_layer); may be empty
+  bool embedding = false;              // first_layer == 0 and the embeddings live here
+  bool head = false;                   // end_layer == n_layer and ln_f + the LM head live here
+  bool operator==(const ModelChunk&) const = default;
+};
+
 struct TensorModelOptions {
+  // The layers this rank holds, as local chunks in model order (pipeline stage s, chunk c is the
+  // model's chunk c*pp + s). Empty: the whole model, one chunk.
+  std::vector<ModelChunk> chunks;
   bool recompute = false;  // per-layer activation recomputation
   // 1D mode only (tx > 1, ty = tz = 1): sequence parallelism in the regions that tensor
   // parallelism replicates (see below). Needs the micro-batch divisible by tx.
@@ -98,14 +118,18 @@ class TensorModel {
   const TensorModelOptions& options() const { return opt_; }
   int tensor_size() const { return tensor_size_; }
 
+  const std::vector<ModelChunk>& chunks() const { return opt_.chunks; }
+
   // local element -> global flat index (-1: alignment padding); owner mask (1 = counts once).
+  // Under pipeline parallelism a rank's layout holds only its chunks' tensors (the others have
+  // no local elements); the copy of wte on the head's stage is not an owner (the embedding's is).
   const std::vector<std::int64_t>& global_index() const { return index_; }
   const std::vector<std::uint8_t>& owner_mask() const { return owner_; }
 
   // local (local_layout().total()) <- this rank's slices of global (global_layout().total()).
   void extract(const float* global, float* local) const;
   // global <- the whole model assembled from every rank's owned local elements (collective over
-  // the tensor group; every rank gets it).
+  // the model group, pp x tx x ty x tz; every rank gets it).
   void gather_full(const float* local, float* global);
 
   // Mean loss over the micro-batch's targets >= 0 (same on every rank of the tensor group).
@@ -116,27 +140,71 @@ class TensorModel {
   void backward(model::ParamStore& store, const std::int32_t* inputs, int B, int T,
                 kernels::GemmLibrary gemm);
 
+  // ---- one micro-batch through one local chunk (the pipeline executor's interface) ----
+  // Activations live in one slot per (chunk, micro-batch) in flight: taken by chunk_input() or
+  // forward_chunk(), returned to a pool by backward_chunk(). Activations passed between chunks
+  // (the residual stream) are this rank's (rows / tz, C / tx) block: boundary_numel() floats.
+  //
+  // Starts a step of micro-batches of (B, T): (re)allocates on a new shape and drops the cached
+  // weight blocks (the parameters changed). Throws unless B % tz == 0 (and B % tx == 0 with
+  // sequence parallelism).
+  void begin_step(int B, int T);
+  std::size_t boundary_numel() const;
+  // Where the input activation of (chunk, mb) goes (a chunk without the embedding): receive here.
+  float* chunk_input(int chunk, int mb);
+  // Forward of micro-batch `mb` through local chunk `chunk`. inputs (B, T): read on the
+  // embedding's chunk; targets (B, T): on the head's chunk, where the mean loss over the targets
+  // >= 0 is returned (0 elsewhere; with training, backward_chunk must follow). The output
+  // activation is chunk_output(chunk, mb) until backward_chunk(chunk, mb).
+  float forward_chunk(model::ParamStore& store, int chunk, int mb, const std::int32_t* inputs,
+                      const std::int32_t* targets, const model::ForwardOptions& opt);
+  const float* chunk_output(int chunk, int mb) const;
+  // Backward of (chunk, mb). dy: the gradient of its output (boundary_numel), null on the head's
+  // chunk. Gradients accumulate into the store. Then input_grad() holds the gradient of the
+  // chunk's input until the next backward_chunk, and the slot goes back to the pool.
+  void backward_chunk(model::ParamStore& store, int chunk, int mb, const float* dy,
+                      kernels::GemmLibrary gemm);
+  const float* input_grad() const;
+
+  // Activation memory of the slots (what the pipeline schedule keeps in flight), measured from
+  // the buffers themselves; the shared workspaces are not counted.
+  struct ActivationStats {
+    int live = 0, peak_live = 0;  // slots in flight now / at most (in chunk units)
+    std::size_t live_bytes = 0, peak_bytes = 0;
+    std::size_t slot_bytes_max = 0;  // the largest single slot
+  };
+  const ActivationStats& activation_stats() const;
+  void reset_activation_stats();
+
   // The GEMM tuner's choices (tune_gemm), written to options().gemm_tuning_file if set.
   void save_gemm_choices() const;
   const kernels::GemmTuner* gemm_tuner() const { return tuner_.get(); }
 
-  // Bytes of the activation buffers of the last forward (per rank).
+  // Bytes of the activation buffers held now (slots in flight and shared buffers), per rank.
   std::size_t activation_bytes() const;
 
  private:
   struct Layer;
+  struct Slot;
   struct State;
   struct WsSet;
+  bool holds(const model::ParamTensor& t) const;  // this rank's chunks hold the tensor
+  void prepare(int B, int T);
+  void invalidate_weights();
+  Slot& acquire(int chunk, int mb);
+  Slot& live_slot(int chunk, int mb) const;
+  void release_slot(int chunk, int mb);
+  void init_layer(Layer& a, int B, int T) const;
   WsSet& ws_of(int layer);
   void prefetch_layer(int layer, const float* blk);
   void progress_all(model::ParamStore& store);
-  void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
-                     int T, Layer& acts);
+  void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, float* y,
+                     int B, int T, Layer& acts);
   void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
                       const float* x, int B, int T, Layer& acts, model::ParamStore& store);
   // The same in sequence-parallel mode.
-  void sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, int B,
-                        int T, Layer& acts);
+  void sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, float* y,
+                        int B, int T, Layer& acts);
   void sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
                          const float* x, int B, int T, Layer& acts, model::ParamStore& store);
 
@@ -154,6 +222,7 @@ class TensorModel {
   TensorLinearComms fc_comms_, fcproj_comms_;
   VocabParallelComms vocab_comms_;
   comm::Communicator* tensor_group_ = nullptr;  // {tx, ty, tz}
+  comm::Communicator* model_group_ = nullptr;   // {pp, tx, ty, tz}
   std::unique_ptr<State> st_;
   std::unique_ptr<kernels::GemmTuner> tuner_;
 };

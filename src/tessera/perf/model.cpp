@@ -483,13 +483,16 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
 
 StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
                           const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
-                          int zero, Recompute recompute, const ModelOptions& o) {
+                          int zero, Recompute recompute, const ModelOptions& o,
+                          parallel::ScheduleKind schedule, int v) {
   Workload w{cfg, seq, static_cast<long>(micro_batch) * grad_accum * grid.dp};
   PlanPoint p;
   p.grid = grid;
   p.zero = zero;
   p.micro_batch = micro_batch;
   p.recompute = recompute;
+  p.schedule = schedule;
+  p.v = v;
   StepEstimate est;
   est.reason = infeasible_reason(w, p, cluster);
   if (!est.reason.empty()) return est;

@@ -131,6 +131,8 @@ struct StepEstimate {
 StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
                           const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
                           int zero, Recompute recompute = Recompute::None,
-                          const ModelOptions& o = {});
+                          const ModelOptions& o = {},
+                          parallel::ScheduleKind schedule = parallel::ScheduleKind::OneF1B,
+                          int v = 1);
 
 }  // namespace tessera::perf

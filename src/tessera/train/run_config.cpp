@@ -79,6 +79,9 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "overlap_dx", c.parallel.overlap_dx);
   f("parallel", "overlap_dw", c.parallel.overlap_dw);
   f("parallel", "prefetch", c.parallel.prefetch);
+  f("parallel", "schedule", c.parallel.schedule);
+  f("parallel", "virtual_stages", c.parallel.virtual_stages);
+  f("parallel", "pp_layers", c.parallel.pp_layers);
   f("parallel", "timeout_s", c.parallel.timeout_s);
 
   f("goldfish", "k", c.goldfish.k);
@@ -653,6 +656,19 @@ void validate(const RunConfig& c) {
   if (p.zero < 0 || p.zero > 3)
     v.fail("parallel.zero", p.zero, "must be 0, 1, 2 or 3",
            "0 replicates everything; 1 shards AdamW moments; 2 also gradients; 3 also parameters");
+  if (p.schedule != "gpipe" && p.schedule != "1f1b" && p.schedule != "interleaved")
+    v.fail("parallel.schedule", p.schedule, "must be \"gpipe\", \"1f1b\" or \"interleaved\"",
+           "1f1b keeps at most pp micro-batches in flight (the default); interleaved also needs "
+           "parallel.virtual_stages >= 2");
+  v.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.schedule == "interleaved" && p.virtual_stages < 2)
+    v.fail("parallel.virtual_stages", p.virtual_stages,
+           "must be >= 2 with the interleaved schedule",
+           "set parallel.virtual_stages = 2 (chunks per stage), or use schedule = \"1f1b\"");
+  if (p.schedule != "interleaved" && p.virtual_stages != 1)
+    v.fail("parallel.virtual_stages", p.virtual_stages,
+           fmt::format("must be 1 with the {} schedule", p.schedule),
+           "virtual stages (chunks per stage) need schedule = \"interleaved\"");
   v.finite("parallel.timeout_s", p.timeout_s);
   if (!(p.timeout_s >= 0))
     v.fail("parallel.timeout_s", p.timeout_s, "must be >= 0",

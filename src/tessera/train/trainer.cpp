@@ -24,6 +24,7 @@
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/pipeline.hpp"
 #include "tessera/parallel/tensor_model.hpp"
 #include "tessera/perf/cluster.hpp"
 #include "tessera/perf/model.hpp"
@@ -110,11 +111,33 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   req.grad_accum = accum;
   req.global_batch = tc.global_batch;
   comm::validate_grid(shape, req);
-  if (pc.pp > 1)
-    throw Error(
-        fmt::format("parallel.pp={}: pipeline parallelism is not in this version of tessera",
-                    pc.pp),
-        "use data and tensor parallelism (parallel.dp, tx, ty, tz)");
+  // Pipeline parallelism: the schedule runs train.grad_accum micro-batches per step.
+  const bool pipeline = pc.pp > 1;
+  const parallel::ScheduleSpec sched{parallel::parse_schedule(pc.schedule), pc.pp, accum,
+                                     pc.virtual_stages};
+  std::vector<int> layer_split;
+  if (pipeline) {
+    if (pc.zero >= 2)
+      throw Error(
+          fmt::format("parallel.zero={} with parallel.pp={}: ZeRO-2 and -3 reduce or gather each "
+                      "layer's block once per forward/backward sweep, and a pipeline schedule "
+                      "interleaves the sweeps of its micro-batches",
+                      pc.zero, pc.pp),
+          "use parallel.zero = 1 (the AdamW moments, the largest state, sharded over dp) or 0");
+    if (sched.kind == parallel::ScheduleKind::Interleaved && accum % pc.pp != 0)
+      throw Error(fmt::format("the interleaved schedule needs the micro-batches per step "
+                              "(train.grad_accum={}) divisible by parallel.pp={}",
+                              accum, pc.pp),
+                  fmt::format("use train.grad_accum = {}, or schedule = \"1f1b\"",
+                              (accum / pc.pp + 1) * pc.pp));
+    parallel::validate(sched);
+    layer_split =
+        parallel::parse_layer_split(pc.pp_layers, mcfg.n_layer, pc.pp * pc.virtual_stages);
+  } else if (!pc.pp_layers.empty() || pc.virtual_stages > 1 || pc.schedule != "1f1b") {
+    log_info(
+        "note: parallel.schedule, virtual_stages and pp_layers apply to pipeline "
+        "parallelism (parallel.pp > 1); ignored");
+  }
   const int tensor_size = pc.tx * pc.ty * pc.tz;
   if (B % pc.tz != 0)
     throw Error(
@@ -149,11 +172,18 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                             "parallel.tx={}: it is not divisible",
                             B, pc.tx),
                 "choose a micro-batch divisible by parallel.tx");
-  if (pc.recompute && tensor_size == 1)
-    log_info("note: parallel.recompute applies to tensor parallelism (tx, ty, tz > 1); ignored");
+  if (pc.recompute && tensor_size == 1 && !pipeline)
+    log_info(
+        "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
+        "1); ignored");
   std::unique_ptr<parallel::TensorModel> tm;
-  if (tensor_size > 1) {
+  std::unique_ptr<parallel::PipelineExecutor> pipe;
+  comm::Communicator* pipe_comm = nullptr;  // {pp}
+  if (tensor_size > 1 || pipeline) {
     parallel::TensorModelOptions to;
+    if (pipeline)
+      to.chunks =
+          parallel::stage_chunks(layer_split, pc.pp, pc.virtual_stages, topo.coord(comm::Axis::PP));
     to.recompute = pc.recompute;
     to.sequence_parallel = pc.sequence_parallel;
     to.overlap_dx = pc.overlap_dx;
@@ -162,6 +192,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     to.tune_gemm = cfg.hardware.tune_gemm;
     to.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
     tm = std::make_unique<parallel::TensorModel>(mcfg, topo, rt, to);
+    if (pipeline) {
+      pipe_comm = &rt.group(topo, {comm::Axis::PP});
+      pipe = std::make_unique<parallel::PipelineExecutor>(*tm, *pipe_comm, sched);
+    }
   }
   const model::ParamLayout& store_layout = tm ? tm->local_layout() : layout;
   comm::Communicator& dp_comm = rt.group(topo, {comm::Axis::DP});
@@ -286,9 +320,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
         mo.dtype = perf::DType::FP32;
         mo.tp_overlap = pc.overlap_dx && pc.prefetch;
         mo.dp_overlap = pc.overlap;
-        const auto est = perf::predict_step(
-            mcfg, shape, spec, T, B, accum, pc.zero,
-            pc.recompute && tensor_size > 1 ? perf::Recompute::Full : perf::Recompute::None, mo);
+        mo.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
+        const auto est = perf::predict_step(mcfg, shape, spec, T, B, accum, pc.zero,
+                                            pc.recompute && (tensor_size > 1 || pipeline)
+                                                ? perf::Recompute::Full
+                                                : perf::Recompute::None,
+                                            mo, sched.kind, sched.v);
         predicted_step_s = est.step_s;
         predicted_peak_bytes = est.peak_bytes;
         if (lead)
@@ -310,9 +347,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     }
   }
 
-  // Per rank: MFU is per device (a tensor group shares its micro-batch's FLOPs).
+  // Per rank: MFU is per device (a tensor group shares its micro-batch's FLOPs, the pipeline
+  // stages its layers).
   const double flops_per_step = 3.0 * model::forward_flops_per_token(mcfg, T) *
-                                static_cast<double>(B) * T * accum / tensor_size;
+                                static_cast<double>(B) * T * accum / (tensor_size * pc.pp);
   const std::int64_t tokens_per_step = static_cast<std::int64_t>(B) * T * accum * ndp;
   Peak peak;
   if (lead || cfg.hardware.peak_tflops > 0) peak = resolve_peak(cfg.hardware.peak_tflops, gemm);
@@ -330,6 +368,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                               store_layout.total() / 1e6, pc.recompute ? ", recomputation" : "",
                               pc.sequence_parallel ? ", sequence parallelism" : "")
                 : std::string());
+    if (pipe)
+      log_info(
+          "pipeline: {} schedule, {} stages x {} chunk{}, layers per chunk [{}], {} micro-batches "
+          "per step, ideal bubble {:.3f}",
+          pc.schedule, pc.pp, pc.virtual_stages, pc.virtual_stages > 1 ? "s" : "",
+          fmt::join(layer_split, ", "), accum, parallel::ideal_bubble_fraction(sched));
     log_info(
         "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
         "GFLOP/step/rank, {} threads",
@@ -350,12 +394,14 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // are read and masked before the first forward, and dloss becomes 1 / (kept targets of the
   // step over all micro-batches and dp ranks).
   const bool goldfish = cfg.goldfish.k > 0;
-  std::vector<std::vector<std::int32_t>> gx, gy;
+  std::vector<std::vector<std::int32_t>> gx, gy;  // the step's micro-batches (goldfish, pipeline)
   std::vector<std::int64_t> kept;
-  if (goldfish) {
+  if (goldfish || pipe) {
     gx.assign(accum, std::vector<std::int32_t>(static_cast<std::size_t>(B) * T));
     gy = gx;
     kept.assign(accum, 0);
+  }
+  if (goldfish) {
     if (!opt.quiet)
       log_info("goldfish: k = {}, strategy {}{}", cfg.goldfish.k, cfg.goldfish.strategy,
                cfg.goldfish.strategy == "hash"     ? fmt::format(", h = {}", cfg.goldfish.h)
@@ -435,9 +481,31 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       }
       dp_comm.all_reduce_sum(&kept_total, 1);
       fopt.dloss = kept_total > 0 ? static_cast<float>(1.0 / kept_total) : 0.0f;
+    } else if (pipe) {
+      for (int a = 0; a < accum; ++a) train_loader.next(gx[a].data(), gy[a].data());
     }
     dp.begin_step();
-    for (int a = 0; a < accum; ++a) {
+    if (pipe) {
+      // The stage's instruction list over the step's micro-batches; gradients accumulate
+      // (no reduction before the list ends), then the tied embedding's two copies and the dp
+      // reduction of every block.
+      std::vector<const std::int32_t*> in(accum), tg(accum);
+      for (int a = 0; a < accum; ++a) in[a] = gx[a].data(), tg[a] = gy[a].data();
+      dp.begin_micro_batch(false);
+      const auto mb_losses = pipe->run(dp, in, tg, B, T, fopt);
+      Timer comm_timer;
+      pipe->sum_tied_embedding_grads(dp);
+      dp.begin_micro_batch(true);
+      for (int b = model::num_blocks(store_layout) - 1; b >= 0; --b) dp.grads_done(b);
+      dp.end_micro_batch();
+      comm_wait += comm_timer.seconds();
+      for (int a = 0; a < accum; ++a)
+        loss += goldfish ? static_cast<double>(mb_losses[a]) * static_cast<double>(kept[a])
+                         : mb_losses[a];
+      // The losses are known on the last stage.
+      pipe_comm->broadcast_bytes(&loss, sizeof loss, pc.pp - 1);
+    }
+    for (int a = 0; a < (pipe ? 0 : accum); ++a) {
       const std::int32_t* xa = goldfish ? gx[a].data() : x.data();
       const std::int32_t* ya = goldfish ? gy[a].data() : y.data();
       if (!goldfish) train_loader.next(x.data(), y.data());
@@ -505,6 +573,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (goldfish)
       row["goldfish_kept"] =
           static_cast<std::int64_t>(kept_total);  // targets in the loss, all dp ranks
+    if (pipe) {
+      row["bubble"] = pipe->stats().bubble_fraction();  // this (the lead's) stage
+      row["p2p_wait_ms"] = pipe->stats().recv_wait_s * 1e3;
+    }
     if (ndp > 1) {
       row["grad_overlap"] = dp.overlap_fraction();  // fraction reduced before backward ended
       row["comm_wait_ms"] = comm_wait * 1e3;        // exposed gradient-reduction time
@@ -528,6 +600,40 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step) {
       const float* full = full_params();  // collective (ZeRO-3, tensor parallelism)
       if (lead) print_sample(cfg, layout, full, rng, step);
+    }
+  }
+  if (pipe && step > start_step) {
+    // What each stage kept in flight and how long it idled, from one rank per stage.
+    const int stage = topo.coord(comm::Axis::PP);
+    std::vector<double> info(4 * static_cast<std::size_t>(pc.pp), 0.0);
+    const int tensor_rank = rt.group(topo, {comm::Axis::TX, comm::Axis::TY, comm::Axis::TZ}).rank();
+    if (dp.dp_rank() == 0 && tensor_rank == 0) {
+      const auto& st = tm->activation_stats();
+      info[4 * stage + 0] = st.peak_live;
+      info[4 * stage + 1] = static_cast<double>(st.peak_bytes);
+      info[4 * stage + 2] = static_cast<double>(st.slot_bytes_max);
+      info[4 * stage + 3] = pipe->stats().bubble_fraction();
+    }
+    rt.world().all_reduce_sum(info.data(), info.size());
+    if (lead) {
+      nlohmann::json stages = nlohmann::json::array();
+      for (int s2 = 0; s2 < pc.pp; ++s2)
+        stages.push_back({{"stage", s2},
+                          {"peak_in_flight", info[4 * s2 + 0]},
+                          {"in_flight_formula", parallel::in_flight_formula(sched, s2)},
+                          {"peak_activation_bytes", info[4 * s2 + 1]},
+                          {"slot_bytes", info[4 * s2 + 2]},
+                          {"bubble_last_step", info[4 * s2 + 3]}});
+      metrics << nlohmann::json{{"event", "pipeline"},
+                                {"schedule", pc.schedule},
+                                {"pp", pc.pp},
+                                {"v", pc.virtual_stages},
+                                {"m", accum},
+                                {"layers", layer_split},
+                                {"ideal_bubble", parallel::ideal_bubble_fraction(sched)},
+                                {"stages", stages}}
+                     .dump()
+              << "\n";
     }
   }
   if (step > start_step || !resumed) checkpoint_now();

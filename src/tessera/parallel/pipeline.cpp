@@ -1,0 +1,243 @@
+#include "tessera/parallel/pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/timer.hpp"
+
+namespace tessera::parallel {
+
+std::vector<int> balanced_layer_split(int n_layer, int chunks) {
+  TESSERA_CHECK(chunks >= 1, "{} pipeline chunks", chunks);
+  if (n_layer < chunks)
+    throw Error(fmt::format("model.n_layer={} cannot be split into {} pipeline chunks (pp x "
+                            "virtual stages): every chunk needs a layer",
+                            n_layer, chunks),
+                "use fewer stages or virtual stages, a deeper model, or give parallel.pp_layers");
+  std::vector<int> split(chunks, n_layer / chunks);
+  int rem = n_layer % chunks;
+  std::vector<int> order;  // middle chunks first, then the last, then the first
+  for (int c = 1; c + 1 < chunks; ++c) order.push_back(c);
+  if (chunks > 1) order.push_back(chunks - 1);
+  order.push_back(0);
+  for (int i = 0; rem > 0; ++i, --rem) ++split[order[i % order.size()]];
+  return split;
+}
+
+std::vector<int> parse_layer_split(const std::string& text, int n_layer, int chunks) {
+  if (text.empty()) return balanced_layer_split(n_layer, chunks);
+  std::vector<int> split;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    const std::string t = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    std::size_t used = 0;
+    int v = -1;
+    try {
+      v = std::stoi(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (t.empty() || used != t.size() || v < 0)
+      throw Error(fmt::format("parallel.pp_layers = \"{}\": '{}' is not a layer count", text, t),
+                  "write non-negative whole numbers separated by commas, e.g. \"3,5\"");
+    split.push_back(v);
+  }
+  if (static_cast<int>(split.size()) != chunks)
+    throw Error(fmt::format("parallel.pp_layers = \"{}\" has {} entries; the pipeline has {} "
+                            "chunks (pp x virtual stages)",
+                            text, split.size(), chunks),
+                "give one layer count per chunk, in model order");
+  long sum = 0;
+  for (int v : split) sum += v;
+  if (sum != n_layer)
+    throw Error(fmt::format("parallel.pp_layers = \"{}\" adds up to {} layers; the model has {}",
+                            text, sum, n_layer),
+                "the counts must add up to model.n_layer");
+  return split;
+}
+
+std::vector<ModelChunk> stage_chunks(const std::vector<int>& split, int pp, int v, int stage) {
+  TESSERA_CHECK(static_cast<int>(split.size()) == pp * v && stage >= 0 && stage < pp,
+                "split of {} chunks for pp={} v={} stage {}", split.size(), pp, v, stage);
+  std::vector<int> begin(split.size() + 1, 0);
+  for (std::size_t g = 0; g < split.size(); ++g) begin[g + 1] = begin[g] + split[g];
+  std::vector<ModelChunk> out;
+  for (int c = 0; c < v; ++c) {
+    const int g = c * pp + stage;
+    out.push_back(ModelChunk{begin[g], begin[g + 1], g == 0, g == pp * v - 1});
+  }
+  return out;
+}
+
+namespace {
+
+// Completes a request, polling: spin briefly, then sleep between polls so that a waiting stage
+// gives its core to the others (ranks oversubscribe the cores of a CPU run).
+void poll_wait(comm::Request& r) {
+  using clock = std::chrono::steady_clock;
+  const auto spin_until = clock::now() + std::chrono::microseconds(50);
+  while (!r.test()) {
+    if (clock::now() > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(TensorModel& model, comm::Communicator& pp,
+                                   const ScheduleSpec& spec)
+    : model_(model), pp_(pp), spec_(spec), stage_(pp.rank()) {
+  TESSERA_CHECK(pp.size() == spec.pp, "pipeline communicator of {} ranks for pp={}", pp.size(),
+                spec.pp);
+  TESSERA_CHECK(static_cast<int>(model.chunks().size()) == spec.v,
+                "the model holds {} chunks, the schedule runs {} per stage", model.chunks().size(),
+                spec.v);
+  if (spec.pp == 1 && spec.v > 1)
+    throw Error("an interleaved schedule needs pp >= 2 stages",
+                "use the 1f1b schedule (or no schedule) on one stage");
+  list_ = make_stage_schedule(spec, stage_);
+}
+
+std::vector<float> PipelineExecutor::run(model::ParamStore& store,
+                                         const std::vector<const std::int32_t*>& inputs,
+                                         const std::vector<const std::int32_t*>& targets, int B,
+                                         int T, const model::ForwardOptions& opt) {
+  const int m = spec_.m, pp = spec_.pp, nchunks = spec_.pp * spec_.v;
+  TESSERA_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
+                "{} micro-batches given, the schedule has {}", inputs.size(), m);
+  model_.begin_step(B, T);
+  const std::size_t n = model_.boundary_numel();
+  grad_in_.resize(n);
+  stats_ = PipelineStats{};
+  Timer step_timer;
+  std::vector<float> losses(m, 0.0f);
+  // Tags: one per (micro-batch, consuming model chunk, activation/gradient); messages with the
+  // same tag between two stages arrive in the order sent, which is also the order received.
+  auto tag = [&](int mb, int consumer, bool grad) {
+    return static_cast<int>(((static_cast<long>(mb) * nchunks + consumer) * 2 + (grad ? 1 : 0)) %
+                            32767);
+  };
+  struct Pending {
+    comm::Request req;
+    int buf = -1;  // send_bufs_ index; -1: from a slot's output
+  };
+  std::map<std::pair<int, int>, Pending> act_sends;  // (chunk, mb)
+  std::vector<Pending> grad_sends;
+  std::vector<int> free_bufs;
+  for (int i = 0; i < static_cast<int>(send_bufs_.size()); ++i) free_bufs.push_back(i);
+  auto reap = [&](bool all) {
+    for (auto it = grad_sends.begin(); it != grad_sends.end();) {
+      if (all) poll_wait(it->req);
+      if (!it->req.pending() || it->req.test()) {
+        free_bufs.push_back(it->buf);
+        it = grad_sends.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  for (const Instr& in : list_) {
+    const int g = in.chunk * pp + stage_;  // model chunk
+    switch (in.op) {
+      case OpKind::RecvAct: {
+        Timer t;
+        comm::Request r =
+            pp_.irecv(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in.mb, g, false));
+        poll_wait(r);
+        stats_.recv_wait_s += t.seconds();
+        break;
+      }
+      case OpKind::Forward: {
+        Timer t;
+        store.begin_forward();
+        const float loss =
+            model_.forward_chunk(store, in.chunk, in.mb, inputs[in.mb], targets[in.mb], opt);
+        if (model_.chunks()[in.chunk].head) losses[in.mb] = loss;
+        stats_.compute_s += t.seconds();
+        ++stats_.forwards;
+        break;
+      }
+      case OpKind::SendAct: {
+        act_sends[{in.chunk, in.mb}] = Pending{
+            pp_.isend(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in.mb, g + 1, false)),
+            -1};
+        stats_.sent_bytes += n * sizeof(float);
+        break;
+      }
+      case OpKind::RecvGrad: {
+        Timer t;
+        comm::Request r = pp_.irecv(grad_in_.data(), n, in.peer, tag(in.mb, g, true));
+        poll_wait(r);
+        stats_.recv_wait_s += t.seconds();
+        break;
+      }
+      case OpKind::Backward: {
+        // The slot's output may still be on its way to the next stage (it has arrived by now:
+        // the gradient received for it proves it, but the request must complete).
+        if (auto it = act_sends.find({in.chunk, in.mb}); it != act_sends.end()) {
+          Timer t;
+          poll_wait(it->second.req);
+          stats_.send_wait_s += t.seconds();
+          act_sends.erase(it);
+        }
+        Timer t;
+        store.begin_backward();
+        const bool head = model_.chunks()[in.chunk].head;
+        model_.backward_chunk(store, in.chunk, in.mb, head ? nullptr : grad_in_.data(), opt.gemm);
+        stats_.compute_s += t.seconds();
+        ++stats_.backwards;
+        reap(false);
+        break;
+      }
+      case OpKind::SendGrad: {
+        if (free_bufs.empty()) {
+          send_bufs_.emplace_back(n);
+          free_bufs.push_back(static_cast<int>(send_bufs_.size()) - 1);
+        }
+        const int b = free_bufs.back();
+        free_bufs.pop_back();
+        send_bufs_[b].resize(n);
+        std::copy(model_.input_grad(), model_.input_grad() + n, send_bufs_[b].begin());
+        grad_sends.push_back(
+            Pending{pp_.isend(send_bufs_[b].data(), n, in.peer, tag(in.mb, g - 1, true)), b});
+        stats_.sent_bytes += n * sizeof(float);
+        break;
+      }
+      case OpKind::OptimizerStep:
+        break;  // the caller's: gradient reduction, clipping, update
+    }
+  }
+  Timer t;
+  for (auto& [k, p] : act_sends) poll_wait(p.req);
+  reap(true);
+  stats_.send_wait_s += t.seconds();
+  stats_.step_s = step_timer.seconds();
+  return losses;
+}
+
+void PipelineExecutor::sum_tied_embedding_grads(model::ParamStore& store) {
+  if (spec_.pp == 1) return;
+  const bool first = stage_ == 0, last = stage_ == spec_.pp - 1;
+  if (!first && !last) return;
+  const auto& layout = model_.local_layout();
+  const model::ParamTensor* wte = layout.find("wte.weight");
+  TESSERA_CHECK(wte && wte->numel > 0, "stage {} holds no copy of wte", stage_);
+  float* g = store.grads(0) + (wte->offset - model::block_begin(layout, 0));
+  const std::size_t n = wte->numel;
+  tied_tmp_.resize(n);
+  const int peer = first ? spec_.pp - 1 : 0;
+  comm::Request s = pp_.isend(g, n, peer, 32767);
+  comm::Request r = pp_.irecv(tied_tmp_.data(), n, peer, 32767);
+  poll_wait(r);
+  poll_wait(s);
+  // a + b == b + a exactly: both copies get bitwise the same sum.
+  for (std::size_t i = 0; i < n; ++i) g[i] += tied_tmp_[i];
+}
+
+}  // namespace tessera::parallel

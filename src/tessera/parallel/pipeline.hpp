@@ -1,0 +1,88 @@
+// Pipeline parallelism (the pp axis): the model's layers cut into pp*v chunks, chunk c of stage s
+// being the model's chunk c*pp + s (parallel/schedule.hpp), and the executor that runs one stage's
+// instruction list on a TensorModel holding that stage's chunks (so pipeline stages compose with
+// the tx x ty x tz tensor grid: every rank of a stage's tensor group runs the same list, and each
+// sends its own (rows / tz, C / tx) block of the activations to the rank with the same tensor
+// coordinates on the next stage).
+//
+// Micro-batches flow between stages with non-blocking sends (posted, completed later) and
+// receives that block the stage (polled, with short sleeps, so an idle stage leaves its core to
+// the others on an oversubscribed CPU). Activations of a micro-batch live in the model's slots
+// (TensorModel::chunk_input / forward_chunk / backward_chunk) from its forward to its backward:
+// the schedule decides how many are in flight, and TensorModel::activation_stats() measures it.
+//
+// The tied embedding: the first stage holds wte for the token embedding and the last stage a copy
+// for the LM head. After the step's backwards, sum_tied_embedding_grads() adds the two gradients
+// on both stages (Megatron's embedding group), so both copies take the same AdamW update and stay
+// identical; checkpoints and the gradient norm count the first stage's copy (the owner).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/tensor_model.hpp"
+
+namespace tessera::parallel {
+
+// Layers per model chunk (`chunks` = pp*v entries, in model order). Balanced: n_layer / chunks
+// each, the remainder one by one to the middle chunks first (the first chunk also runs the
+// embedding, the last the LM head), then to the last and the first. Throws tessera::Error when
+// there are fewer layers than chunks.
+std::vector<int> balanced_layer_split(int n_layer, int chunks);
+// parallel.pp_layers: "" (balanced) or comma-separated layer counts, one per model chunk, each
+// >= 0, summing to n_layer ("0,6,6,0" puts the embedding and the head on stages of their own).
+// Throws tessera::Error naming the problem.
+std::vector<int> parse_layer_split(const std::string& text, int n_layer, int chunks);
+// The local chunks of `stage` (chunk c = model chunk c*pp + stage) for TensorModelOptions::chunks.
+std::vector<ModelChunk> stage_chunks(const std::vector<int>& split, int pp, int v, int stage);
+
+struct PipelineStats {
+  double step_s = 0;       // first instruction to the last (one step)
+  double compute_s = 0;    // in Forward / Backward (including their tensor-parallel collectives)
+  double recv_wait_s = 0;  // blocked in receives: the bubble, plus transfers
+  double send_wait_s = 0;  // waiting for a send to complete before its buffer is reused
+  int forwards = 0, backwards = 0;
+  std::size_t sent_bytes = 0;
+  // idle / compute: the measured bubble fraction of this stage (ideal_bubble_fraction is the
+  // same ratio for equal chunk costs and free messages).
+  double bubble_fraction() const { return compute_s > 0 ? (step_s - compute_s) / compute_s : 0; }
+};
+
+class PipelineExecutor {
+ public:
+  // pp: the pipeline communicator (its rank is the stage). The model holds this stage's chunks:
+  // stage_chunks(split, spec.pp, spec.v, pp.rank()).
+  PipelineExecutor(TensorModel& model, comm::Communicator& pp, const ScheduleSpec& spec);
+
+  const ScheduleSpec& spec() const { return spec_; }
+  int stage() const { return stage_; }
+  const std::vector<Instr>& instructions() const { return list_; }
+
+  // One step's schedule, every instruction but OptimizerStep. inputs[mb], targets[mb]: the
+  // micro-batches (B, T) of token ids (read on the stages holding the embedding / the head).
+  // Gradients accumulate into the store (begin_step zeroes them before). Returns each
+  // micro-batch's mean loss on the stage holding the head (zeros elsewhere).
+  std::vector<float> run(model::ParamStore& store, const std::vector<const std::int32_t*>& inputs,
+                         const std::vector<const std::int32_t*>& targets, int B, int T,
+                         const model::ForwardOptions& opt);
+  // Adds the first stage's and the last stage's wte gradients on both (no-op with pp = 1).
+  void sum_tied_embedding_grads(model::ParamStore& store);
+  // The last run().
+  const PipelineStats& stats() const { return stats_; }
+
+ private:
+  TensorModel& model_;
+  comm::Communicator& pp_;
+  ScheduleSpec spec_;
+  int stage_ = 0;
+  std::vector<Instr> list_;
+  PipelineStats stats_;
+  std::vector<std::vector<float>> send_bufs_;  // gradient sends in flight copy from here
+  std::vector<float> grad_in_, tied_tmp_;
+};
+
+}  // namespace tessera::parallel
