@@ -101,6 +101,12 @@ PipelineExecutor::PipelineExecutor(TensorModel& model, comm::Communicator& pp,
   if (spec.pp == 1 && spec.v > 1)
     throw Error("an interleaved schedule needs pp >= 2 stages",
                 "use the 1f1b schedule (or no schedule) on one stage");
+  // Every stage runs the same check (linear in the instructions): a list that could deadlock or
+  // miss a message is refused before the first step.
+  const auto check = check_schedule(make_schedule(spec));
+  TESSERA_CHECK(check.ok, "pipeline schedule {} pp={} m={} v={} fails its check: {}",
+                schedule_name(spec.kind), spec.pp, spec.m, spec.v,
+                check.problems.empty() ? std::string() : check.problems.front());
   list_ = make_stage_schedule(spec, stage_);
 }
 
