@@ -156,6 +156,14 @@ int main(int argc, char** argv) {
           if (key.first != "world") c += vol.seconds;
         rt->world().all_reduce_max(&c, 1);
         comm_s += c / a.reps;
+        // With every overlap off, the last repetition's collectives by group and kind (rank 0).
+        if (r == a.reps && !v.dx && !v.dw && !v.pf && !v.tune)
+          for (const auto& [key, vol] : rt->log().volumes())
+            if (key.first != "world" && vol.calls > 0)
+              std::printf("    rank %d %-10s %-15s %5llu calls %9.1f MB %8.1f ms (%.2f GB/s)\n",
+                          rt->world_rank(), key.first.c_str(), key.second.c_str(),
+                          static_cast<unsigned long long>(vol.calls), vol.bytes / 1e6,
+                          vol.seconds * 1e3, vol.seconds > 0 ? vol.bytes / vol.seconds / 1e9 : 0.0);
       }
       const double m = median(times);
       if (v.dx && v.dw && v.pf && !v.tune) t_on = m;

@@ -48,11 +48,20 @@ void add_probe_command(CLI::App& root) {
                 r.spec.peak_tflops_fp32 * 1e3, r.spec.gemm_max_efficiency, r.spec.gemm_half_dim);
     std::printf("memory bandwidth (triad): %.1f GB/s per rank\n", r.memory_bw_gbps);
     if (!r.collectives.empty()) {
-      std::printf("all-reduce over %d ranks:\n  %12s %10s %10s\n", rt->world_size(), "bytes",
-                  "time", "bus GB/s");
+      std::printf("collectives over %d ranks:\n  %-15s %12s %10s %10s\n", rt->world_size(), "op",
+                  "bytes", "time", "bus GB/s");
       for (const auto& c : r.collectives)
-        std::printf("  %12.0f %10s %10.2f\n", c.bytes, perf::format_seconds(c.seconds).c_str(),
-                    c.bus_gbps);
+        std::printf("  %-15s %12.0f %10s %10.2f\n", c.op.c_str(), c.bytes,
+                    perf::format_seconds(c.seconds).c_str(), c.bus_gbps);
+      std::printf(
+          "  all-gather at %.2f, reduce-scatter at %.2f of the all-reduce's bus bandwidth\n",
+          r.all_gather_factor, r.reduce_scatter_factor);
+      if (r.overlap_times.size() == 3)
+        std::printf(
+            "overlap: GEMM %s, all-reduce %s, both at once %s: %.0f%% of the shorter hidden\n",
+            perf::format_seconds(r.overlap_times[0]).c_str(),
+            perf::format_seconds(r.overlap_times[1]).c_str(),
+            perf::format_seconds(r.overlap_times[2]).c_str(), 100 * r.overlap);
     } else {
       std::printf("one rank: no collectives measured (run under mpirun -n N for them)\n");
     }

@@ -89,6 +89,10 @@ void validate(const ClusterSpec& c) {
   if (!(c.network_efficiency > 0 && c.network_efficiency <= 1))
     bad(c, "[network] efficiency must be in (0, 1]");
   if (c.max_nodes < 0) bad(c, "max_nodes must be >= 0");
+  if (!(c.overlap >= 0 && c.overlap <= 1)) bad(c, "[node] overlap must be in [0, 1]");
+  if (!(c.all_gather_factor > 0 && c.all_gather_factor <= 4) ||
+      !(c.reduce_scatter_factor > 0 && c.reduce_scatter_factor <= 4))
+    bad(c, "[node] all_gather_factor and reduce_scatter_factor must be in (0, 4]");
 }
 
 ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
@@ -119,8 +123,12 @@ ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
   c.gemm_half_dim = r.number(gemm, "gemm", "half_dim", false, 64);
 
   const auto* node = r.table("node", true);
-  r.only_keys(node, "node", {"devices", "links"});
+  r.only_keys(node, "node",
+              {"devices", "links", "overlap", "all_gather_factor", "reduce_scatter_factor"});
   c.devices_per_node = r.integer(node, "node", "devices", true);
+  c.overlap = r.number(node, "node", "overlap", false, 1.0);
+  c.all_gather_factor = r.number(node, "node", "all_gather_factor", false, 1.0);
+  c.reduce_scatter_factor = r.number(node, "node", "reduce_scatter_factor", false, 1.0);
   if (const toml::node* ln = node->get("links")) {
     const toml::array* arr = ln->as_array();
     if (!arr) r.fail("[node] links", "must be an array of tables ([[node.links]])");
@@ -168,7 +176,10 @@ std::string to_toml(const ClusterSpec& c) {
                    c.memory_gib, c.memory_bw_gbps, c.reserved_gib);
   s += fmt::format("\n[gemm]\nmax_efficiency = {:.4f}\nhalf_dim = {:.6g}\n", c.gemm_max_efficiency,
                    c.gemm_half_dim);
-  s += fmt::format("\n[node]\ndevices = {}\n", c.devices_per_node);
+  s += fmt::format(
+      "\n[node]\ndevices = {}\noverlap = {:.3f}\nall_gather_factor = {:.3f}\n"
+      "reduce_scatter_factor = {:.3f}\n",
+      c.devices_per_node, c.overlap, c.all_gather_factor, c.reduce_scatter_factor);
   for (const auto& l : c.links)
     s += fmt::format(
         "\n[[node.links]]\nname = \"{}\"\ngroup = {}\nbw_gbps = {:.6g}\nefficiency = {:.4f}\n"
@@ -199,6 +210,8 @@ GroupLink group_link(const ClusterSpec& c, long stride, long size) {
     if (!l) return g;  // one device per node and size 1: nothing to do
     g.bw = l->bw_gbps * 1e9 * l->efficiency;
     g.latency = l->latency_us * 1e-6;
+    g.ag_bw = g.bw * c.all_gather_factor;
+    g.rs_bw = g.bw * c.reduce_scatter_factor;
     return g;
   }
   g.inter_node = true;
@@ -213,6 +226,8 @@ GroupLink group_link(const ClusterSpec& c, long stride, long size) {
   }
   g.bw = bw;
   g.latency = lat;
+  g.ag_bw = g.bw * c.all_gather_factor;
+  g.rs_bw = g.bw * c.reduce_scatter_factor;
   return g;
 }
 
@@ -225,7 +240,13 @@ double all_reduce_time(const GroupLink& l, long size, double bytes) {
 double all_gather_time(const GroupLink& l, long size, double bytes) {
   if (size <= 1 || bytes <= 0) return 0;
   const double p = static_cast<double>(size);
-  return (p - 1) / p * bytes / l.bw + (p - 1) * l.latency;
+  return (p - 1) / p * bytes / (l.ag_bw > 0 ? l.ag_bw : l.bw) + (p - 1) * l.latency;
+}
+
+double reduce_scatter_time(const GroupLink& l, long size, double bytes) {
+  if (size <= 1 || bytes <= 0) return 0;
+  const double p = static_cast<double>(size);
+  return (p - 1) / p * bytes / (l.rs_bw > 0 ? l.rs_bw : l.bw) + (p - 1) * l.latency;
 }
 
 double p2p_time(const GroupLink& l, double bytes) {

@@ -38,7 +38,16 @@ struct ClusterSpec {
   // node and network
   int devices_per_node = 1;
   std::vector<LinkLevel> links;  // innermost first; the last covers the whole node
-  double injection_gbps = 0;     // per node, one direction (sum of its NICs)
+  // Fraction of a non-blocking collective's time that can hide behind computation running at the
+  // same time: 1 where a copy engine / NCCL kernel moves the data while the device computes; a
+  // CPU MPI library without a progress thread moves it only inside MPI calls (tessera probe
+  // measures it: a GEMM and an all-reduce, alone and together).
+  double overlap = 1.0;
+  // Bus bandwidth of the library's all-gather and reduce-scatter relative to its all-reduce on
+  // the same links (1: ring algorithms for all three, as NCCL; some MPI libraries' (v-)variants
+  // are slower; tessera probe measures them).
+  double all_gather_factor = 1.0, reduce_scatter_factor = 1.0;
+  double injection_gbps = 0;  // per node, one direction (sum of its NICs)
   double network_efficiency = 0.8;
   double network_latency_us = 5.0;
   int max_nodes = 0;  // 0: no limit
@@ -59,8 +68,9 @@ std::string to_toml(const ClusterSpec& c);
 // with the other groups interleaved with it (min(stride, devices_per_node) of them), the AxoNN
 // bandwidth model of ../shared/reference/papers.md §2.4.
 struct GroupLink {
-  double bw = 0;       // bytes/s per device, one direction
-  double latency = 0;  // s per ring step
+  double bw = 0;                // bytes/s per device, one direction
+  double latency = 0;           // s per ring step
+  double ag_bw = 0, rs_bw = 0;  // the same for all-gather / reduce-scatter (0: bw)
   bool inter_node = false;
 };
 GroupLink group_link(const ClusterSpec& c, long stride, long size);
@@ -68,7 +78,8 @@ GroupLink group_link(const ClusterSpec& c, long stride, long size);
 // Ring collective times in seconds for `bytes` (the full buffer: all-reduce input, all-gather
 // output, reduce-scatter input) over a group of `size` devices.
 double all_reduce_time(const GroupLink& l, long size, double bytes);
-double all_gather_time(const GroupLink& l, long size, double bytes);  // = reduce-scatter
+double all_gather_time(const GroupLink& l, long size, double bytes);
+double reduce_scatter_time(const GroupLink& l, long size, double bytes);
 double p2p_time(const GroupLink& l, double bytes);
 
 // Fraction of peak a GEMM of (M x K) @ (K x N) reaches.

@@ -113,10 +113,10 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
     const double tb = all_reduce_time(lo, so, bb);
     bwd_ar[ao] += tb;
     lc.bwd_bytes[ao] += so > 1 ? bb : 0;
-    bwd_ar_exposed += o.tp_overlap ? std::max(0.0, tb - t_dw) : tb;
+    bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
     const double block = L.in * L.out / (tx * ty) * e;
     z_ag += all_gather_time(lz, g.tz, block);
-    z_rs += all_gather_time(lz, g.tz, block);
+    z_rs += reduce_scatter_time(lz, g.tz, block);
     if (g.tz > 1) {
       lc.fwd_bytes[2] += block;
       lc.bwd_bytes[2] += 2 * block;
@@ -159,8 +159,9 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   // tz: weight all-gather forward and backward, gradient reduce-scatter backward
   lc.fwd_comm[2] = z_ag;
   lc.bwd_comm[2] = z_ag + z_rs;
-  const double zf = o.tp_overlap ? std::max(0.0, z_ag - lc.fwd_compute) : z_ag;
-  const double zb = o.tp_overlap ? std::max(0.0, z_ag + z_rs - lc.bwd_compute) : z_ag + z_rs;
+  const double zf = o.tp_overlap ? z_ag - c.overlap * std::min(z_ag, lc.fwd_compute) : z_ag;
+  const double zb =
+      o.tp_overlap ? z_ag + z_rs - c.overlap * std::min(z_ag + z_rs, lc.bwd_compute) : z_ag + z_rs;
   lc.fwd_exposed = fwd_ar[0] + fwd_ar[1] + zf;
   lc.bwd_exposed = bwd_ar_exposed + zb;
   lc.rec_exposed = lc.rec_comm[0] + lc.rec_comm[1];
@@ -286,14 +287,31 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   const LayerCost lc = layer_cost(w, p, c, o);
   const int layers_per_chunk = cfg.n_layer / (g.pp * v);
 
-  // embedding (first chunk) and LM head + loss (last chunk)
-  const double embed_f = 3 * n * h / tx * e / membw, embed_b = 2 * embed_f;
+  // embedding (first chunk) and LM head + loss (last chunk), as parallel/vocab_parallel.hpp
+  // runs them: the rank's vocabulary block (V/t rows, all h channels) is all-gathered over tz
+  // before each use and its gradient reduce-scattered over tz after; the lookup's partial rows
+  // are reduce-scattered over tx and all-reduced over ty; the head gathers its input over tx and
+  // reduce-scatters the input gradient back. Blocking calls: exposed.
   const GroupLink lx = group_link(c, st.s[ax(Axis::TX)], g.tx);
+  const GroupLink ly = group_link(c, st.s[ax(Axis::TY)], g.ty);
+  const GroupLink lz = group_link(c, st.s[ax(Axis::TZ)], g.tz);
+  const double vblock = V / t * h * e;  // bytes of the vocabulary block
+  const double z_block = all_gather_time(lz, g.tz, vblock);
+  const double z_block_rs = reduce_scatter_time(lz, g.tz, vblock);
+  // the block's gradient is zeroed, filled, reduced and added to the shard: ~3 passes over it
+  const double block_traffic = 3 * vblock / membw;
+  const double embed_f = 3 * n * h / tx * e / membw + z_block +
+                         reduce_scatter_time(lx, g.tx, n * h * e) +
+                         all_reduce_time(ly, g.ty, n * h / tx * e);
+  const double embed_b = 2 * 3 * n * h / tx * e / membw + all_gather_time(lx, g.tx, n * h * e) +
+                         z_block_rs + block_traffic +
+                         all_reduce_time(lz, g.tz, static_cast<double>(s) * h / tx * e);
   const double head_f = gemm_time(c, peak, e, {n, V / t, h}) +
-                        all_gather_time(lx, g.tx, n * h * e) +
+                        all_gather_time(lx, g.tx, n * h * e) + z_block +
                         k_loss_traffic / 2 * n * V / t * 4 / membw;
   const double head_b = gemm_time(c, peak, e, {n, h, V / t}) +
                         gemm_time(c, peak, e, {V / t, h, n}) +
+                        reduce_scatter_time(lx, g.tx, n * h * e) + z_block_rs + block_traffic +
                         k_loss_traffic / 2 * n * V / t * 4 / membw;
 
   // pipeline messages: one activation (n, h) per boundary, scatter-gathered over the tensor axes
@@ -393,7 +411,7 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
         t_dp = all_reduce_time(ld, g.dp, P * gbytes);
         bytes = 2 * P * gbytes;
       } else {
-        t_dp = all_gather_time(ld, g.dp, P * gbytes) + all_gather_time(ld, g.dp, P * pbytes);
+        t_dp = reduce_scatter_time(ld, g.dp, P * gbytes) + all_gather_time(ld, g.dp, P * pbytes);
         bytes = P * (gbytes + pbytes);
       }
       if (p.zero == 3) {  // parameters gathered forward and backward, every micro-batch
@@ -408,9 +426,9 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
       for (const auto& cc : r.chunk_cost[stg]) last_bwd += cc.bwd_compute;
       hide = p.zero == 3 ? r.compute_s : last_bwd;
       if (p.zero == 1 || p.zero == 2)  // the parameter all-gather after the update is exposed
-        hide = std::min(hide, all_gather_time(ld, g.dp, P * gbytes));
+        hide = std::min(hide, reduce_scatter_time(ld, g.dp, P * gbytes));
     }
-    const double exposed = std::max(0.0, t_dp - hide);
+    const double exposed = t_dp - c.overlap * std::min(t_dp, hide);
     r.dp_s[stg] = exposed;
     const double opt_params = P / (p.zero >= 1 ? g.dp : 1);
     const double t_opt = opt_params * (mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) / membw;
@@ -426,7 +444,16 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   }
   r.dp_exposed_s = dp_exposed;
   r.optimizer_s = opt_s;
-  r.step_s = r.pipeline_s + dp_exposed + opt_s;
+  // The tied embedding: the first and the last stage exchange their wte gradient shards before
+  // the data-parallel reduction (parallel/pipeline.hpp), both directions at once.
+  double& tied_s = r.tied_s;
+  if (g.pp > 1) {
+    const GroupLink le = group_link(c, st.s[ax(Axis::PP)] * (g.pp - 1), 2);
+    tied_s = p2p_time(le, V * h / (t * tz) * (mixed ? 2 : 4));
+    r.comm[ax(Axis::PP)].seconds += tied_s;
+    r.comm[ax(Axis::PP)].exposed += tied_s;
+  }
+  r.step_s = r.pipeline_s + dp_exposed + opt_s + tied_s;
   r.bubble_fraction = r.bubble_s / r.step_s;
 
   // FLOPs

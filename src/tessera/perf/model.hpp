@@ -80,11 +80,12 @@ struct Prediction {
   double pipeline_s = 0;                     // forward/backward of all micro-batches incl. bubble
   double bubble_s = 0, bubble_fraction = 0;  // idle of the fullest stage / step
   double dp_exposed_s = 0, optimizer_s = 0;
-  double compute_s = 0;          // busy (compute only) of the fullest stage
-  double hw_flops = 0;           // per step, all devices, counting recomputation
-  double model_flops = 0;        // per step, without recomputation (72-factor; MFU)
-  double tflops_per_device = 0;  // hardware FLOPs / step / devices
-  double mfu = 0, hfu = 0;       // of the dtype's peak
+  double tied_s = 0;       // pp > 1: the first and last stage exchange the tied wte's gradient
+  double compute_s = 0;    // busy (compute only) of the fullest stage
+  double hw_flops = 0;     // per step, all devices, counting recomputation
+  double model_flops = 0;  // per step, without recomputation (72-factor; MFU)
+  double tflops_per_device = 0;                   // hardware FLOPs / step / devices
+  double mfu = 0, hfu = 0;                        // of the dtype's peak
   std::array<AxisComm, comm::k_num_axes> comm{};  // indexed by comm::Axis
   Memory memory;
   double capacity = 0;  // usable bytes per device

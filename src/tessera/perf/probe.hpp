@@ -17,10 +17,10 @@ struct GemmSample {
 };
 
 struct CollectiveSample {
-  std::string op;  // "all_reduce"
+  std::string op;  // "all_reduce", "all_gather", "reduce_scatter"
   int group = 1;
   double bytes = 0, seconds = 0;
-  double bus_gbps = 0;  // 2(p-1)/p * bytes / seconds
+  double bus_gbps = 0;  // 2(p-1)/p * bytes / seconds (all-reduce), (p-1)/p * bytes / seconds
 };
 
 struct ProbeOptions {
@@ -33,6 +33,12 @@ struct ProbeResult {
   std::vector<GemmSample> gemm;
   std::vector<CollectiveSample> collectives;
   double memory_bw_gbps = 0;
+  // GEMM alone, all-reduce alone, both at once (seconds), and the overlap fraction they give
+  // (ClusterSpec::overlap); with one rank: 1 and no times.
+  double overlap = 1.0;
+  std::vector<double> overlap_times;
+  // all-gather / reduce-scatter bus bandwidth over the all-reduce's (ClusterSpec factors)
+  double all_gather_factor = 1.0, reduce_scatter_factor = 1.0;
   ClusterSpec spec;  // fitted: peak = best GEMM rate; max_efficiency, half_dim by least squares
 };
 

@@ -169,7 +169,8 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
       double start = 0;
       for (long d = 0; d < g.dp; ++d)
         start = std::max(start, ready[static_cast<std::size_t>(inner + T * d)][st]);
-      const double dp = p.dp_s.empty() ? 0 : p.dp_s[st];
+      const double dp =
+          (p.dp_s.empty() ? 0 : p.dp_s[st]) + (st == 0 || st == g.pp - 1 ? p.tied_s : 0);
       for (long d = 0; d < g.dp; ++d) {
         const long rank = inner + T * (st + static_cast<long>(g.pp) * d);
         auto& rt = res.ranks[static_cast<std::size_t>(rank)];

@@ -319,7 +319,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
         perf::ModelOptions mo;
         mo.dtype = perf::DType::FP32;
         mo.tp_overlap = pc.overlap_dx && pc.prefetch;
-        mo.dp_overlap = pc.overlap;
+        mo.dp_overlap = pc.overlap && !pipeline;  // a pipeline reduces after its list
         mo.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
         const auto est = perf::predict_step(mcfg, shape, spec, T, B, accum, pc.zero,
                                             pc.recompute && (tensor_size > 1 || pipeline)
