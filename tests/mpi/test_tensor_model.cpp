@@ -131,8 +131,9 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
 
       // Coverage: among the owners, every element of every global tensor exactly once.
       std::vector<float> count(layout.total(), 0.0f);
-      for (std::size_t i = 0; i < tm.global_index().size(); ++i) {
-        const std::int64_t g = tm.global_index()[i];
+      const auto index = tm.global_index();
+      for (std::size_t i = 0; i < index.size(); ++i) {
+        const std::int64_t g = index[i];
         if (tm.owner_mask()[i]) {
           ASSERT_GE(g, 0);
           count[g] += 1.0f;
@@ -157,8 +158,7 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
       std::vector<float> back(local.total());
       tm.extract(full.data(), back.data());
       for (std::size_t i = 0; i < back.size(); ++i)
-        ASSERT_EQ(back[i], lg[i]) << "local element " << i << " (global " << tm.global_index()[i]
-                                  << ")";
+        ASSERT_EQ(back[i], lg[i]) << "local element " << i << " (global " << index[i] << ")";
       if (variant == 0 || variant == 2)
         first_grads = lg;
       else

@@ -177,11 +177,19 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
       tuner_->load(opt.gemm_tuning_file);
   }
 
-  // The local -> global map and the owners of replicated elements.
-  const int C = cfg.n_embd;
+  // The owners of replicated elements (kept: the gradient norm counts them every step); the
+  // local -> global index (8 bytes per local parameter) is rebuilt when needed.
+  std::vector<std::int64_t> index;
+  build_maps(index, owner_);
+}
+
+void TensorModel::build_maps(std::vector<std::int64_t>& index,
+                             std::vector<std::uint8_t>& owner) const {
+  const int C = cfg_.n_embd;
+  const model::ModelConfig& cfg = cfg_;
   const bool norm_owner = att_.ty_index == 0 && att_.tz_index == 0;
-  index_.assign(local_.total(), -1);
-  owner_.assign(local_.total(), 0);
+  index.assign(local_.total(), -1);
+  owner.assign(local_.total(), 0);
   const auto& gt = global_.tensors();
   const auto& lt = local_.tensors();
   TESSERA_CHECK(gt.size() == lt.size(), "local and global layouts differ");
@@ -189,8 +197,8 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   for (std::size_t ti = 0; ti < gt.size(); ++ti) {
     if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage
     const std::int64_t go = static_cast<std::int64_t>(gt[ti].offset);
-    std::int64_t* idx = index_.data() + lt[ti].offset;
-    std::uint8_t* own = owner_.data() + lt[ti].offset;
+    std::int64_t* idx = index.data() + lt[ti].offset;
+    std::uint8_t* own = owner.data() + lt[ti].offset;
     auto weight = [&](const TensorLinearLayout& L, bool qkv) {
       for (std::int64_t s2 = 0; s2 < L.shard_numel; ++s2) {
         const std::int64_t e = L.shard_offset + s2;
@@ -281,16 +289,27 @@ void TensorModel::save_gemm_choices() const {
   if (tuner_ && !opt_.gemm_tuning_file.empty()) tuner_->save(opt_.gemm_tuning_file);
 }
 
+std::vector<std::int64_t> TensorModel::global_index() const {
+  std::vector<std::int64_t> index;
+  std::vector<std::uint8_t> owner;
+  build_maps(index, owner);
+  return index;
+}
+
 void TensorModel::extract(const float* global, float* local) const {
-  const std::size_t n = index_.size();
+  const auto index = global_index();
+  const std::size_t n = index.size();
 #pragma omp parallel for schedule(static)
-  for (std::size_t i = 0; i < n; ++i) local[i] = index_[i] < 0 ? 0.0f : global[index_[i]];
+  for (std::size_t i = 0; i < n; ++i) local[i] = index[i] < 0 ? 0.0f : global[index[i]];
 }
 
 void TensorModel::gather_full(const float* local, float* global) {
   std::fill(global, global + global_.total(), 0.0f);
-  for (std::size_t i = 0; i < index_.size(); ++i)
-    if (owner_[i]) global[index_[i]] = local[i];
+  {
+    const auto index = global_index();
+    for (std::size_t i = 0; i < index.size(); ++i)
+      if (owner_[i]) global[index[i]] = local[i];
+  }
   if (model_group_->size() > 1) model_group_->all_reduce_sum(global, global_.total());
 }
 

@@ -123,7 +123,8 @@ class TensorModel {
   // local element -> global flat index (-1: alignment padding); owner mask (1 = counts once).
   // Under pipeline parallelism a rank's layout holds only its chunks' tensors (the others have
   // no local elements); the copy of wte on the head's stage is not an owner (the embedding's is).
-  const std::vector<std::int64_t>& global_index() const { return index_; }
+  // (global_index() builds the map, 8 bytes per local element: call it once, keep the result.)
+  std::vector<std::int64_t> global_index() const;
   const std::vector<std::uint8_t>& owner_mask() const { return owner_; }
 
   // local (local_layout().total()) <- this rank's slices of global (global_layout().total()).
@@ -189,6 +190,7 @@ class TensorModel {
   struct State;
   struct WsSet;
   bool holds(const model::ParamTensor& t) const;  // this rank's chunks hold the tensor
+  void build_maps(std::vector<std::int64_t>& index, std::vector<std::uint8_t>& owner) const;
   void prepare(int B, int T);
   void invalidate_weights();
   Slot& acquire(int chunk, int mb);
@@ -216,7 +218,6 @@ class TensorModel {
   VocabParallelLayout vocab_;
   model::ParamLayout local_;
   int tensor_size_ = 1;
-  std::vector<std::int64_t> index_;
   std::vector<std::uint8_t> owner_;
   TensorAttentionComms att_comms_;
   TensorLinearComms fc_comms_, fcproj_comms_;

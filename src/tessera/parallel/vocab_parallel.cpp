@@ -73,9 +73,10 @@ VocabParallelComms vocab_parallel_comms(comm::Runtime& rt, const comm::Topology&
 VocabParallelWorkspace::VocabParallelWorkspace(const VocabParallelLayout& l, std::int64_t n,
                                                int max_t)
     : n_local(n),
-      w_block(l.block_numel, 0.0f),
-      dw_block(l.block_numel, 0.0f),
-      dw_shard(l.shard_numel, 0.0f),
+      // without tz the shard is the block: the weight and its gradient are used in place
+      w_block(l.tz > 1 ? l.block_numel : 0, 0.0f),
+      dw_block(l.tz > 1 ? l.block_numel : 0, 0.0f),
+      dw_shard(l.tz > 1 ? l.shard_numel : 0, 0.0f),
       h_full(n * l.channels, 0.0f),
       cols(n * l.channels, 0.0f),
       logits(n * l.vocab_local, 0.0f),
@@ -97,10 +98,11 @@ void extract_rows_cols(const float* src, std::int64_t cols, std::int64_t row0, s
 
 void check_workspace(const VocabParallelLayout& l, const VocabParallelWorkspace& ws,
                      std::int64_t n) {
-  TESSERA_CHECK(static_cast<std::int64_t>(ws.w_block.size()) == l.block_numel &&
-                    static_cast<std::int64_t>(ws.dw_shard.size()) == l.shard_numel &&
-                    static_cast<int>(ws.tx_counts.size()) == l.tx,
-                "workspace was built for another layout");
+  TESSERA_CHECK(
+      static_cast<std::int64_t>(ws.w_block.size()) == (l.tz > 1 ? l.block_numel : 0) &&
+          static_cast<std::int64_t>(ws.dw_shard.size()) == (l.tz > 1 ? l.shard_numel : 0) &&
+          static_cast<int>(ws.tx_counts.size()) == l.tx,
+      "workspace was built for another layout");
   TESSERA_CHECK(n <= ws.n_local, "workspace was built for {} rows, called with {}", ws.n_local, n);
 }
 
@@ -109,6 +111,19 @@ void check_comms(const VocabParallelLayout& l, const VocabParallelComms& c) {
                     c.depth->size() == l.tz && c.vocab && c.vocab->size() == l.vocab_parts &&
                     c.vocab->rank() == l.vocab_index,
                 "communicators do not match the layout");
+}
+
+// The rank's vocabulary block of wte: all-gathered over tz into the workspace, or (tz = 1) the
+// shard itself. Remembered for the LM head's backward.
+const float* weight_block(const VocabParallelLayout& l, const VocabParallelComms& c,
+                          const float* wte_shard, VocabParallelWorkspace& ws) {
+  if (l.tz > 1) {
+    vocab_gather_weight(l, c, wte_shard, ws.w_block.data());
+    ws.w_used = ws.w_block.data();
+  } else {
+    ws.w_used = wte_shard;
+  }
+  return ws.w_used;
 }
 
 // The tx counts of a call with n rows (n <= ws.n_local).
@@ -169,7 +184,7 @@ void vocab_embedding_forward(const VocabParallelLayout& l, const VocabParallelCo
       throw Error(
           fmt::format("token id {} is outside the embedding of {} rows", ids[i], l.padded_vocab),
           "the data was tokenized with a larger vocabulary than model.vocab_size");
-  vocab_gather_weight(l, c, wte_shard, ws.w_block.data());
+  const float* W = weight_block(l, c, wte_shard, ws);
   // Partial lookups in channel-block-major order (tx, n, C/tx): this rank's rows of wte where it
   // owns the id, zeros elsewhere. Exactly one rank of the vocab group contributes each row, so
   // the sums below add zeros only (exact).
@@ -178,8 +193,7 @@ void vocab_embedding_forward(const VocabParallelLayout& l, const VocabParallelCo
   std::fill(part, part + n * l.channels, 0.0f);
   for (std::int64_t i = 0; i < n; ++i) {
     if (!l.owns(ids[i])) continue;
-    const float* e =
-        ws.w_block.data() + static_cast<std::int64_t>(ids[i] - l.vocab_offset) * l.channels;
+    const float* e = W + static_cast<std::int64_t>(ids[i] - l.vocab_offset) * l.channels;
     for (int j = 0; j < l.tx; ++j) std::copy(e + j * cl, e + (j + 1) * cl, part + (j * n + i) * cl);
   }
   c.tx->ireduce_scatter_sum(part, out, tx_counts(l, n)).wait();
@@ -203,17 +217,20 @@ void vocab_embedding_backward(const VocabParallelLayout& l, const VocabParallelC
   const std::int64_t cl = l.c_local;
   // The full C channels of the rank's rows: (tx, n, C/tx).
   c.tx->iall_gather(dout, ws.cols.data(), tx_counts(l, n)).wait();
-  std::fill(ws.dw_block.begin(), ws.dw_block.end(), 0.0f);
+  // With tz the block's gradient is summed over tz first; without, it accumulates in place.
+  float* G = l.tz > 1 ? ws.dw_block.data() : dwte_shard;
+  if (l.tz > 1) std::fill(ws.dw_block.begin(), ws.dw_block.end(), 0.0f);
   for (std::int64_t i = 0; i < n; ++i) {
     if (!l.owns(ids[i])) continue;
-    float* g = ws.dw_block.data() + static_cast<std::int64_t>(ids[i] - l.vocab_offset) * l.channels;
+    float* g = G + static_cast<std::int64_t>(ids[i] - l.vocab_offset) * l.channels;
     for (int j = 0; j < l.tx; ++j) {
       const float* d = ws.cols.data() + (j * n + i) * cl;
       for (std::int64_t k = 0; k < cl; ++k) g[j * cl + k] += d[k];
     }
   }
-  comm::Request dw_req =
-      c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
+  comm::Request dw_req;
+  if (l.tz > 1)
+    dw_req = c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
   comm::Request dp_req;
   if (dwpe_local) {
     std::fill(ws.dwpe.begin(), ws.dwpe.begin() + T * cl, 0.0f);
@@ -226,7 +243,8 @@ void vocab_embedding_backward(const VocabParallelLayout& l, const VocabParallelC
     dp_req = c.depth->iall_reduce_sum(ws.dwpe.data(), static_cast<std::size_t>(T * cl));
   }
   dw_req.wait();
-  for (std::int64_t e = 0; e < l.shard_numel; ++e) dwte_shard[e] += ws.dw_shard[e];
+  if (l.tz > 1)
+    for (std::int64_t e = 0; e < l.shard_numel; ++e) dwte_shard[e] += ws.dw_shard[e];
   if (dwpe_local) {
     dp_req.wait();
     for (std::int64_t e = 0; e < T * cl; ++e) dwpe_local[e] += ws.dwpe[e];
@@ -242,7 +260,7 @@ void vocab_lm_head_forward(kernels::GemmLibrary lib, const VocabParallelLayout& 
   // Start the gather of h over tx, gather the weight block over tz meanwhile.
   comm::Request h_req = c.tx->iall_gather(h, ws.cols.data(), tx_counts(l, n));
   h_req.test();
-  vocab_gather_weight(l, c, wte_shard, ws.w_block.data());
+  const float* W = weight_block(l, c, wte_shard, ws);
   h_req.wait();
   // (tx, n, C/tx) -> h_full (n, C)
   for (std::int64_t i = 0; i < n; ++i)
@@ -252,7 +270,7 @@ void vocab_lm_head_forward(kernels::GemmLibrary lib, const VocabParallelLayout& 
     }
   // logits (n, Vr) = h_full (n, C) @ w_block^T (C, Vr)
   kernels::gemm(lib, false, true, n, l.vocab_local, l.channels, 1.0f, ws.h_full.data(), l.channels,
-                ws.w_block.data(), l.channels, 0.0f, ws.logits.data(), l.vocab_local);
+                W, l.channels, 0.0f, ws.logits.data(), l.vocab_local);
 }
 
 void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms& c, float* losses,
@@ -319,22 +337,29 @@ void vocab_lm_head_backward(kernels::GemmLibrary lib, const VocabParallelLayout&
   check_workspace(l, ws, n);
   const std::int64_t cl = l.c_local;
   const float* dlogits = ws.logits.data();
+  const float* W = ws.w_used;
+  TESSERA_CHECK(W != nullptr, "the LM head's backward needs its forward");
   // 1. partial dh (n, C) = dlogits (n, Vr) @ w_block (Vr, C), written channel-block-major
   //    (tx, n, C/tx) so that the sum over tx lands each channel range on its owner.
   for (int j = 0; j < l.tx; ++j)
-    kernels::gemm(lib, false, false, n, cl, l.vocab_local, 1.0f, dlogits, l.vocab_local,
-                  ws.w_block.data() + j * cl, l.channels, 0.0f, ws.cols.data() + j * n * cl, cl);
+    kernels::gemm(lib, false, false, n, cl, l.vocab_local, 1.0f, dlogits, l.vocab_local, W + j * cl,
+                  l.channels, 0.0f, ws.cols.data() + j * n * cl, cl);
   comm::Request dh_req = c.tx->ireduce_scatter_sum(ws.cols.data(), dh, tx_counts(l, n));
-  // 2. dw_block (Vr, C) = dlogits^T @ h_full over this rank's rows (overlaps the dh sum)
+  // 2. dw_block (Vr, C) = dlogits^T @ h_full over this rank's rows (overlaps the dh sum); without
+  //    tz it accumulates straight into the shard's gradient.
+  const bool z = l.tz > 1;
   kernels::gemm(lib, true, false, l.vocab_local, l.channels, n, 1.0f, dlogits, l.vocab_local,
-                ws.h_full.data(), l.channels, 0.0f, ws.dw_block.data(), l.channels);
+                ws.h_full.data(), l.channels, z ? 0.0f : 1.0f, z ? ws.dw_block.data() : dwte_shard,
+                l.channels);
   dh_req.wait();
   dh_req = c.ty->iall_reduce_sum(dh, static_cast<std::size_t>(n * cl));
-  comm::Request dw_req =
-      c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
+  comm::Request dw_req;
+  if (z)
+    dw_req = c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
   dh_req.wait();
   dw_req.wait();
-  for (std::int64_t e = 0; e < l.shard_numel; ++e) dwte_shard[e] += ws.dw_shard[e];
+  if (z)
+    for (std::int64_t e = 0; e < l.shard_numel; ++e) dwte_shard[e] += ws.dw_shard[e];
 }
 
 double vocab_mean_loss(const VocabParallelComms& c, const float* losses,

@@ -103,15 +103,18 @@ struct VocabParallelWorkspace {
   VocabParallelWorkspace() = default;
   VocabParallelWorkspace(const VocabParallelLayout& layout, std::int64_t n_local, int max_t);
   std::int64_t n_local = 0;
-  std::vector<float> w_block;   // (Vr, C) the gathered weight block
-  std::vector<float> dw_block;  // (Vr, C) partial block gradient before the tz sum
-  std::vector<float> dw_shard;  // (shard_numel) reduced gradient shard before accumulation
-  std::vector<float> h_full;    // (n_local, C) the LM head input gathered over tx (kept for bwd)
-  std::vector<float> cols;      // (tx, n_local, C/tx) channel-block-major scratch for tx comms
-  std::vector<float> logits;    // (n_local, Vr) this rank's logits slice, then its dlogits
-  std::vector<double> row_max;  // (n_local) global max of each row's real logits
-  std::vector<float> row_sums;  // (2*n_local) sum of exp, then target logit, per row
-  std::vector<float> dwpe;      // (max_t, C/tx) partial position gradient before the tz sum
+  // With tz = 1 the shard is the block: these three stay empty and the weight and its gradient
+  // are used in place.
+  std::vector<float> w_block;     // (Vr, C) the gathered weight block
+  std::vector<float> dw_block;    // (Vr, C) partial block gradient before the tz sum
+  std::vector<float> dw_shard;    // (shard_numel) reduced gradient shard before accumulation
+  const float* w_used = nullptr;  // the block the last forward used (w_block or the shard)
+  std::vector<float> h_full;      // (n_local, C) the LM head input gathered over tx (kept for bwd)
+  std::vector<float> cols;        // (tx, n_local, C/tx) channel-block-major scratch for tx comms
+  std::vector<float> logits;      // (n_local, Vr) this rank's logits slice, then its dlogits
+  std::vector<double> row_max;    // (n_local) global max of each row's real logits
+  std::vector<float> row_sums;    // (2*n_local) sum of exp, then target logit, per row
+  std::vector<float> dwpe;        // (max_t, C/tx) partial position gradient before the tz sum
   std::vector<std::size_t> tx_counts;  // (tx) n_local*C/tx each (the tx reduce-scatter)
 };
 

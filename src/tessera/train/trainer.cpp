@@ -208,6 +208,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     tm->gather_full(dp.full_params(), global_tmp.data());
     return global_tmp.data();
   };
+  // The assembled whole model is not kept between uses (it is the size of the whole model on
+  // every rank).
+  auto drop_full = [&] { global_tmp = Buffer<float>(); };
   const bool lead = rt.world_rank() == 0;  // logs, metrics, checkpoints, samples
   TrainOptions opt = opt_in;
   if (!lead) opt.quiet = true;
@@ -420,6 +423,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     // single-process one whatever the grid.
     auto r =
         eval::evaluate_shard(layout, full_params(), acts, cfg.data.val, B, T, tc.val_batches, gemm);
+    drop_full();
     summary.val.emplace_back(at, static_cast<float>(r.loss));
     if (!lead) return;
     metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
@@ -460,6 +464,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
           io::commit_checkpoint(ckpt_dir, layout, full, st, shards, tc.keep_checkpoints);
     }
     rt.world().barrier();  // nobody goes on (or exits) before the checkpoint is complete
+    drop_full();
   };
 
   if (tc.val_every > 0 && step == 0) validate_now(0);
@@ -600,6 +605,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step) {
       const float* full = full_params();  // collective (ZeRO-3, tensor parallelism)
       if (lead) print_sample(cfg, layout, full, rng, step);
+      drop_full();
     }
   }
   if (pipe && step > start_step) {
