@@ -1,0 +1,188 @@
+// Row-major GEMM (the kernels::gemm convention) on cuBLASLt, which is column-major.
+//
+// A row-major (r, c) matrix with row stride ld is, as stored, the column-major (c, r) matrix
+// with leading dimension ld, i.e. its transpose. So the row-major product
+//   C (M,N) = op(A) (M,K) op(B) (K,N)
+// is computed as the column-major product
+//   C^T (N,M) = op(B)^T (N,K) op(A)^T (K,M)
+// with the operands swapped and the SAME transpose flags: cuBLASLt's "A" is our B (stored
+// column-major as (N,K) if !transb, (K,N) if transb) and its "B" is our A ((K,M) if !transa,
+// (M,K) if transa); its C is (N,M) with leading dimension ldc.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "tessera/kernels/cuda/check.hpp"
+#include "tessera/kernels/cuda/kernel_util.cuh"
+#include "tessera/kernels/cuda/ops.hpp"
+
+namespace tessera::kernels::cuda {
+
+namespace {
+
+constexpr std::size_t k_workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+
+// One cuBLASLt handle per device, and one workspace per (device, stream): work on different
+// streams may overlap, so they cannot share a workspace. Both live until the process exits
+// (deliberately not freed: destroying them at static destruction races the CUDA runtime's own
+// teardown). A stream destroyed and another created at the same address reuses the workspace,
+// which is safe as long as the old stream's GEMMs have finished.
+struct LtState {
+  std::mutex mu;
+  std::map<int, cublasLtHandle_t> handles;
+  std::map<std::pair<int, void*>, void*> workspaces;
+};
+
+LtState& lt_state() {
+  static LtState* s = new LtState;  // never destroyed, see above
+  return *s;
+}
+
+struct LtContext {
+  cublasLtHandle_t handle;
+  void* workspace;
+};
+
+LtContext lt_context(void* stream) {
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  LtState& s = lt_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto h = s.handles.find(dev);
+  if (h == s.handles.end()) {
+    cublasLtHandle_t handle = nullptr;
+    TESSERA_CUBLAS_CHECK(cublasLtCreate(&handle));
+    h = s.handles.emplace(dev, handle).first;
+  }
+  auto key = std::make_pair(dev, stream);
+  auto w = s.workspaces.find(key);
+  if (w == s.workspaces.end()) {
+    void* ws = nullptr;
+    TESSERA_CUDA_CHECK(cudaMalloc(&ws, k_workspace_bytes));
+    w = s.workspaces.emplace(key, ws).first;
+  }
+  return {h->second, w->second};
+}
+
+// RAII for the descriptor objects of one call.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~MatmulDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct Layout {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~Layout() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+struct Preference {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~Preference() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+
+// C (M,N) *= beta, row stride ldc: the K == 0 case (an empty product), which cuBLASLt layouts
+// cannot express. beta == 0 writes zeros (no NaN propagation from C), as BLAS does.
+template <class T>
+__global__ void scale_matrix_kernel(T* C, std::int64_t M, std::int64_t N, std::int64_t ldc,
+                                    float beta) {
+  for (std::int64_t e = global_index(); e < M * N; e += global_stride()) {
+    std::int64_t r = e / N, c = e - r * N;
+    T* x = C + r * ldc + c;
+    *x = beta == 0.0f ? T(0.0f) : T(beta * static_cast<float>(*x));
+  }
+}
+
+// The row-major GEMM above with element types ab (A and B) and c (C), fp32 compute and scale.
+void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool transb,
+             std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
+             std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C,
+             std::int64_t ldc, void* stream) {
+  TESSERA_CUDA_REQUIRE(M >= 0 && N >= 0 && K >= 0, "gemm: negative dimension");
+  if (M == 0 || N == 0) return;
+  // Row strides of the row-major operands as stored: at least their number of columns.
+  TESSERA_CUDA_REQUIRE(lda >= (transa ? M : K) && lda >= 1, "gemm: lda < columns of A");
+  TESSERA_CUDA_REQUIRE(ldb >= (transb ? K : N) && ldb >= 1, "gemm: ldb < columns of B");
+  TESSERA_CUDA_REQUIRE(ldc >= N, "gemm: ldc < N");
+  if (K == 0) {
+    if (c_type == CUDA_R_32F)
+      scale_matrix_kernel<<<grid_for(M * N), k_block, 0, as_stream(stream)>>>(
+          static_cast<float*>(C), M, N, ldc, beta);
+    else
+      scale_matrix_kernel<<<grid_for(M * N), k_block, 0, as_stream(stream)>>>(
+          static_cast<__nv_bfloat16*>(C), M, N, ldc, beta);
+    TESSERA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  LtContext ctx = lt_context(stream);
+
+  MatmulDesc op;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's A is our B, its B is our A (see the top of the file).
+  cublasOperation_t op_lt_a = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_lt_b = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TESSERA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
+  TESSERA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+
+  // Column-major shapes as stored (rows, cols, ld):
+  //   Lt A = our B: (N, K) if !transb else (K, N), ld ldb
+  //   Lt B = our A: (K, M) if !transa else (M, K), ld lda
+  //   Lt C:         (N, M), ld ldc
+  Layout la, lb, lc;
+  TESSERA_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&la.d, ab_type, transb ? K : N, transb ? N : K, ldb));
+  TESSERA_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lb.d, ab_type, transa ? M : K, transa ? K : M, lda));
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, c_type, N, M, ldc));
+
+  Preference pref;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+  std::uint64_t ws = k_workspace_bytes;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, op.d, la.d, lb.d, lc.d, lc.d,
+                                                      pref.d, 1, &heuristic, &found));
+  if (found == 0)
+    TESSERA_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape/layout
+
+  TESSERA_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.d, &alpha, B, la.d, A, lb.d, &beta, C, lc.d, C,
+                                      lc.d, &heuristic.algo, ctx.workspace, k_workspace_bytes,
+                                      as_stream(stream)));
+}
+
+}  // namespace
+
+void gemm(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+          const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+          std::int64_t ldc, void* stream) {
+  lt_gemm(CUDA_R_32F, CUDA_R_32F, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream);
+}
+
+void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, float* C, std::int64_t ldc, void* stream) {
+  lt_gemm(CUDA_R_16BF, CUDA_R_32F, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream);
+}
+
+void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc, void* stream) {
+  lt_gemm(CUDA_R_16BF, CUDA_R_16BF, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream);
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,62 @@
+// Shared helpers of the .cu files: launch shapes, grid-stride indices, warp/block reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tessera::kernels::cuda {
+
+inline cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+constexpr int k_block = 256;  // threads per block of the grid-stride kernels
+
+// Blocks for a grid-stride loop over n elements: enough to fill any current GPU several times
+// over, capped so the launch stays valid for any n.
+inline unsigned grid_for(std::int64_t n) {
+  std::int64_t blocks = (n + k_block - 1) / k_block;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65536));
+}
+
+__device__ inline std::int64_t global_index() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t global_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions; every thread of the block must call them (they synchronize) and gets
+// the result. blockDim.x must be a multiple of 32; scratch holds 32 floats and may be reused by
+// consecutive calls.
+__device__ inline float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ inline float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,122 @@
+// CUDA fp32 kernels of the GPT forward and backward passes: the kernels::cpu op table
+// (kernels/cpu/ops.hpp) on DEVICE pointers. Plain C++: no CUDA types, usable from .cpp files.
+// Conventions (those of kernels::cpu unless stated):
+//  - Every pointer argument is device memory unless its name ends in `_host`.
+//  - `stream` is a cudaStream_t passed as void*; nullptr is the legacy default stream. Every op
+//    is asynchronous on that stream (it only enqueues work), except to_host/to_device/synchronize.
+//  - Shapes, the "+=" / "=" contract of every gradient output and the formulas are those of the
+//    CPU op of the same name. Unlike the CPU ops, reductions that use atomics (embedding and
+//    LayerNorm parameter gradients) are NOT bit-reproducible from run to run.
+//  - Errors of the CUDA runtime / cuBLASLt throw tessera::Error (the call, the error string and a
+//    hint); a build without CUDA throws tessera::Error("built without CUDA") from every op.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::kernels::cuda {
+
+// ---- device memory ----
+// One cudaMalloc per buffer (allocate one per tensor family, e.g. all parameters, and carve views
+// from it). Move-only; cudaFree on destruction (which waits for the device, as cudaFree does).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);  // bytes == 0: an empty buffer, no allocation
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Copies that return when the data has arrived (cudaMemcpyAsync on `stream`, then a stream
+// synchronize), so pageable host memory is fine and the host side may be reused at once.
+void to_device(void* dst, const void* src_host, std::size_t bytes, void* stream = nullptr);
+void to_host(void* dst_host, const void* src, std::size_t bytes, void* stream = nullptr);
+void memset_zero(void* dst, std::size_t bytes, void* stream = nullptr);  // asynchronous
+void synchronize(void* stream = nullptr);  // cudaStreamSynchronize; throws on pending errors
+
+// ---- GEMM, row-major, the convention of kernels::gemm (kernels/gemm.hpp) ----
+//   C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C,   op(X) = X or X^T
+// lda/ldb/ldc are row strides in elements of the row-major matrices as stored (A is (M,K) if
+// !transa else (K,M), likewise B). Implemented with cuBLASLt (fp32 compute, no TF32).
+void gemm(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+          const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+          std::int64_t ldc, void* stream);
+// bf16 inputs (__nv_bfloat16 bit patterns as uint16_t), fp32 accumulation and scaling; output
+// fp32 or bf16 (beta reads C in its own type).
+void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, float* C, std::int64_t ldc, void* stream);
+void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc, void* stream);
+// out (n) = bf16(in) with round-to-nearest-even; and back (exact).
+void float_to_bf16(std::uint16_t* out, const float* in, std::int64_t n, void* stream);
+void bf16_to_float(float* out, const std::uint16_t* in, std::int64_t n, void* stream);
+
+// ---- token + position embedding ----
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]; inp (B,T)
+void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe,
+                       int B, int T, int C, void* stream);
+// dwte (V,C) +=, dwpe (maxT,C) += from dout (B,T,C) (atomicAdd: not bit-reproducible)
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
+                        int T, int C, void* stream);
+
+// ---- LayerNorm over the last dim, eps = kernels::cpu::k_layernorm_eps ----
+// out (N,C); mean, rstd (N) saved for backward
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C, void* stream);
+// dinp (N,C) +=; dweight, dbias (C) += (atomicAdd of per-block partial sums)
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        std::int64_t N, int C, void* stream);
+
+// ---- GELU, tanh approximation ----
+void gelu_forward(float* out, const float* inp, std::int64_t n, void* stream);
+// dinp = dout * gelu'(inp) (overwrite; dinp may alias dout)
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n, void* stream);
+
+// ---- causal multi-head self-attention (a straightforward kernel, not a flash kernel) ----
+// qkv (B,T,3C) holds q, k, v each (B,T,NH,hs), hs = C/NH; out (B,T,C); lse (B,NH,T).
+// Needs T * 4 bytes of shared memory per block (T <= ~50k on sm_80+).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       void* stream);
+// dqkv (B,T,3C) = (overwrite) from dout (B,T,C); needs out and lse from the forward.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH, void* stream);
+
+// ---- fused softmax + cross-entropy over the real vocabulary V of padded rows Vp ----
+// losses (N); logits (N,Vp); targets (N), targets < 0 are ignored (loss 0, no gradient).
+void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
+                           std::int64_t N, int V, int Vp, void* stream);
+// Same, and overwrites logits (N,Vp) with dloss * (softmax - onehot) (padded columns zeroed,
+// rows with target < 0 zeroed).
+void cross_entropy_forward_backward(float* losses, float* logits, const std::int32_t* targets,
+                                    std::int64_t N, int V, int Vp, float dloss, void* stream);
+
+// ---- AdamW (the formula of optim::adamw_update_range) ----
+// params, m, v (n) updated in place from grads (n). step is 1-based (bias correction);
+// weight_decay is the effective decay of this range (0 for tensors without decay).
+void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, std::int64_t step,
+                  void* stream);
+
+// ---- elementwise ----
+void add(float* out, const float* a, const float* b, std::int64_t n, void* stream);  // out = a+b
+void add_inplace(float* out, const float* a, std::int64_t n, void* stream);          // out += a
+void copy(float* out, const float* a, std::int64_t n, void* stream);
+
+}  // namespace tessera::kernels::cuda
