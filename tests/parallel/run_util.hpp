@@ -114,6 +114,23 @@ inline void expect_same_run(const fs::path& ref, const fs::path& got, const std:
   EXPECT_LE(diff.back(), 2e-2) << what << " (max |param diff|)";
 }
 
+// A run stopped at step `stop` on one grid (`first`, under mpirun(first_ranks)) and resumed on
+// another (`second`, under mpirun(second_ranks), or one process): the losses after `stop` are
+// the uninterrupted reference's within 1e-5 relative.
+inline void expect_resume_matches(const std::vector<double>& ref, const fs::path& out,
+                                  int first_ranks, const std::string& first, int second_ranks,
+                                  const std::string& second, int stop, const std::string& what) {
+  auto launch = [](int n) { return n > 1 ? mpirun(n) : std::string(); };
+  auto a = sh(launch(first_ranks) + first + " --stop-at " + std::to_string(stop));
+  ASSERT_EQ(a.code, 0) << what << "\n" << a.output;
+  auto b = sh(launch(second_ranks) + second + " --resume");
+  ASSERT_EQ(b.code, 0) << what << "\n" << b.output;
+  auto got = losses(out / "metrics.jsonl");
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (std::size_t i = static_cast<std::size_t>(stop); i < ref.size(); ++i)
+    EXPECT_LE(std::fabs(got[i] - ref[i]), 1e-5 * ref[i]) << what << " step " << i + 1;
+}
+
 inline bool have_tokenizer() {
   return fs::exists(fs::path(TESSERA_DATA) / "gpt2" / "encoder.json");
 }

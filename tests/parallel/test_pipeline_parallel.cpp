@@ -121,17 +121,9 @@ TEST_F(PipelineParallel, Pp2Tx2CheckpointResumesInOneProcessAndOnPp4) {
   for (const auto& [ranks, set, name] : std::vector<std::tuple<int, std::string, std::string>>{
            {1, "", "single"}, {4, "parallel.pp=4", "pp4"}}) {
     auto out = scratch("pp_reshard_" + name);
-    auto first = sh(mpirun(4) + pp_args(data_dir(), out, 4, 4, 20) +
-                    " parallel.pp=2 parallel.tx=2 --stop-at 10");
-    ASSERT_EQ(first.code, 0) << first.output;
-    auto second = sh((ranks > 1 ? mpirun(ranks) : std::string()) +
-                     pp_args(data_dir(), out, 4, 4, 20) + " " + set + " --resume");
-    ASSERT_EQ(second.code, 0) << second.output;
-    auto got = losses(out / "metrics.jsonl");
-    ASSERT_EQ(got.size(), 20u) << name;
-    for (int i = 10; i < 20; ++i)
-      EXPECT_LE(std::fabs(got[i] - ref_losses[i]), 1e-5 * ref_losses[i])
-          << name << " step " << i + 1;
+    expect_resume_matches(ref_losses, out, 4,
+                          pp_args(data_dir(), out, 4, 4, 20) + " parallel.pp=2 parallel.tx=2",
+                          ranks, pp_args(data_dir(), out, 4, 4, 20) + " " + set, 10, name);
   }
 }
 

@@ -87,16 +87,8 @@ TEST(TensorResharding, Tx2Ty2CheckpointResumesInOneProcessAndOnTz4) {
   for (const auto& [ranks, set, name] :
        std::vector<Grid>{{1, "", "single"}, {4, "parallel.tz=4", "tz4"}}) {
     auto out = scratch("tp_reshard_" + name);
-    auto first =
-        sh(mpirun(4) + tp_args(data, out, 8, 20) + " parallel.tx=2 parallel.ty=2 --stop-at 10");
-    ASSERT_EQ(first.code, 0) << first.output;
-    auto second = sh((ranks > 1 ? mpirun(ranks) : std::string()) + tp_args(data, out, 8, 20) + " " +
-                     set + " --resume");
-    ASSERT_EQ(second.code, 0) << second.output;
-    auto got = losses(out / "metrics.jsonl");
-    ASSERT_EQ(got.size(), 20u) << name;
-    for (int i = 10; i < 20; ++i)
-      EXPECT_LE(std::fabs(got[i] - ref_losses[i]), 1e-5 * ref_losses[i])
-          << name << " step " << i + 1;
+    expect_resume_matches(ref_losses, out, 4,
+                          tp_args(data, out, 8, 20) + " parallel.tx=2 parallel.ty=2", ranks,
+                          tp_args(data, out, 8, 20) + " " + set, 10, name);
   }
 }
