@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/core/rng.hpp"
@@ -39,28 +40,16 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--L")
-      a.L = std::atoi(v);
-    else if (k == "--C")
-      a.C = std::atoi(v);
-    else if (k == "--H")
-      a.H = std::atoi(v);
-    else if (k == "--T")
-      a.T = std::atoi(v);
-    else if (k == "--B")
-      a.B = std::atoi(v);
-    else if (k == "--V")
-      a.V = std::atoi(v);
-    else if (k == "--reps")
-      a.reps = std::atoi(v);
-    else if (k == "--ms")
-      a.ms = v;
-    else
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-  }
+  bench::Options()
+      .add("L", a.L)
+      .add("C", a.C)
+      .add("H", a.H)
+      .add("T", a.T)
+      .add("B", a.B)
+      .add("V", a.V)
+      .add("reps", a.reps)
+      .add("ms", a.ms)
+      .parse(argc, argv);
   return a;
 }
 
