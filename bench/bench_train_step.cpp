@@ -147,8 +147,8 @@ int main(int argc, char** argv) {
     {
       kernels::ProfileScope ps(&prof, kernels::OpFamily::Optimizer);
       double n = optim::global_norm(grads.data(), layout.total());
-      optim::clip_by_global_norm(grads.data(), layout.total(), n, 1.0);
-      optim::adamw_step(layout, params.data(), grads.data(), m.data(), v.data(), ac, 1e-4f, s + 1);
+      optim::adamw_step(layout, params.data(), grads.data(), m.data(), v.data(), ac, 1e-4f, s + 1,
+                        optim::clip_scale(n, 1.0));
     }
     double sec = t.seconds();
     if (s > 0) times.push_back(sec);

@@ -1,10 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
 
 using namespace tessera;
@@ -47,4 +50,21 @@ TEST(Core, AtomicWriteReplacesAndReadErrorsAreClear) {
   EXPECT_EQ(read_file(p), "two");
   EXPECT_THROW(read_file(dir / "missing"), Error);
   std::filesystem::remove_all(dir);
+}
+
+TEST(Core, PeakResidentMemoryFollowsTouchesAndResets) {
+  if (resident_bytes() == 0) GTEST_SKIP() << "no /proc/self/status";
+  constexpr std::size_t k_bytes = std::size_t{96} << 20;
+  const std::size_t before = resident_bytes();
+  EXPECT_GE(peak_resident_bytes(), before);
+  {
+    std::vector<char> big(k_bytes);
+    std::memset(big.data(), 1, big.size());  // touched: resident
+    EXPECT_GE(resident_bytes(), before + k_bytes / 2);
+  }
+  const std::size_t peak = peak_resident_bytes();
+  EXPECT_GE(peak, before + k_bytes / 2);
+  if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
+  // freed memory may stay resident (allocator), but the new peak is the resident size now
+  EXPECT_LE(peak_resident_bytes(), resident_bytes() + (std::size_t{8} << 20));
 }

@@ -2,8 +2,11 @@
 // accumulation, the KV-cache decoder against the full forward, and the optimizer pieces.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
@@ -161,6 +164,52 @@ TEST(Optim, GlobalNormClipping) {
   EXPECT_NEAR(s, 1.0 / n, 1e-6 / n);
   EXPECT_NEAR(optim::global_norm(g.data(), g.size()), 1.0, 1e-5);
   EXPECT_EQ(optim::clip_by_global_norm(g.data(), g.size(), 5.0, 0.0), 1.0f);  // 0 = off
+}
+
+TEST(Optim, MaskedSumOfSquaresCountsOnlyOwnedElements) {
+  std::vector<float> g(200003);
+  std::vector<std::uint8_t> mask(g.size());
+  double ref = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    g[i] = std::cos(0.003 * i);
+    mask[i] = (i % 7) < 3;
+    if (mask[i]) ref += double(g[i]) * g[i];
+  }
+  EXPECT_NEAR(optim::masked_sumsq(g.data(), mask.data(), g.size()), ref, 1e-6 * ref);
+  std::fill(mask.begin(), mask.end(), std::uint8_t{1});
+  const double all = optim::global_norm(g.data(), g.size());
+  EXPECT_NEAR(std::sqrt(optim::masked_sumsq(g.data(), mask.data(), g.size())), all, 1e-6 * all);
+  EXPECT_EQ(optim::masked_sumsq(g.data(), mask.data(), 0), 0.0);
+}
+
+TEST(Optim, ClippingInsideAdamWEqualsClippingFirst) {
+  // The trainer passes the clipping factor to AdamW instead of scaling the gradients in a pass
+  // of their own: the same floats, bit for bit.
+  model::ModelConfig cfg{2, 2, 16, 4, 37};
+  model::ParamLayout layout(cfg);
+  const std::size_t n = layout.total();
+  Buffer<float> p1(n), p2(n), g1(n), g2(n), m1(n), m2(n), v1(n), v2(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p1[i] = p2[i] = 0.1f * std::sin(0.7f * i);
+    g1[i] = g2[i] = 3.0f * std::cos(0.3f * i);
+  }
+  const double norm = optim::global_norm(g1.data(), n);
+  const float scale = optim::clip_scale(norm, 1.0);
+  ASSERT_LT(scale, 1.0f);
+  EXPECT_EQ(optim::clip_scale(norm, 2 * norm), 1.0f);
+  EXPECT_EQ(optim::clip_scale(norm, 0.0), 1.0f);  // 0 = off
+  optim::AdamWConfig c;
+  for (int step = 1; step <= 3; ++step) {
+    std::copy(g2.data(), g2.data() + n, g1.data());
+    EXPECT_EQ(optim::clip_by_global_norm(g1.data(), n, norm, 1.0), scale);
+    optim::adamw_step(layout, p1.data(), g1.data(), m1.data(), v1.data(), c, 1e-2f, step);
+    optim::adamw_step(layout, p2.data(), g2.data(), m2.data(), v2.data(), c, 1e-2f, step, scale);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p1[i], p2[i]) << i;
+    ASSERT_EQ(m1[i], m2[i]) << i;
+    ASSERT_EQ(v1[i], v2[i]) << i;
+  }
 }
 
 TEST(Optim, AdamWDecaysOnlyMarkedTensors) {

@@ -196,24 +196,15 @@ double DataParallel::grad_sumsq(const std::uint8_t* mask) const {
   if (stage_ == 0 && comm_.rank() != 0) return 0.0;
   const float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
   const std::size_t n = shard_size();
-  double sq = 0.0;
   if (!mask) {
     const double norm = optim::global_norm(g, n);
     return norm * norm;
   }
-  const std::uint8_t* m = mask + shard_begin_;
-#pragma omp parallel for reduction(+ : sq) schedule(static)
-  for (std::size_t i = 0; i < n; ++i)
-    if (m[i]) sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-  return sq;
+  return optim::masked_sumsq(g, mask + shard_begin_, n);
 }
 
-void DataParallel::clip(double norm, double max_norm) {
-  float* g = stage_ < 2 ? grads_.data() + shard_begin_ : grads_.data();
-  optim::clip_by_global_norm(g, shard_size(), norm, max_norm);
-}
-
-void DataParallel::step(const optim::AdamWConfig& cfg, float lr, std::int64_t step) {
+void DataParallel::step(const optim::AdamWConfig& cfg, float lr, std::int64_t step,
+                        float grad_scale) {
   const std::size_t sb = shard_begin_;
   for (const auto& t : layout_.tensors()) {
     std::size_t lo = std::max(t.offset, sb), hi = std::min(t.offset + t.numel, shard_end_);
@@ -221,7 +212,7 @@ void DataParallel::step(const optim::AdamWConfig& cfg, float lr, std::int64_t st
     float* p = stage_ < 3 ? params_.data() + lo : params_.data() + (lo - sb);
     const float* g = stage_ < 2 ? grads_.data() + lo : grads_.data() + (lo - sb);
     optim::adamw_update_range(p, g, m_.data() + (lo - sb), v_.data() + (lo - sb), hi - lo, cfg, lr,
-                              t.decay, step);
+                              t.decay, step, grad_scale);
   }
   if ((stage_ == 1 || stage_ == 2) && comm_.size() > 1)
     comm_.iall_gather(params_.data() + sb, params_.data(), counts_in(0, layout_.total())).wait();

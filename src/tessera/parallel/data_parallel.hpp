@@ -74,8 +74,9 @@ class DataParallel final : public model::ParamStore {
   // world, for a tensor-parallel model whose mask marks the elements this rank owns) it is the
   // squared global norm: at stage 0 only dp rank 0 contributes, otherwise each rank its shard.
   double grad_sumsq(const std::uint8_t* mask) const;
-  void clip(double norm, double max_norm);
-  void step(const optim::AdamWConfig& cfg, float lr, std::int64_t step);  // AdamW, then gathers
+  // AdamW on this rank's shard, reading the gradients times grad_scale (the clipping factor,
+  // optim::clip_scale), then the parameter gathers of ZeRO 1 and 2.
+  void step(const optim::AdamWConfig& cfg, float lr, std::int64_t step, float grad_scale = 1.0f);
   double mean(double x);  // average of a scalar over the dp group
   double overlap_fraction() const { return overlapped_fraction_; }
 

@@ -14,6 +14,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/data/bpe.hpp"
@@ -473,6 +474,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   while (step < end_step) {
     Timer t;
     double loss = 0, comm_wait = 0, kept_total = 0;
+    double fwd_s = 0, bwd_s = 0;  // where the step's time goes (non-pipeline path)
     if (goldfish) {
       // Read and mask the whole step first: the loss is normalized by the targets kept over all
       // micro-batches and dp ranks, which the gradient scale needs before the first backward.
@@ -515,14 +517,18 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       const std::int32_t* ya = goldfish ? gy[a].data() : y.data();
       if (!goldfish) train_loader.next(x.data(), y.data());
       dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
+      Timer phase;
       const float mb = tm ? tm->forward(dp, xa, ya, B, T, fopt)
                           : model::forward(layout, dp, acts, xa, ya, B, T, fopt);
       // forward returns the mean over this micro-batch's kept targets: weight it back to a sum
       loss += goldfish ? static_cast<double>(mb) * static_cast<double>(kept[a]) : mb;
+      fwd_s += phase.seconds();
+      phase.reset();
       if (tm)
         tm->backward(dp, xa, B, T, gemm);
       else
         model::backward(layout, dp, acts, xa, B, T, gemm);
+      bwd_s += phase.seconds();
       Timer comm_timer;
       dp.end_micro_batch();  // waits for the reductions still in flight
       comm_wait += comm_timer.seconds();
@@ -536,6 +542,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                   "lower train.lr or raise train.warmup_steps; check the data");
+    Timer update_timer;
     double norm = 0;
     if (tm) {
       // Each element once: the slices this rank owns, over every rank.
@@ -545,10 +552,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     } else {
       norm = dp.grad_norm();
     }
-    dp.clip(norm, tc.grad_clip);
     float lr =
         optim::lr_at(step, tc.steps, tc.warmup_steps, ac.lr, static_cast<float>(tc.min_lr_ratio));
-    dp.step(ac, lr, step + 1);
+    dp.step(ac, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));  // clipping fused
+    const double update_s = update_timer.seconds();
     ++step;
     tokens_seen += tokens_per_step;
     double sec = t.seconds();
@@ -578,6 +585,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     if (goldfish)
       row["goldfish_kept"] =
           static_cast<std::int64_t>(kept_total);  // targets in the loss, all dp ranks
+    if (!pipe) {
+      row["forward_ms"] = fwd_s * 1e3;
+      row["backward_ms"] = bwd_s * 1e3;
+    }
+    row["update_ms"] = update_s * 1e3;  // gradient norm, clipping and the optimizer
     if (pipe) {
       row["bubble"] = pipe->stats().bubble_fraction();  // this (the lead's) stage
       row["p2p_wait_ms"] = pipe->stats().recv_wait_s * 1e3;
@@ -600,6 +612,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
           mfu >= 0 ? fmt::format("{:5.1f}%", 100 * mfu) : std::string("unknown"),
           fmt_duration(eta));
     }
+    // The steps' peak resident memory starts after the first step (its one-time allocations
+    // and first touches); validation and checkpoints inside the loop count.
+    if (step == start_step + 1) reset_peak_resident();
     if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_now(step);
     if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint_now();
     if (cfg.sample.every > 0 && step % cfg.sample.every == 0 && step != end_step) {
@@ -608,6 +623,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       drop_full();
     }
   }
+  // Peak resident bytes of the busiest rank over the steps (before the final checkpoint).
+  double steps_rss = static_cast<double>(peak_resident_bytes());
+  rt.world().all_reduce_max(&steps_rss, 1);
   if (pipe && step > start_step) {
     // What each stage kept in flight and how long it idled, from one rank per stage.
     const int stage = topo.coord(comm::Axis::PP);
@@ -654,7 +672,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     const double median_step_s = static_cast<double>(tokens_per_step) / sorted[sorted.size() / 2];
     nlohmann::json row{{"event", "summary"},
                        {"median_step_ms", median_step_s * 1e3},
-                       {"peak_rss_bytes", static_cast<double>(ru.ru_maxrss) * 1024.0}};
+                       {"peak_rss_bytes", static_cast<double>(ru.ru_maxrss) * 1024.0},
+                       {"peak_rss_steps_bytes", steps_rss}};
     if (predicted_step_s > 0) {
       row["predicted_step_ms"] = predicted_step_s * 1e3;
       row["predicted_peak_bytes"] = predicted_peak_bytes;
