@@ -62,9 +62,21 @@ void add_probe_command(CLI::App& root) {
             perf::format_seconds(r.overlap_times[0]).c_str(),
             perf::format_seconds(r.overlap_times[1]).c_str(),
             perf::format_seconds(r.overlap_times[2]).c_str(), 100 * r.overlap);
+      if (r.overlap_polled_times.size() == 3)
+        std::printf(
+            "overlap, GEMM in 8 slices with a test between them: %s, all-reduce %s, both %s: "
+            "%.0f%% hidden\n",
+            perf::format_seconds(r.overlap_polled_times[0]).c_str(),
+            perf::format_seconds(r.overlap_polled_times[1]).c_str(),
+            perf::format_seconds(r.overlap_polled_times[2]).c_str(), 100 * r.overlap_polled);
     } else {
       std::printf("one rank: no collectives measured (run under mpirun -n N for them)\n");
     }
+    if (r.spec.compute_slots > 0)
+      std::printf(
+          "shared cores: %d of the %d ranks compute at full speed at once (compute_slots); the "
+          "rates above are with every rank busy\n",
+          r.spec.compute_slots, rt->world_size());
     write_file_atomic(a->out, "# written by tessera probe\n" + perf::to_toml(r.spec));
     std::printf("wrote %s\n", a->out.c_str());
   });

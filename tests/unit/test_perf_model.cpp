@@ -105,6 +105,8 @@ TEST(PerfCluster, BadFilesGiveClearErrors) {
             std::string::npos);
   EXPECT_NE(with("devices = 4", "devices = 4\noverlap = 1.5").find("overlap must be in [0, 1]"),
             std::string::npos);
+  EXPECT_NE(with("devices = 4", "devices = 4\ncompute_slots = 5").find("compute_slots must be"),
+            std::string::npos);
   EXPECT_NE(error_of("name = [").find("TOML syntax error"), std::string::npos);
   EXPECT_THROW(load_cluster("configs/clusters/nope.toml"), tessera::Error);
 }
@@ -272,6 +274,43 @@ TEST(PerfModel, TradeOffsGoTheRightWay) {
   bad.grid.ty = 3;
   EXPECT_EQ(infeasible_reason(w, bad, c), "heads not divisible by ty");
   EXPECT_THROW(predict(w, bad, c), tessera::Error);
+}
+
+TEST(PerfModel, SharedCoresLetIdleStagesLendTheirCores) {
+  // Four ranks on two cores (compute_slots = 2): the device rates are with every rank busy; a
+  // pipeline stage runs faster while its neighbour idles in the fill and drain, and the node
+  // cannot do more work than its cores.
+  auto dedicated = parse_cluster(k_small, "small");
+  ClusterSpec shared = dedicated;
+  shared.compute_slots = 2;
+  EXPECT_EQ(parse_cluster(to_toml(shared), "again").compute_slots, 2);
+  EXPECT_DOUBLE_EQ(compute_share(shared, 4), 0.5);
+  EXPECT_DOUBLE_EQ(compute_share(shared, 2), 1.0);  // two busy ranks, two cores
+  EXPECT_DOUBLE_EQ(compute_share(dedicated, 4), 1.0);
+  auto m = gpt(8, 16, 1024);
+  Workload w{m.cfg, 512, 16};
+  PlanPoint p;
+  p.grid = GridShape{1, 2, 2, 1, 1};
+  p.micro_batch = 2;  // 8 micro-batches
+  const auto ded = predict(w, p, dedicated), sh = predict(w, p, shared);
+  EXPECT_LT(sh.step_s, ded.step_s);
+  // the pipeline is the longer of the schedule at twice the rate and the mean stage's work
+  double work = 0;
+  for (const auto& st : ded.chunk_cost)
+    for (const auto& cc : st) work += cc.fwd_compute + cc.fwd_comm + cc.bwd_compute + cc.bwd_comm;
+  work = work * ded.micro_batches / p.grid.pp;
+  EXPECT_GE(sh.pipeline_s, work * (1 - 1e-12));
+  EXPECT_GE(sh.pipeline_s, 0.5 * ded.pipeline_s * (1 - 1e-12));
+  EXPECT_LE(sh.pipeline_s, ded.pipeline_s);
+  // without a pipeline every rank is busy all the time: nothing to lend
+  PlanPoint q = p;
+  q.grid = GridShape{2, 1, 2, 1, 1};
+  q.micro_batch = 2;
+  EXPECT_DOUBLE_EQ(predict(w, q, shared).step_s, predict(w, q, dedicated).step_s);
+  // the simulator applies the same rule and still accounts every second of every rank
+  auto sim = simulate(sh);
+  EXPECT_NEAR(sim.step_s / sh.step_s, 1, 0.05);
+  for (const auto& r : sim.ranks) EXPECT_NEAR(r.busy + r.comm + r.idle, sim.step_s, 1e-9);
 }
 
 TEST(PerfPlanner, EnumeratesRanksAndCountsRejections) {

@@ -90,6 +90,11 @@ void validate(const ClusterSpec& c) {
     bad(c, "[network] efficiency must be in (0, 1]");
   if (c.max_nodes < 0) bad(c, "max_nodes must be >= 0");
   if (!(c.overlap >= 0 && c.overlap <= 1)) bad(c, "[node] overlap must be in [0, 1]");
+  if (!(c.overlap_polled >= 0 && c.overlap_polled <= 1))
+    bad(c, "[node] overlap_polled must be in [0, 1]");
+  if (c.compute_slots < 0 || c.compute_slots > c.devices_per_node)
+    bad(c, fmt::format("[node] compute_slots must be in [0, devices = {}] (0: every device)",
+                       c.devices_per_node));
   if (!(c.all_gather_factor > 0 && c.all_gather_factor <= 4) ||
       !(c.reduce_scatter_factor > 0 && c.reduce_scatter_factor <= 4))
     bad(c, "[node] all_gather_factor and reduce_scatter_factor must be in (0, 4]");
@@ -124,9 +129,12 @@ ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
 
   const auto* node = r.table("node", true);
   r.only_keys(node, "node",
-              {"devices", "links", "overlap", "all_gather_factor", "reduce_scatter_factor"});
+              {"devices", "links", "overlap", "overlap_polled", "compute_slots",
+               "all_gather_factor", "reduce_scatter_factor"});
   c.devices_per_node = r.integer(node, "node", "devices", true);
   c.overlap = r.number(node, "node", "overlap", false, 1.0);
+  c.overlap_polled = r.number(node, "node", "overlap_polled", false, c.overlap);
+  c.compute_slots = static_cast<int>(r.integer(node, "node", "compute_slots", false, 0));
   c.all_gather_factor = r.number(node, "node", "all_gather_factor", false, 1.0);
   c.reduce_scatter_factor = r.number(node, "node", "reduce_scatter_factor", false, 1.0);
   if (const toml::node* ln = node->get("links")) {
@@ -177,9 +185,10 @@ std::string to_toml(const ClusterSpec& c) {
   s += fmt::format("\n[gemm]\nmax_efficiency = {:.4f}\nhalf_dim = {:.6g}\n", c.gemm_max_efficiency,
                    c.gemm_half_dim);
   s += fmt::format(
-      "\n[node]\ndevices = {}\noverlap = {:.3f}\nall_gather_factor = {:.3f}\n"
-      "reduce_scatter_factor = {:.3f}\n",
-      c.devices_per_node, c.overlap, c.all_gather_factor, c.reduce_scatter_factor);
+      "\n[node]\ndevices = {}\ncompute_slots = {}\noverlap = {:.3f}\noverlap_polled = {:.3f}\n"
+      "all_gather_factor = {:.3f}\nreduce_scatter_factor = {:.3f}\n",
+      c.devices_per_node, c.compute_slots, c.overlap, c.overlap_polled, c.all_gather_factor,
+      c.reduce_scatter_factor);
   for (const auto& l : c.links)
     s += fmt::format(
         "\n[[node.links]]\nname = \"{}\"\ngroup = {}\nbw_gbps = {:.6g}\nefficiency = {:.4f}\n"
@@ -199,6 +208,12 @@ const LinkLevel* level_for(const ClusterSpec& c, long extent) {
   return c.links.empty() ? nullptr : &c.links.back();
 }
 }  // namespace
+
+double compute_share(const ClusterSpec& c, long ranks) {
+  const long busy = std::min<long>(std::max<long>(ranks, 1), c.devices_per_node);
+  if (c.compute_slots <= 0 || c.compute_slots >= busy) return 1.0;
+  return static_cast<double>(c.compute_slots) / static_cast<double>(busy);
+}
 
 GroupLink group_link(const ClusterSpec& c, long stride, long size) {
   GroupLink g;

@@ -43,6 +43,15 @@ struct ClusterSpec {
   // CPU MPI library without a progress thread moves it only inside MPI calls (tessera probe
   // measures it: a GEMM and an all-reduce, alone and together).
   double overlap = 1.0;
+  // The same when the computation calls into the library between its pieces (tessera's
+  // data-parallel reduction tests its requests at every layer boundary): the probe's GEMM in
+  // slices with a test between them. Defaults to `overlap`.
+  double overlap_polled = 1.0;
+  // How many of the node's devices can compute at full speed at once: 0 (or `devices`) for
+  // devices of their own (GPUs); fewer where ranks share cores (tessera probe: cores / threads
+  // per rank). The device rates in the file are the rates with every device busy; a device
+  // whose neighbours idle (a pipeline's fill and drain) runs faster, up to devices / slots times.
+  int compute_slots = 0;
   // Bus bandwidth of the library's all-gather and reduce-scatter relative to its all-reduce on
   // the same links (1: ring algorithms for all three, as NCCL; some MPI libraries' (v-)variants
   // are slower; tessera probe measures them).
@@ -58,6 +67,9 @@ struct ClusterSpec {
 // Parses and validates; throws tessera::Error("file: [section] key: problem", hint).
 ClusterSpec parse_cluster(std::string_view toml_text, std::string_view source_name);
 ClusterSpec load_cluster(const std::filesystem::path& file);
+// The fraction of a full-speed device each of `ranks` busy devices of one node gets (1 unless the
+// node's compute_slots are fewer than its busy devices).
+double compute_share(const ClusterSpec& c, long ranks);
 void validate(const ClusterSpec& c);  // throws tessera::Error on inconsistent specs
 std::string to_toml(const ClusterSpec& c);
 

@@ -27,6 +27,8 @@ constexpr double k_bwd_traffic = 2;
 constexpr double k_loss_traffic = 6;       // cross-entropy over the (n, V) logits, fp32, fwd + bwd
 constexpr double k_adam_bytes_mixed = 30;  // AdamW per parameter (grad, master, m, v in and out)
 constexpr double k_adam_bytes_fp32 = 28;
+constexpr double k_norm_bytes = 4;  // the global gradient norm reads the fp32 gradient once (the
+                                    // clipping factor is applied inside the AdamW pass)
 
 double elt_bytes(DType d) {
   return d == DType::FP32 ? 4 : 2;
@@ -364,8 +366,17 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   // Fill and drain: each stage's work passes once outside the steady state; interleaving cuts
   // the fill by v (GPipe and 1F1B have the same bubble; they differ in memory).
   r.pipeline_s = m * T_max + (T_sum - T_max) / v;
+  // Devices sharing cores (compute_slots < the node's busy ranks): the stage costs above are at
+  // the every-device-busy rate; a stage whose neighbours idle in the fill and drain takes their
+  // cores. Then the step is the longer of the schedule at the full-speed rate and the node's
+  // work over its cores (every stage holds the same number of ranks: the mean stage's work).
+  r.compute_share = compute_share(c, g.world_size());
+  if (const double share = r.compute_share; share < 1 && g.pp > 1) {
+    const double work = m * T_sum / g.pp;
+    r.pipeline_s = std::max(share * r.pipeline_s, work);
+  }
   r.compute_s = m * stage_compute[worst];
-  r.bubble_s = r.pipeline_s - m * T_max;
+  r.bubble_s = std::max(0.0, r.pipeline_s - m * T_max);
 
   // tensor-parallel communication totals per device and step
   const double mult = static_cast<double>(m) * cfg.n_layer / g.pp;  // layer passes per device
@@ -428,10 +439,16 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
       if (p.zero == 1 || p.zero == 2)  // the parameter all-gather after the update is exposed
         hide = std::min(hide, reduce_scatter_time(ld, g.dp, P * gbytes));
     }
-    const double exposed = t_dp - c.overlap * std::min(t_dp, hide);
+    // (the reduction's requests are tested at every layer boundary: the polled overlap)
+    const double exposed = t_dp - c.overlap_polled * std::min(t_dp, hide);
     r.dp_s[stg] = exposed;
     const double opt_params = P / (p.zero >= 1 ? g.dp : 1);
-    const double t_opt = opt_params * (mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) / membw;
+    // AdamW and the gradient norm before it; a model-parallel rank also reads one owner byte
+    // per element (each element counted once over the replicas, parallel/tensor_model.hpp)
+    const double model_parallel = g.pp * t * tz > 1 ? 1 : 0;
+    const double t_opt =
+        opt_params *
+        ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + k_norm_bytes + model_parallel) / membw;
     if (exposed + t_opt > dp_exposed + opt_s) {
       dp_exposed = exposed;
       opt_s = t_opt;

@@ -93,7 +93,8 @@ struct Prediction {
   // for the simulator
   std::vector<std::vector<ChunkCost>> chunk_cost;  // (pp, v)
   double p2p_s = 0;                                // one activation or gradient message
-  std::vector<double> dp_s;                        // (pp) exposed data-parallel reduction per stage
+  double compute_share = 1;  // perf::compute_share of the cluster for this grid (< 1: shared cores)
+  std::vector<double> dp_s;  // (pp) exposed data-parallel reduction per stage
 };
 
 // Why a point cannot run (empty string: it can, shape-wise). Memory is not checked here.

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/core/process_memory.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/kernels/gemm.hpp"
 
@@ -53,22 +55,6 @@ double stream_triad_gbps(int reps) {
     if (r > 0) t.push_back(tm.seconds());
   }
   return 3.0 * n * sizeof(float) / median(t) / 1e9;
-}
-
-// A /proc/self/status field in GiB ("VmRSS", "VmHWM").
-double status_gib(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == field + ":") {
-      double kb = 0;
-      in >> kb;
-      return kb / 1048576.0;
-    }
-    std::string rest;
-    std::getline(in, rest);
-  }
-  return 0;
 }
 
 double total_memory_gib() {
@@ -156,7 +142,7 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   ProbeResult r;
   const int reps = std::max(1, o.reps);
   // what the process holds before any work (binary, libraries, MPI): not usable by a model
-  const double baseline_gib = status_gib("VmRSS");
+  const double baseline_gib = static_cast<double>(resident_bytes()) / 1073741824.0;
   // GEMM shapes: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch)
   std::vector<std::array<long, 3>> shapes =
       o.quick ? std::vector<std::array<long, 3>>{{128, 128, 128},
@@ -259,6 +245,25 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
     });
     r.overlap = std::clamp((t_gemm + t_comm - t_both) / std::min(t_gemm, t_comm), 0.0, 1.0);
     r.overlap_times = {t_gemm, t_comm, t_both};
+    // polled: the GEMM in 8 row slices, the request tested between them
+    constexpr long k_slices = 8;
+    auto slices = [&](comm::Request* req) {
+      for (long s = 0; s < k_slices; ++s) {
+        const long m0 = s * M / k_slices, m1 = (s + 1) * M / k_slices;
+        kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, m1 - m0, M, M, 1.f,
+                      A.data() + m0 * M, M, B.data(), M, 0.f, C.data() + m0 * M, M);
+        if (req) req->test();
+      }
+    };
+    const double t_sliced = timed([&] { slices(nullptr); });
+    const double t_polled = timed([&] {
+      auto req = world.iall_reduce_sum(buf.data(), n);
+      slices(&req);
+      req.wait();
+    });
+    r.overlap_polled =
+        std::clamp((t_sliced + t_comm - t_polled) / std::min(t_sliced, t_comm), 0.0, 1.0);
+    r.overlap_polled_times = {t_sliced, t_comm, t_polled};
   }
   // The spec: one rank = one device; all ranks on this node.
   ClusterSpec& c = r.spec;
@@ -272,6 +277,11 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   c.reserved_gib = std::min(std::max(baseline_gib, 0.01), c.memory_gib / 4);
   c.devices_per_node = p;
   c.overlap = p > 1 ? r.overlap : 1.0;
+  c.overlap_polled = p > 1 ? r.overlap_polled : 1.0;
+  // Ranks that share cores: the rates above were measured with every rank busy.
+  const long cores = std::max(1u, std::thread::hardware_concurrency());
+  const long slots = std::max<long>(1, cores / std::max(1, omp_get_max_threads()));
+  c.compute_slots = slots < p ? static_cast<int>(slots) : 0;
   c.all_gather_factor = r.all_gather_factor;
   c.reduce_scatter_factor = r.reduce_scatter_factor;
   c.max_nodes = 1;

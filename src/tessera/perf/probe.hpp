@@ -37,6 +37,11 @@ struct ProbeResult {
   // (ClusterSpec::overlap); with one rank: 1 and no times.
   double overlap = 1.0;
   std::vector<double> overlap_times;
+  // The same with the GEMM cut in 8 row slices and the request tested between them (how tessera's
+  // data-parallel reduction runs: its requests are tested at every layer boundary), the GEMM
+  // slices alone and with the all-reduce (ClusterSpec::overlap_polled).
+  double overlap_polled = 1.0;
+  std::vector<double> overlap_polled_times;
   // all-gather / reduce-scatter bus bandwidth over the all-reduce's (ClusterSpec factors)
   double all_gather_factor = 1.0, reduce_scatter_factor = 1.0;
   ClusterSpec spec;  // fitted: peak = best GEMM rate; max_efficiency, half_dim by least squares

@@ -79,6 +79,17 @@ nlohmann::json to_json(const Prediction& p, const ClusterSpec& c) {
   j["bubble_fraction"] = p.bubble_fraction;
   j["dp_exposed_s"] = p.dp_exposed_s;
   j["optimizer_s"] = p.optimizer_s;
+  // per stage and micro-batch: forward and backward (compute plus exposed tensor communication)
+  nlohmann::json stages = nlohmann::json::array();
+  for (std::size_t st = 0; st < p.chunk_cost.size(); ++st) {
+    double f = 0, b = 0;
+    for (const auto& cc : p.chunk_cost[st]) {
+      f += cc.fwd_compute + cc.fwd_comm;
+      b += cc.bwd_compute + cc.bwd_comm;
+    }
+    stages.push_back({{"stage", st}, {"forward_s", f}, {"backward_s", b}});
+  }
+  j["per_micro_batch"] = stages;
   j["tflops_per_device"] = p.tflops_per_device;
   j["hfu"] = p.hfu;
   j["mfu"] = p.mfu;

@@ -152,6 +152,23 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   for (long q = 0; q < pipelines; ++q) {
     const bool traced = q == 0 && !trace.path.empty();
     auto r = replay_pipeline(sch, p, traced ? &events : nullptr, trace.max_ranks);
+    if (p.compute_share < 1 && g.pp > 1) {
+      // Shared cores (the model's rule): the replay ran at the every-stage-busy rate; a stage
+      // runs up to 1/share faster while others idle, and the node cannot do more than its
+      // cores: each stage ends at the longer of its full-speed end and the mean stage's work.
+      // (The trace keeps the every-stage-busy timeline.)
+      double work = 0;
+      for (const auto& t : r.t) work += t.busy + t.comm;
+      work /= g.pp;
+      for (int st = 0; st < g.pp; ++st) {
+        auto& t = r.t[st];
+        const double end = std::max(p.compute_share * r.clock[st], work);
+        const double bc = t.busy + t.comm;
+        if (bc > end) t.busy *= end / bc, t.comm *= end / bc;  // ran faster than listed
+        t.idle = end - t.busy - t.comm;
+        r.clock[st] = end;
+      }
+    }
     res.instructions += r.instructions;
     res.deadlock = res.deadlock || r.deadlock;
     const long inner = q % T, dpc = q / T;
