@@ -161,9 +161,12 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   // tz: weight all-gather forward and backward, gradient reduce-scatter backward
   lc.fwd_comm[2] = z_ag;
   lc.bwd_comm[2] = z_ag + z_rs;
-  const double zf = o.tp_overlap ? z_ag - c.overlap * std::min(z_ag, lc.fwd_compute) : z_ag;
-  const double zb =
-      o.tp_overlap ? z_ag + z_rs - c.overlap * std::min(z_ag + z_rs, lc.bwd_compute) : z_ag + z_rs;
+  // (the prefetched gathers and deferred reduce-scatters are tested between the layer's
+  // operations, parallel/tensor_model.cpp: the polled overlap)
+  const double zf = o.tp_overlap ? z_ag - c.overlap_polled * std::min(z_ag, lc.fwd_compute) : z_ag;
+  const double zb = o.tp_overlap
+                        ? z_ag + z_rs - c.overlap_polled * std::min(z_ag + z_rs, lc.bwd_compute)
+                        : z_ag + z_rs;
   lc.fwd_exposed = fwd_ar[0] + fwd_ar[1] + zf;
   lc.bwd_exposed = bwd_ar_exposed + zb;
   lc.rec_exposed = lc.rec_comm[0] + lc.rec_comm[1];

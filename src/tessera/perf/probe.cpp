@@ -45,13 +45,17 @@ GemmSample time_gemm(long M, long N, long K, int reps) {
 }
 
 double stream_triad_gbps(int reps) {
-  const std::size_t n = std::size_t{1} << 24;  // 3 x 64 MiB
-  std::vector<float> a(n, 1.f), b(n, 2.f), c(n, 0.f);
+  // An in-place triad, a += s * b, over 2 x 64 MiB: two reads and one write per element, all of
+  // which move (a store to a line not read first would also read it: STREAM's c = a + s * b
+  // moves 4 arrays and counts 3). The model counts element reads + writes the same way (AdamW's
+  // 28 bytes per parameter: 4 reads, 3 writes of lines it has read).
+  const std::size_t n = std::size_t{1} << 24;
+  std::vector<float> a(n, 1.f), b(n, 2.f);
   std::vector<double> t;
   for (int r = 0; r < reps + 1; ++r) {
     Timer tm;
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) c[i] = a[i] + 1.5f * b[i];
+#pragma omp parallel for simd schedule(static)
+    for (std::size_t i = 0; i < n; ++i) a[i] += 1e-3f * b[i];
     if (r > 0) t.push_back(tm.seconds());
   }
   return 3.0 * n * sizeof(float) / median(t) / 1e9;
@@ -143,7 +147,8 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   const int reps = std::max(1, o.reps);
   // what the process holds before any work (binary, libraries, MPI): not usable by a model
   const double baseline_gib = static_cast<double>(resident_bytes()) / 1073741824.0;
-  // GEMM shapes: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch)
+  // GEMM shapes: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch:
+  // 512, 1024, 4096), forward (tokens x out x in) and the weight gradient's (out x in x tokens)
   std::vector<std::array<long, 3>> shapes =
       o.quick ? std::vector<std::array<long, 3>>{{128, 128, 128},
                                                  {256, 256, 256},
@@ -154,7 +159,8 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
                     {256, 256, 256},   {512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
                     {1024, 2304, 768}, {1024, 768, 768},  {1024, 3072, 768},  {1024, 768, 3072},
                     {4096, 2304, 768}, {4096, 768, 3072}, {256, 3072, 768},   {64, 768, 768},
-                    {1024, 1024, 64},  {1024, 64, 1024},  {4096, 4096, 4096}};
+                    {1024, 1024, 64},  {1024, 64, 1024},  {4096, 4096, 4096}, {512, 2304, 768},
+                    {512, 3072, 768},  {512, 768, 3072},  {2304, 768, 512},   {3072, 768, 512}};
   for (const auto& sh : shapes) r.gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
   r.memory_bw_gbps = stream_triad_gbps(reps);
 
@@ -181,12 +187,41 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
       const double sec = median(t);
       r.collectives.push_back({"all_reduce", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
     }
+    // Inside a training step a collective follows a GEMM on every rank: its buffer is out of
+    // the caches (the GEMM's operands took them). The tensor-parallel messages' sizes, each
+    // after a GEMM of a micro-batch's layer (512 x 768 x 768) and a barrier (how far apart the
+    // ranks arrive is the compute's business, not the link's).
+    if (!o.quick) {
+      const long M = 512, K = 768;
+      std::vector<float> A(M * K, 0.5f), B(K * K, 0.25f), C(M * K, 0.f);
+      for (double bytes : {double(1 << 20), double(1 << 21), double(1 << 22)}) {
+        const std::size_t n = static_cast<std::size_t>(bytes / 4);
+        std::vector<float> buf(n, 1.f);
+        world.all_reduce_sum(buf.data(), n);  // warm-up
+        std::vector<double> t;
+        for (int i = 0; i < 2 * reps; ++i) {
+          kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, K, K, 1.f, A.data(), K,
+                        B.data(), K, 0.f, C.data(), K);
+          world.barrier();
+          Timer tm;
+          world.all_reduce_sum(buf.data(), n);
+          t.push_back(tm.seconds());
+        }
+        std::vector<double> mx = t;  // the slowest rank's time per repetition
+        world.all_reduce_max(mx.data(), mx.size());
+        const double sec = median(mx);
+        r.collectives.push_back(
+            {"all_reduce_in_step", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
+      }
+    }
   }
 
   // All-gather and reduce-scatter (the non-blocking calls with counts that tessera makes) at the
   // size of the largest all-reduce sample: their bus bandwidth relative to the all-reduce's.
   if (p > 1 && !r.collectives.empty()) {
-    const auto ar = r.collectives.back();
+    CollectiveSample ar;  // the largest all-reduce of the all-ranks loop
+    for (const auto& c : r.collectives)
+      if (c.op == "all_reduce") ar = c;
     const std::size_t n = static_cast<std::size_t>(ar.bytes / 4) / p * p, per = n / p;
     std::vector<float> full(n, 1.f), part(per, 1.f);
     const std::vector<std::size_t> counts(p, per);
@@ -289,11 +324,14 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
     LinkLevel l;
     l.name = "shared-memory";
     l.group = p;
-    // The median bus bandwidth of the all-reduces of 1 MiB and more (the sizes of training's
-    // messages; smaller ones sit in the caches and are faster, larger ones slower).
+    // The median bus bandwidth of the all-reduces measured as inside a step (after a GEMM, the
+    // ranks arriving apart); with --quick, of the all-ranks loop's of 1 MiB and more.
     std::vector<double> bws;
     for (const auto& s : r.collectives)
-      if (s.op == "all_reduce" && s.bytes >= (1 << 20)) bws.push_back(s.bus_gbps);
+      if (s.op == "all_reduce_in_step") bws.push_back(s.bus_gbps);
+    if (bws.empty())  // --quick: the all-ranks loop's
+      for (const auto& s : r.collectives)
+        if (s.op == "all_reduce" && s.bytes >= (1 << 20)) bws.push_back(s.bus_gbps);
     if (bws.empty())
       for (const auto& s : r.collectives)
         if (s.op == "all_reduce") bws.push_back(s.bus_gbps);
