@@ -420,7 +420,7 @@ TEST(PerfModel, ModelStatesMatchTheTrainersLayoutAndZeroStages) {
 
 // The probe's GEMM curve: recovered from samples that follow it, and not pulled off by one sample
 // far below it (a short timing hit by a thread wake-up on a shared machine).
-TEST(PerfProbe, GemmCurveFitIgnoresOneOutlier) {
+TEST(PerfProbe, GemmCurveFitIgnoresOutliers) {
   const double peak = 150, e = 0.9, h = 40;
   std::vector<tessera::perf::GemmSample> s;
   for (long M : {64L, 256L, 1024L, 4096L})
@@ -439,4 +439,15 @@ TEST(PerfProbe, GemmCurveFitIgnoresOneOutlier) {
   EXPECT_LT(tessera::perf::fit_gemm_curve(bad, c2), 0.05);
   EXPECT_NEAR(c2.gemm_half_dim, c.gemm_half_dim, 4);
   EXPECT_NEAR(c2.gemm_max_efficiency, c.gemm_max_efficiency, 0.02);
+  // two (a process's first GEMMs, slow to start): both dropped, the same curve
+  bad[1].gflops = bad[1].gflops / 3;
+  ClusterSpec c3;
+  EXPECT_LT(tessera::perf::fit_gemm_curve(bad, c3), 0.05);
+  EXPECT_NEAR(c3.gemm_half_dim, c.gemm_half_dim, 4);
+  EXPECT_NEAR(c3.gemm_max_efficiency, c.gemm_max_efficiency, 0.02);
+  // at most a quarter of the samples go: a curve that fits nothing is not rescued by dropping
+  auto noisy = s;
+  for (std::size_t i = 0; i < noisy.size(); i += 2) noisy[i].gflops /= 4;
+  ClusterSpec c4;
+  EXPECT_GT(tessera::perf::fit_gemm_curve(noisy, c4), 0.1);
 }

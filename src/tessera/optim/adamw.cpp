@@ -49,8 +49,12 @@ float lr_at(std::int64_t step, std::int64_t total, std::int64_t warmup, float lr
   return static_cast<float>(min_lr + coeff * (lr - min_lr));
 }
 
-double global_norm(const float* g, std::size_t n) {
-  // Fixed chunking independent of the thread count, chunk sums combined in order.
+namespace {
+
+// Sum of squares with fixed chunking independent of the thread count, chunk sums combined in
+// order (deterministic); with a mask, only the elements whose mask byte is set.
+template <bool Masked>
+double sumsq_fixed_order(const float* g, const std::uint8_t* mask, std::size_t n) {
   constexpr std::size_t k_chunk = 1 << 16;
   std::size_t chunks = (n + k_chunk - 1) / k_chunk;
   std::vector<double> part(chunks, 0.0);
@@ -62,30 +66,13 @@ double global_norm(const float* g, std::size_t n) {
     for (std::size_t b = c * k_chunk; b < e; b += 256) {
       std::size_t be = std::min(e, b + 256);
       float fs = 0.0f;
+      if constexpr (Masked) {
 #pragma omp simd reduction(+ : fs)
-      for (std::size_t i = b; i < be; ++i) fs += g[i] * g[i];
-      s += fs;
-    }
-    part[c] = s;
-  }
-  double s = 0.0;
-  for (double x : part) s += x;
-  return std::sqrt(s);
-}
-
-double masked_sumsq(const float* g, const std::uint8_t* mask, std::size_t n) {
-  constexpr std::size_t k_chunk = 1 << 16;
-  std::size_t chunks = (n + k_chunk - 1) / k_chunk;
-  std::vector<double> part(chunks, 0.0);
-#pragma omp parallel for schedule(static)
-  for (std::size_t c = 0; c < chunks; ++c) {
-    std::size_t e = std::min(n, (c + 1) * k_chunk);
-    double s = 0.0;
-    for (std::size_t b = c * k_chunk; b < e; b += 256) {
-      std::size_t be = std::min(e, b + 256);
-      float fs = 0.0f;
+        for (std::size_t i = b; i < be; ++i) fs += mask[i] ? g[i] * g[i] : 0.0f;
+      } else {
 #pragma omp simd reduction(+ : fs)
-      for (std::size_t i = b; i < be; ++i) fs += mask[i] ? g[i] * g[i] : 0.0f;
+        for (std::size_t i = b; i < be; ++i) fs += g[i] * g[i];
+      }
       s += fs;
     }
     part[c] = s;
@@ -93,6 +80,16 @@ double masked_sumsq(const float* g, const std::uint8_t* mask, std::size_t n) {
   double s = 0.0;
   for (double x : part) s += x;
   return s;
+}
+
+}  // namespace
+
+double global_norm(const float* g, std::size_t n) {
+  return std::sqrt(sumsq_fixed_order<false>(g, nullptr, n));
+}
+
+double masked_sumsq(const float* g, const std::uint8_t* mask, std::size_t n) {
+  return sumsq_fixed_order<true>(g, mask, n);
 }
 
 float clip_scale(double norm, double max_norm) {

@@ -121,25 +121,30 @@ double fit_gemm_curve(const std::vector<GemmSample>& s, ClusterSpec& c) {
   if (s.empty() || best <= 0) return 0;
   c.peak_tflops_fp32 = best / 1e3;
   double e = 1, h = 0;
-  double err = fit_curve(s, best, e, h);
-  // One sample far off the curve (a thread wake-up or a page fault inside a short timing on a
+  std::vector<GemmSample> kept = s;
+  double err = fit_curve(kept, best, e, h);
+  // A sample far off the curve (a thread wake-up or a page fault inside a short timing on a
   // shared machine) can pull a relative-error fit far off: fit again without each sample in turn
-  // and keep the best of those when it fits the others at least 4x better per sample.
-  if (s.size() >= 5) {
+  // and drop the one whose removal fits the others at least 4x better per sample; repeat, at
+  // most a quarter of the samples.
+  while (kept.size() >= 5 && 4 * (kept.size() - 1) >= 3 * s.size()) {
     double best_loo = 1e300, le = e, lh = h;
-    for (std::size_t i = 0; i < s.size(); ++i) {
+    std::size_t drop = 0;
+    for (std::size_t i = 0; i < kept.size(); ++i) {
       std::vector<GemmSample> rest;
-      for (std::size_t j = 0; j < s.size(); ++j)
-        if (j != i) rest.push_back(s[j]);
+      for (std::size_t j = 0; j < kept.size(); ++j)
+        if (j != i) rest.push_back(kept[j]);
       double e2 = 1, h2 = 0;
       const double err2 = fit_curve(rest, best, e2, h2) / rest.size();
-      if (err2 < best_loo) best_loo = err2, le = e2, lh = h2;
+      if (err2 < best_loo) best_loo = err2, le = e2, lh = h2, drop = i;
     }
-    if (best_loo * 4 < err / s.size()) e = le, h = lh, err = best_loo * s.size();
+    if (!(best_loo * 4 < err / kept.size())) break;
+    kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(drop));
+    e = le, h = lh, err = best_loo * kept.size();
   }
   c.gemm_max_efficiency = e;
   c.gemm_half_dim = h;
-  return std::sqrt(err / s.size());
+  return std::sqrt(err / kept.size());
 }
 
 ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
@@ -161,6 +166,12 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
                     {4096, 2304, 768}, {4096, 768, 3072}, {256, 3072, 768},   {64, 768, 768},
                     {1024, 1024, 64},  {1024, 64, 1024},  {4096, 4096, 4096}, {512, 2304, 768},
                     {512, 3072, 768},  {512, 768, 3072},  {2304, 768, 512},   {3072, 768, 512}};
+  {
+    // Start the thread pool and the GEMM library's kernels before the first timed shape (the
+    // first calls of a process run far slower).
+    Timer warm;
+    while (warm.seconds() < (o.quick ? 0.02 : 0.2)) time_gemm(512, 512, 512, 1);
+  }
   for (const auto& sh : shapes) r.gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
   r.memory_bw_gbps = stream_triad_gbps(reps);
 
