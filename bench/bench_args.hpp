@@ -11,8 +11,17 @@
 
 namespace tessera::bench {
 
+// The model shape and repetitions every model benchmark takes (--L --C --H --T --B --V --reps).
+struct ModelShape {
+  int L, C, H, T, B, V, reps;
+};
+
 class Options {
  public:
+  Options& add_shape(ModelShape& s) {
+    return add("L", s.L).add("C", s.C).add("H", s.H).add("T", s.T).add("B", s.B).add("V", s.V).add(
+        "reps", s.reps);
+  }
   Options& add(const char* name, int& field) {
     opts_.push_back({name, &field});
     return *this;

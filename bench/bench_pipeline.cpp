@@ -33,23 +33,14 @@ using namespace tessera;
 
 namespace {
 
-struct Args {
-  int L = 8, C = 256, H = 4, T = 64, B = 2, V = 512, reps = 3;
+struct Args : bench::ModelShape {
+  Args() : ModelShape{8, 256, 4, 64, 2, 512, 3} {}
   std::string ms = "4,8,16";
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  bench::Options()
-      .add("L", a.L)
-      .add("C", a.C)
-      .add("H", a.H)
-      .add("T", a.T)
-      .add("B", a.B)
-      .add("V", a.V)
-      .add("reps", a.reps)
-      .add("ms", a.ms)
-      .parse(argc, argv);
+  bench::Options().add_shape(a).add("ms", a.ms).parse(argc, argv);
   return a;
 }
 

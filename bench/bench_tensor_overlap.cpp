@@ -31,23 +31,14 @@ using namespace tessera;
 
 namespace {
 
-struct Args {
-  int L = 4, C = 512, H = 8, T = 128, B = 8, V = 8192, reps = 3;
+struct Args : bench::ModelShape {
+  Args() : ModelShape{4, 512, 8, 128, 8, 8192, 3} {}
   std::string grids = "2x2x1,1x1x4,2x1x2";
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  bench::Options()
-      .add("L", a.L)
-      .add("C", a.C)
-      .add("H", a.H)
-      .add("T", a.T)
-      .add("B", a.B)
-      .add("V", a.V)
-      .add("reps", a.reps)
-      .add("grids", a.grids)
-      .parse(argc, argv);
+  bench::Options().add_shape(a).add("grids", a.grids).parse(argc, argv);
   return a;
 }
 
