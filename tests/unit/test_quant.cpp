@@ -475,13 +475,17 @@ TEST(QuantModel, PlantedOutlierIsFoundAndSmoothQuantRecoversW8A8) {
   std::printf(
       "planted outlier: naive W8A8 %+.3f%% ppl, KL %.2e; SmoothQuant %+.3f%% ppl, KL %.2e\n",
       100 * d_naive, kl_naive, 100 * d_sq, kl_sq);
-  // Bounds (measured +0.19% / -0.01% perplexity on this model): per-token INT8 with a 100x
-  // channel leaves the other channels of c_fc's input a handful of levels, so naive W8A8 must
-  // lose at least 0.1% perplexity; smoothing (alpha 0.5) equalizes the channel and must
-  // recover at least 75% of that loss, and cut the KL divergence from fp32 at least 5x.
-  EXPECT_GT(d_naive, 0.001);
-  EXPECT_LT(d_sq, 0.25 * d_naive);
-  EXPECT_GT(kl_naive, 5 * kl_sq);
+  // Bounds. The trained test model itself depends on the thread count and the instruction set
+  // (its training sums in another order), so perplexity changes of a few tenths of a percent
+  // are not a property of the method: measured naive W8A8 +0.01% .. +0.43% across 1/2 threads
+  // and AVX2/AVX-512. The KL divergence from the fp32 model is: measured 0.9e-3 .. 1.2e-3 for
+  // naive W8A8 and 5e-6 .. 8e-6 for SmoothQuant on every combination. The argument: per-token
+  // INT8 with a 100x channel gives the other channels of c_fc's input a step of about 0.8 of
+  // their typical size, an error of tens of percent on that input, so naive W8A8 must move the
+  // output distribution (floor 1e-4, 9x under the smallest measurement); smoothing (alpha 0.5)
+  // shrinks the channel to about 10x, and must cut the KL at least 20x (measured 130x .. 190x).
+  EXPECT_GT(kl_naive, 1e-4);
+  EXPECT_GT(kl_naive, 20 * kl_sq);
   // LLM.int8() (threshold 6) keeps the planted column in fp32: within 1% of fp32.
   o.method = Method::Int8;
   auto i8 = quantize_model(layout, p.data(), o, nullptr);
