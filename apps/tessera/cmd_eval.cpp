@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "eval_protocols.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
 #include "tessera/eval/evaluate.hpp"
@@ -52,7 +53,7 @@ CLI::App* add_memorization_command(CLI::App& eval) {
     namespace fs = std::filesystem;
     if (a->suffix <= 0) throw Error(fmt::format("--suffix must be positive (got {})", a->suffix));
     if (a->max_docs < 0) throw Error("--max-docs must be >= 0");
-    if (!fs::is_regular_file(a->docs))
+    if (input_kind(a->docs, "documents file") == InputKind::Missing)
       throw Error(fmt::format("documents file not found: {}", a->docs),
                   "give a JSONL file with one {\"text\": ...} object per line");
     auto texts = data::jsonl_documents(a->docs);
@@ -151,8 +152,8 @@ void add_eval_command(CLI::App& root) {
     if (a->seq < 0 || a->batches < 0) throw Error("--seq and --batches must be >= 0");
     auto any = quant::load_any_model(resolve_model_path(a->model));
     if (!a->protocol.empty() || !a->reference.empty() || any.act.mode != quant::ActMode::None) {
-      eval_protocols(any, {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches,
-                           a->json});
+      eval_protocols(any,
+                     {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches, a->json});
       return;
     }
     auto& loaded = any.model;

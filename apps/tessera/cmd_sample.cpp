@@ -1,8 +1,10 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
+#include <cmath>
 #include <cstdio>
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
@@ -16,7 +18,8 @@ namespace fs = std::filesystem;
 
 // A run directory, a checkpoint directory or a model file: resolves to something load_model takes.
 fs::path resolve_model_path(const fs::path& p) {
-  if (fs::is_directory(p) && !fs::exists(p / "model.safetensors")) {
+  if (input_kind(p, "model") == InputKind::Directory &&
+      input_kind(p / "model.safetensors", "model file") == InputKind::Missing) {
     if (auto latest = io::latest_checkpoint(p / "checkpoints")) return *latest;
     if (auto latest = io::latest_checkpoint(p)) return *latest;
   }

@@ -1,6 +1,7 @@
 // tessera: one binary, one subcommand per file (see commands.hpp).
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory (hint: use a smaller batch, sequence or model)\n");
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the environment does not allow (a symbolic-link loop, a file where a folder is
+    // needed, no permission) is bad input, not a bug; the places that know better say more.
+    std::fprintf(stderr, "error: %s (hint: check the path and its permissions)\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: internal: %s (hint: this is a bug in tessera, please report it)\n",

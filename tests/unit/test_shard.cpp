@@ -101,7 +101,7 @@ TEST(Shard, MalformedFilesAreClearErrors) {
   const std::string good = tessera::read_file(dir / "good.bin");
   const auto p = dir / "bad.bin";
 
-  expect_error(dir / "missing.bin", "cannot open");
+  expect_error(dir / "missing.bin", "token shard not found");
   write_raw(p, "");
   expect_error(p, "empty");
   write_raw(p, "TT");

@@ -1,33 +1,101 @@
 #include "tessera/core/file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "tessera/core/error.hpp"
 
 namespace tessera {
 
+namespace {
+
+constexpr const char* k_path_hint =
+    "check the path (relative paths are taken from the current directory)";
+
+// The error for a path that cannot be opened or looked at (errno `err`).
+Error path_error(const std::filesystem::path& path, std::string_view what, int err,
+                 std::string_view missing_hint) {
+  if (err == ENOENT || err == ENOTDIR)
+    return Error(fmt::format("{} not found: {}", what, path.string()),
+                 std::string(missing_hint.empty() ? k_path_hint : missing_hint));
+  if (err == ELOOP)
+    return Error(
+        fmt::format("cannot open {} {}: too many levels of symbolic links", what, path.string()),
+        "a symbolic link on this path points (directly or through others) back to itself; fix "
+        "or remove it");
+  if (err == EACCES)
+    return Error(fmt::format("cannot open {} {}: permission denied", what, path.string()),
+                 "check the permissions of the file and of the folders above it");
+  return Error(fmt::format("cannot open {} {}: {}", what, path.string(), std::strerror(err)));
+}
+
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a plain file";
+}
+
+}  // namespace
+
+int open_input_file(const std::filesystem::path& path, std::string_view what,
+                    std::string_view missing_hint) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the type check below refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw path_error(path, what, errno, missing_hint);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw path_error(path, what, err, missing_hint);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format("{} is {}, not a regular file: {}", what, file_type_name(st.st_mode),
+                            path.string()),
+                S_ISDIR(st.st_mode) ? "give the path of a file"
+                                    : "tessera reads its inputs from regular files; write the "
+                                      "data to a file first");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+InputKind input_kind(const std::filesystem::path& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return InputKind::Missing;
+    throw path_error(path, what, err, {});
+  }
+  if (S_ISDIR(st.st_mode)) return InputKind::Directory;
+  return S_ISREG(st.st_mode) ? InputKind::RegularFile : InputKind::Other;
+}
+
 std::string read_file(const std::filesystem::path& path, std::string_view what) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw Error(fmt::format("{} not found: {}", what, path.string()),
-                "check the path (relative paths are taken from the current directory)");
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(fmt::format("{} is a directory, expected a file: {}", what, path.string()));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open {} {}: {}", what, path.string(), std::strerror(errno)));
+  const int fd = open_input_file(path, what);
+  struct stat st {};
   std::string data;
-  in.seekg(0, std::ios::end);
-  auto size = in.tellg();
-  if (size < 0) throw Error(fmt::format("cannot read {} {}", what, path.string()));
-  data.resize(static_cast<std::size_t>(size));
-  in.seekg(0);
-  in.read(data.data(), size);
-  if (!in) throw Error(fmt::format("cannot read {} {}: short read", what, path.string()));
+  if (::fstat(fd, &st) == 0) data.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : 0;
+      ::close(fd);
+      throw Error(fmt::format("cannot read {} {}: {}", what, path.string(),
+                              err ? std::strerror(err) : "short read"));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
   return data;
 }
 
@@ -65,7 +133,8 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw Error(fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), std::strerror(err)));
+    throw Error(
+        fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), std::strerror(err)));
   }
   auto dir = path.parent_path();
   fsync_path(dir.empty() ? std::filesystem::path(".") : dir);

@@ -9,7 +9,21 @@
 
 namespace tessera {
 
-// Reads a whole file; throws tessera::Error naming the path when it is missing or unreadable.
+// Every file the CLI reads as input is opened here: it must exist and be a regular file. A FIFO,
+// device or socket is refused before anything reads it (reading a FIFO blocks until a writer
+// comes, a device may never end), and so are directories and symbolic-link loops. Returns a
+// read-only file descriptor (close-on-exec) that the caller closes. Throws tessera::Error naming
+// `what` and the path; `missing_hint` is the hint when the file does not exist.
+int open_input_file(const std::filesystem::path& path, std::string_view what,
+                    std::string_view missing_hint = {});
+
+// What is at an input path, following symbolic links. A path that cannot be looked at (a
+// symbolic-link loop, no permission to search a folder on it) is a tessera::Error naming `what`.
+enum class InputKind { Missing, Directory, RegularFile, Other };
+InputKind input_kind(const std::filesystem::path& path, std::string_view what);
+
+// Reads a whole file (opened by open_input_file); throws tessera::Error naming the path when it
+// is missing, unreadable or not a regular file.
 std::string read_file(const std::filesystem::path& path, std::string_view what = "file");
 
 // Writes `data` to `path` atomically: the bytes go to "<path>.tmp.<pid>", are flushed to disk,

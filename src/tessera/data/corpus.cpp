@@ -34,6 +34,18 @@ void detok(const std::vector<std::string_view>& tokens, std::string& out) {
   }
 }
 
+// The regular files in `dir` (following symbolic links), in directory order. An entry that
+// cannot be looked at (a symbolic-link loop, no permission) is an error naming it; a failure to
+// list the directory is left in `ec`.
+std::vector<std::filesystem::path> list_files(const std::filesystem::path& dir, std::error_code& ec,
+                                              std::string_view what) {
+  std::vector<std::filesystem::path> files;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    if (input_kind(it->path(), what) == InputKind::RegularFile) files.push_back(it->path());
+  return files;
+}
+
 }  // namespace
 
 std::string brown_to_text(std::string_view content) {
@@ -94,10 +106,8 @@ std::vector<std::string> brown_documents(const std::filesystem::path& dir) {
   if (!std::filesystem::is_directory(dir, ec))
     throw Error(fmt::format("Brown corpus directory not found: {}", dir.string()), hint);
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    auto name = entry.path().filename().string();
-    if (is_brown_name(name) && entry.is_regular_file()) names.push_back(name);
-  }
+  for (const auto& path : list_files(dir, ec, "Brown corpus file"))
+    if (is_brown_name(path.filename().string())) names.push_back(path.filename().string());
   if (ec) throw Error(fmt::format("cannot list {}: {}", dir.string(), ec.message()));
   if (names.empty())
     throw Error(fmt::format("no Brown corpus files (ca01 .. cr09) in {}", dir.string()), hint);
@@ -114,9 +124,7 @@ std::vector<std::string> text_documents(const std::vector<std::filesystem::path>
   for (const auto& p : paths) {
     std::error_code ec;
     if (std::filesystem::is_directory(p, ec)) {
-      std::vector<std::filesystem::path> files;
-      for (const auto& entry : std::filesystem::directory_iterator(p, ec))
-        if (entry.is_regular_file()) files.push_back(entry.path());
+      auto files = list_files(p, ec, "text file");
       if (ec) throw Error(fmt::format("cannot list {}: {}", p.string(), ec.message()));
       std::sort(files.begin(), files.end());
       for (const auto& f : files) docs.push_back(read_file(f, "text file"));

@@ -64,12 +64,7 @@ void write_shard(const std::filesystem::path& path, std::span<const std::uint32_
 ShardReader::ShardReader(const std::filesystem::path& path) : path_(path) {
   const std::string name = path.string();
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) {
-    int err = errno;
-    throw Error(fmt::format("cannot open token shard {}: {}", name, std::strerror(err)),
-                err == ENOENT ? k_prepare_hint : "check the path and its permissions");
-  }
+  f.fd = open_input_file(path, "token shard", k_prepare_hint);  // a regular file
   struct stat st {};
   if (::fstat(f.fd, &st) != 0)
     throw Error(fmt::format("cannot stat token shard {}: {}", name, std::strerror(errno)));

@@ -188,16 +188,7 @@ struct SafetensorsFile::Storage {
 };
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw Error(fmt::format("safetensors file not found: {}", path.string()),
-                "check the path (relative paths are taken from the current directory)");
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(fmt::format("{} is a directory, expected a safetensors file", path.string()));
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw Error(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)),
-                "check the file's permissions");
+  int fd = open_input_file(path, "safetensors file");  // a regular file (never a FIFO)
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;

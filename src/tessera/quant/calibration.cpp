@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/shard.hpp"
@@ -30,14 +29,12 @@ namespace {
 
 std::vector<std::int32_t> read_text_tokens(const fs::path& text, const fs::path& tokenizer,
                                            const std::string& what) {
-  if (!fs::is_regular_file(text))
+  if (input_kind(text, what + " text for calibration") == InputKind::Missing)
     throw Error(fmt::format("{} text for calibration not found: {}", what, text.string()),
                 "run scripts/setup (it extracts the default texts) or pass another file");
-  std::ifstream in(text, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string body = read_file(text, what + " text for calibration");
   auto tok = data::Tokenizer::load_gpt2(tokenizer);
-  auto ids = tok.encode(ss.str(), false);
+  auto ids = tok.encode(body, false);
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
 
@@ -70,18 +67,18 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
   s.tokens.reserve(static_cast<std::size_t>(n) * seqlen);
   Rng rng(seed * 0x9E3779B97F4A7C15ull + 17);
   if (name == "corpus" || name == "corpus-concat") {
-    if (!fs::is_regular_file(src.train_shard))
+    if (input_kind(src.train_shard, "calibration corpus") == InputKind::Missing)
       throw Error(fmt::format("calibration corpus not found: {}", src.train_shard.string()),
                   "run 'tessera prepare' or pass --calib-data SHARD");
     data::ShardReader rd(src.train_shard);
     std::vector<std::int32_t> all(rd.size());
     if (!all.empty()) rd.read(0, all.size(), all.data());
     for (auto t : all)
-      if (t >= vocab_size)
+      if (t < 0 || t >= vocab_size)  // ids >= 2^31 read as negative
         throw Error(
             fmt::format("calibration shard {} holds token id {} outside the model's "
                         "vocabulary of {}",
-                        src.train_shard.string(), t, vocab_size));
+                        src.train_shard.string(), static_cast<std::uint32_t>(t), vocab_size));
     if (name == "corpus") {
       random_windows(all, s, n, rng, src.train_shard.string());
     } else {

@@ -426,9 +426,10 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
 }
 
 AnyModel load_any_model(const fs::path& path) {
-  fs::path file = fs::is_directory(path) ? path / "model.safetensors" : path;
+  const bool is_dir = input_kind(path, "model") == InputKind::Directory;
+  fs::path file = is_dir ? path / "model.safetensors" : path;
   AnyModel out;
-  if (!fs::exists(file)) {  // io::load_model gives the standard message
+  if (input_kind(file, "model file") == InputKind::Missing) {  // load_model's standard message
     out.model = io::load_model(path);
     return out;
   }

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/data/shard.hpp"
 #include "tessera/quant/outliers.hpp"
 
@@ -26,18 +27,20 @@ eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params, 
 
 std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::size_t max_tokens,
                                       int vocab_size) {
-  if (!std::filesystem::is_regular_file(shard))
+  if (input_kind(shard, "evaluation shard") == InputKind::Missing)
     throw Error(fmt::format("evaluation shard not found: {}", shard.string()),
                 "run 'tessera prepare' or pass --data SHARD");
   data::ShardReader rd(shard);
   std::size_t n = max_tokens ? std::min(max_tokens, rd.size()) : rd.size();
-  std::vector<std::int32_t> t(n);
-  if (n) rd.read(0, n, t.data());
-  for (auto v : t)
-    if (v < 0 || v >= vocab_size)
-      throw Error(fmt::format("{} holds token id {} outside the model's vocabulary of {}",
-                              shard.string(), v, vocab_size));
-  return t;
+  std::vector<std::uint32_t> ids(n);
+  if (n) rd.read(0, n, ids.data());
+  for (std::size_t i = 0; i < n; ++i)
+    if (ids[i] >= static_cast<std::uint32_t>(vocab_size))
+      throw Error(fmt::format("token shard {} holds the token id {} at position {}, outside the "
+                              "model's vocabulary of {}",
+                              shard.string(), ids[i], i, vocab_size),
+                  "the shard was made with another tokenizer or is damaged");
+  return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
 
 StudyResult run_study(const model::ParamLayout& layout, const float* params,
