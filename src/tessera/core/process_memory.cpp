@@ -3,11 +3,13 @@
 #include <fstream>
 #include <string>
 
+#include "tessera/core/error.hpp"
+
 namespace tessera {
 namespace {
 
-std::size_t status_kib(const char* field) {
-  std::ifstream in("/proc/self/status");
+std::size_t status_kib(const char* field, const char* file = "/proc/self/status") {
+  std::ifstream in(file);
   const std::string want = std::string(field) + ":";
   std::string key;
   while (in >> key) {
@@ -38,6 +40,20 @@ bool reset_peak_resident() {
   out << "5";
   out.flush();
   return static_cast<bool>(out);
+}
+
+std::size_t machine_memory_bytes() {
+  return (status_kib("MemTotal", "/proc/meminfo") + status_kib("SwapTotal", "/proc/meminfo")) *
+         1024;
+}
+
+void check_fits_in_memory(double bytes, std::string_view what, std::string hint) {
+  const double have = static_cast<double>(machine_memory_bytes());
+  if (have > 0 && bytes > have)
+    throw Error(fmt::format("{} needs {:.3g} GB of memory, more than this machine's {:.1f} GB "
+                            "(memory and swap)",
+                            what, bytes / 1e9, have / 1e9),
+                std::move(hint));
 }
 
 }  // namespace tessera

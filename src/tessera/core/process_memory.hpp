@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 namespace tessera {
 
@@ -12,5 +14,13 @@ std::size_t resident_bytes();
 std::size_t peak_resident_bytes();
 // Starts a new peak from the current resident size (writes 5 to /proc/self/clear_refs).
 bool reset_peak_resident();
+
+// This machine's memory and swap (MemTotal + SwapTotal of /proc/meminfo), in bytes; 0 if unknown.
+std::size_t machine_memory_bytes();
+
+// Refuses, before anything is allocated, work that needs more memory than this machine has:
+// throws tessera::Error "<what> needs N GB of memory, more than this machine's M GB" with `hint`.
+// Does nothing when the machine's memory is unknown.
+void check_fits_in_memory(double bytes, std::string_view what, std::string hint);
 
 }  // namespace tessera

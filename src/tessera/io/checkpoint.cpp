@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/process_memory.hpp"
 #include "tessera/io/safetensors.hpp"
 
 namespace tessera::io {
@@ -48,7 +50,6 @@ std::int64_t step_of(const fs::path& dir) {
   if (r.ec != std::errc() || r.ptr != name.data() + name.size()) return -1;
   return v;
 }
-
 
 }  // namespace
 
@@ -115,31 +116,101 @@ model::ModelConfig parse_hf_config(std::string_view text, const std::string& sou
   return c;
 }
 
-LoadedModel load_model(const fs::path& path) {
-  fs::path file = path, config_path;
-  if (fs::is_directory(path)) {
-    file = path / "model.safetensors";
-    config_path = path / "config.json";
-  } else {
-    config_path = path.parent_path() / "config.json";
+void check_model_tensors(const SafetensorsFile& st, const model::ParamLayout& layout,
+                         const std::string& prefix,
+                         const std::function<bool(const model::ParamTensor&)>& skip) {
+  const auto& cfg = layout.config();
+  for (const auto& t : layout.tensors()) {
+    if (skip && skip(t)) continue;
+    const std::string name = prefix + t.name;
+    const auto shape = hf_shape(t, cfg);
+    const TensorInfo* ti = st.find(name);
+    if (!ti)
+      throw Error(fmt::format("{} lacks the tensor '{}' of the model in its config ({})",
+                              st.path().string(), name, model::describe(cfg)),
+                  "is this a GPT-2 model of the shape in config.json?");
+    if (ti->shape != shape)
+      throw Error(fmt::format("shape mismatch for '{}' in {}: file has {}, the model in its config "
+                              "({}) expects {}",
+                              name, st.path().string(), shape_str(ti->shape), model::describe(cfg),
+                              shape_str(shape)),
+                  "the config.json beside the file does not describe this model");
   }
-  if (!fs::exists(file))
+}
+
+void check_finite(const model::ParamLayout& layout, const float* params,
+                  const std::string& source) {
+  for (const auto& t : layout.tensors()) {
+    const float* p = params + t.offset;
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < t.numel; ++i)
+      if (!std::isfinite(p[i]) && bad++ == 0) first = i;
+    if (bad)
+      throw Error(fmt::format("{}: tensor '{}' holds {} non-finite value{} (NaN or infinity; the "
+                              "first at element {} of {})",
+                              source, t.name, bad, bad > 1 ? "s" : "", first, t.numel),
+                  "the weights are damaged, or training had diverged when they were saved; use "
+                  "an earlier checkpoint");
+  }
+}
+
+namespace {
+
+// Where the model of `path` is: its safetensors file and its config.json.
+std::pair<fs::path, fs::path> model_files(const fs::path& path) {
+  if (input_kind(path, "model") == InputKind::Directory)
+    return {path / "model.safetensors", path / "config.json"};
+  return {path, path.parent_path() / "config.json"};
+}
+
+// Anything in the file besides the model must be a known non-parameter (mask buffers, tied head).
+void check_no_unexpected_tensors(const SafetensorsFile& st, const model::ParamLayout& layout,
+                                 const std::string& prefix) {
+  for (const auto& t : st.tensors()) {
+    std::string n = t.name.substr(t.name.rfind(prefix, 0) == 0 ? prefix.size() : 0);
+    bool known = layout.find(n) != nullptr;
+    bool ignorable =
+        n == "lm_head.weight" || t.name == "lm_head.weight" ||
+        (n.size() > 10 && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")));
+    if (!known && !ignorable)
+      throw Error(fmt::format("{} holds an unexpected tensor '{}'", st.path().string(), t.name),
+                  "is this a GPT-2 model of the shape in config.json?");
+  }
+}
+
+}  // namespace
+
+model::ModelConfig model_config_of(const SafetensorsFile& st, const fs::path& config_path) {
+  if (input_kind(config_path, "model config") != InputKind::Missing)
+    return read_hf_config(config_path);
+  if (auto it = st.metadata().find("tessera_config"); it != st.metadata().end())
+    return parse_hf_config(it->second, st.path().string() + " (embedded config)");
+  throw Error(fmt::format("no config.json beside {}", st.path().string()),
+              "put the model's config.json in the same directory");
+}
+
+void check_model_fits(const model::ParamLayout& layout, const fs::path& file) {
+  check_fits_in_memory(
+      4.0 * static_cast<double>(layout.total()),
+      fmt::format("loading {} ({})", file.string(), model::describe(layout.config())),
+      "use a machine with more memory, or check the model's config.json");
+}
+
+LoadedModel load_model(const fs::path& path) {
+  const auto [file, config_path] = model_files(path);
+  if (input_kind(file, "model file") == InputKind::Missing)
     throw Error(fmt::format("model file not found: {}", file.string()),
                 "pass a checkpoint directory (with model.safetensors) or a .safetensors file");
   auto st = SafetensorsFile::open(file);
-  model::ModelConfig cfg;
-  if (fs::exists(config_path)) {
-    cfg = read_hf_config(config_path);
-  } else if (auto it = st.metadata().find("tessera_config"); it != st.metadata().end()) {
-    cfg = parse_hf_config(it->second, file.string() + " (embedded config)");
-  } else {
-    throw Error(fmt::format("no config.json beside {}", file.string()),
-                "put the model's config.json in the same directory");
-  }
+  const model::ModelConfig cfg = model_config_of(st, config_path);
   // Names may carry "transformer." (GPT2LMHeadModel.save_pretrained) or not (the official files).
   std::string prefix;
   if (!st.contains("wte.weight") && st.contains("transformer.wte.weight")) prefix = "transformer.";
   model::ParamLayout layout(cfg);
+  // The file must hold this model before its memory is allocated.
+  check_model_tensors(st, layout, prefix);
+  check_no_unexpected_tensors(st, layout, prefix);
+  check_model_fits(layout, file);
   LoadedModel out{cfg, Buffer<float>(layout.total())};
   std::vector<float> tmp;
   for (const auto& t : layout.tensors()) {
@@ -153,17 +224,7 @@ LoadedModel load_model(const fs::path& path) {
       st.read_f32(name, shape, out.params.data() + t.offset);
     }
   }
-  // Anything else in the file must be a known non-parameter (mask buffers, tied head).
-  for (const auto& t : st.tensors()) {
-    std::string n = t.name.substr(t.name.rfind(prefix, 0) == 0 ? prefix.size() : 0);
-    bool known = layout.find(n) != nullptr;
-    bool ignorable =
-        n == "lm_head.weight" || t.name == "lm_head.weight" ||
-        (n.size() > 10 && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")));
-    if (!known && !ignorable)
-      throw Error(fmt::format("{} holds an unexpected tensor '{}'", file.string(), t.name),
-                  "is this a GPT-2 model of the shape in config.json?");
-  }
+  check_finite(layout, out.params.data(), file.string());
   return out;
 }
 
@@ -271,9 +332,12 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   if (!fs::is_directory(root, ec)) return std::nullopt;
   std::int64_t best = -1;
   fs::path best_path;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const auto& e = *it;
     auto s = step_of(e.path());
-    if (s > best && fs::exists(e.path() / k_done)) {
+    std::error_code done_ec;
+    if (s > best && fs::exists(e.path() / k_done, done_ec)) {
       best = s;
       best_path = e.path();
     }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@
 #include "tessera/model/layout.hpp"
 
 namespace tessera::io {
+
+class SafetensorsFile;
 
 // ---- model files ----
 void save_model(const std::filesystem::path& dir, const model::ParamLayout& layout,
@@ -37,6 +40,20 @@ struct LoadedModel {
 LoadedModel load_model(const std::filesystem::path& path);
 model::ModelConfig read_hf_config(const std::filesystem::path& config_json);
 model::ModelConfig parse_hf_config(std::string_view json_text, const std::string& source);
+
+// The pieces of load_model, for loaders of other formats (quantized files):
+// the model's config: `config_path` if it exists, else the config embedded in the file.
+model::ModelConfig model_config_of(const SafetensorsFile& st,
+                                   const std::filesystem::path& config_path);
+// Checks, before anything is allocated, that `st` holds every tensor of `layout` (named with
+// `prefix`) in the shape Hugging Face files give it; `skip` leaves tensors out of the check.
+void check_model_tensors(const SafetensorsFile& st, const model::ParamLayout& layout,
+                         const std::string& prefix,
+                         const std::function<bool(const model::ParamTensor&)>& skip = {});
+// Refuses a model whose fp32 weights would not fit in this machine's memory.
+void check_model_fits(const model::ParamLayout& layout, const std::filesystem::path& file);
+// Refuses weights that hold NaN or infinity, naming the tensor; `source` names the file.
+void check_finite(const model::ParamLayout& layout, const float* params, const std::string& source);
 
 // ---- training checkpoints ----
 struct TrainState {

@@ -22,7 +22,19 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-// Throws tessera::Error when the shape is not a valid GPT (positive sizes, heads divide width).
+// Shapes beyond these are refused before anything is built or allocated: the largest models of
+// the literature have about 10^12 parameters and a few hundred layers.
+inline constexpr int k_max_layers = 16384;
+inline constexpr int k_max_vocab = 1 << 30;
+inline constexpr double k_max_params = 1e14;
+
+// Parameters of the model (with the padded vocabulary rows), computed in floating point so that
+// any shape, however absurd, gives a number instead of an overflow.
+double param_count(const ModelConfig& cfg);
+
+// Throws tessera::Error when the shape is not a valid GPT (positive sizes, heads divide width),
+// or is absurdly large (more than k_max_layers layers or k_max_params parameters; the message
+// says how much memory it would need).
 void validate(const ModelConfig& cfg);
 
 // FLOPs of one forward pass over T tokens of context, per token (matmuls + attention scores and

@@ -19,6 +19,22 @@ void validate(const ModelConfig& c) {
     throw Error(
         fmt::format("model.n_embd ({}) is not divisible by model.n_head ({})", c.n_embd, c.n_head),
         "choose n_head so that each head has n_embd / n_head channels");
+  const double n = param_count(c);
+  if (c.n_layer > k_max_layers || c.vocab_size > k_max_vocab || n > k_max_params)
+    throw Error(fmt::format("a model of n_layer={}, n_embd={}, vocab_size={}, block_size={} has "
+                            "{:.3g} parameters and would need {:.3g} GB of memory for its fp32 "
+                            "weights alone",
+                            c.n_layer, c.n_embd, c.vocab_size, c.block_size, n, 4 * n / 1e9),
+                fmt::format("tessera takes models of at most {} layers, a vocabulary of at most {} "
+                            "and {:.0e} parameters; check the model's shape",
+                            k_max_layers, k_max_vocab, k_max_params));
+}
+
+double param_count(const ModelConfig& c) {
+  const double C = c.n_embd, L = c.n_layer, P = c.block_size;
+  const double Vp = std::ceil(c.vocab_size / double(k_vocab_pad_multiple)) * k_vocab_pad_multiple;
+  // wte, wpe; per layer 2 LayerNorms, qkv, attention projection, MLP; the final LayerNorm
+  return Vp * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;
 }
 
 double forward_flops_per_token(const ModelConfig& c, int T) {

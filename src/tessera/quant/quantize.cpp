@@ -447,16 +447,18 @@ AnyModel load_any_model(const fs::path& path) {
   json meta = json::parse(it->second, nullptr, false);
   if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != k_format)
     throw bad("unknown quantization metadata");
-  fs::path cfg_path = (fs::is_directory(path) ? path : path.parent_path()) / "config.json";
-  model::ModelConfig cfg;
-  if (fs::exists(cfg_path)) {
-    cfg = io::read_hf_config(cfg_path);
-  } else if (auto c = st.metadata().find("tessera_config"); c != st.metadata().end()) {
-    cfg = io::parse_hf_config(c->second, file.string() + " (embedded config)");
-  } else {
-    throw bad("no config.json beside it");
-  }
+  const model::ModelConfig cfg =
+      io::model_config_of(st, (is_dir ? path : path.parent_path()) / "config.json");
   model::ParamLayout layout(cfg);
+  // The file must hold this model before its memory is allocated.
+  try {
+    io::check_model_tensors(st, layout, "", is_linear_weight);
+  } catch (const Error& e) {
+    throw Error(
+        fmt::format("quantized model {} does not match its config: {}", file.string(), e.what()),
+        "use the config.json written with the quantized file");
+  }
+  io::check_model_fits(layout, file);
   out.model.config = cfg;
   out.model.params = Buffer<float>(layout.total());
   float* P = out.model.params.data();
@@ -465,13 +467,7 @@ AnyModel load_any_model(const fs::path& path) {
     if (is_linear_weight(t)) continue;
     std::vector<std::int64_t> shape = t.shape;
     if (t.name == "wte.weight") shape = {cfg.vocab_size, cfg.n_embd};
-    try {
-      st.read_f32(t.name, shape, P + t.offset);
-    } catch (const Error& e) {
-      throw Error(fmt::format("quantized model {} does not match its config ({}): {}",
-                              file.string(), model::describe(cfg), e.what()),
-                  "use the config.json written with the quantized file");
-    }
+    st.read_f32(t.name, shape, P + t.offset);
   }
   if (!meta.contains("linears") || !meta["linears"].is_array()) throw bad("no 'linears' list");
   std::map<std::string, json> specs;
@@ -524,6 +520,7 @@ AnyModel load_any_model(const fs::path& path) {
       }
       q.dequantize(P + lin_weight_offset(layout, l, kind));
     }
+  io::check_finite(layout, P, file.string() + " (dequantized)");
   out.quantized = true;
   out.act.mode = parse_act_mode(meta.value("activations", "none"));
   out.act.threshold = meta.value("int8_threshold", 6.0f);
