@@ -69,6 +69,11 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       docs.emplace_back(ids.begin(), ids.end());
     }
     auto r = eval::score_documents(layout, loaded.params.data(), docs, a->suffix);
+    if (r.rows.empty())
+      throw Error(fmt::format("none of the {} documents has more than --suffix {} tokens: "
+                              "nothing to score",
+                              docs.size(), a->suffix),
+                  "lower --suffix, or give longer documents");
 
     fs::path out(a->out);
     std::error_code ec;

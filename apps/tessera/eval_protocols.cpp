@@ -20,6 +20,7 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   std::string proto = a.protocol.empty() ? "both" : a.protocol;
   if (proto != "windows" && proto != "llama" && proto != "both")
     throw Error(fmt::format("unknown --protocol '{}'", proto), "use windows, llama or both");
+  if (proto != "windows") eval::check_scores_something(eval::PplProtocol::SecondHalf, ctx);
   model::ParamLayout layout(cfg);
   auto toks =
       quant::read_tokens(a.data, a.windows > 0 ? static_cast<std::size_t>(a.windows) * ctx : 0, V);

@@ -29,6 +29,9 @@ EvalResult evaluate_shard(const model::ParamLayout& layout, const float* params,
     if (bar) bar->update(i + 1, fmt::format("loss {:.4f}", sum / (i + 1)));
   }
   if (bar) bar->finish();
+  if (!std::isfinite(sum))
+    throw Error(fmt::format("the loss on {} is not a finite number", shard.string()),
+                "the model's weights hold NaN or infinity, or its predictions overflow");
   EvalResult r;
   r.batches = batches;
   r.tokens = per_batch * batches;

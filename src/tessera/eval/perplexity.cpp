@@ -33,7 +33,23 @@ void log_softmax(const float* z, int V, std::vector<double>& lp, std::vector<dou
     p[i] *= inv;
   }
 }
+
+// A model whose predictions are not numbers: its score would be meaningless.
+Error non_finite(int window, std::int64_t position) {
+  return Error(fmt::format("the model's predictions are not finite numbers (window {}, position "
+                           "{})",
+                           window, position),
+               "the weights or the quantization scales hold NaN or infinity");
+}
 }  // namespace
+
+void check_scores_something(PplProtocol protocol, int ctx) {
+  const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
+  if (ctx >= 2 && first >= ctx - 1)
+    throw Error(fmt::format("{} scores no token: each chunk's second half holds no prediction",
+                            protocol_label(protocol, ctx)),
+                "use a context (--seq) of 3 tokens or more");
+}
 
 PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens, int ctx, int V,
                      int Vp, PplProtocol protocol, int max_windows, int batch, std::int32_t bos) {
@@ -48,6 +64,8 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
   if (fit < 1)
     throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
                             tokens.size(), ctx));
+  check_scores_something(protocol, ctx);
+  const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
   int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
   PplResult r;
   r.protocol = protocol;
@@ -58,7 +76,6 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
   std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * ctx);
   double sum = 0, sumsq = 0;
   std::int64_t count = 0;
-  const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
   for (int w0 = 0; w0 < nw; w0 += batch) {
     int B = std::min(batch, nw - w0);
     for (int b = 0; b < B; ++b) {
@@ -77,6 +94,7 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
         double s = 0;
         for (int i = 0; i < V; ++i) s += std::exp(z[i] - m);
         double nll = m + std::log(s) - z[target];
+        if (!std::isfinite(nll)) throw non_finite(w0 + b, t);
         sum += nll;
         sumsq += nll * nll;
         ++count;
@@ -99,6 +117,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
   if (fit < 1)
     throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
                             tokens.size(), ctx));
+  if (ctx < 2) throw Error(fmt::format("context {} is too short for a KL divergence", ctx));
   int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
   std::vector<float> la(static_cast<std::size_t>(batch) * ctx * Vp), lb(la.size());
   std::vector<double> kls;
@@ -126,6 +145,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
         nll_sq += nll * nll;
         ++scored;
       }
+      if (!std::isfinite(kl)) throw non_finite(w0 + static_cast<int>(i / ctx), i % ctx);
       kls.push_back(std::max(0.0, kl));
       agree += aa == ab;
     }

@@ -30,6 +30,9 @@ struct PplResult {
   std::string label;
 };
 
+// Refuses a protocol and context that would score no token (llama.cpp chunks of 2 tokens).
+void check_scores_something(PplProtocol protocol, int ctx);
+
 // tokens: the evaluation stream. max_windows = 0: as many as fit. batch: windows per call.
 // bos: the token that replaces each chunk's first token for SecondHalf; -1 = V - 1 (GPT-2's
 // <|endoftext|> = 50256, which GPT-2 uses as BOS).
