@@ -23,6 +23,11 @@ class TokenLoader {
   TokenLoader(const std::filesystem::path& shard, std::size_t B, std::size_t T,
               std::size_t dp_rank = 0, std::size_t dp_size = 1);
 
+  // Refuses a shard holding a token id >= vocab_size among its first `tokens` tokens (0 = the
+  // whole shard), naming the id and its position: the shard is read once, in chunks, so that a
+  // bad id stops the run before any work instead of when a batch reaches it.
+  void check_ids(std::uint32_t vocab_size, std::size_t tokens = 0) const;
+
   // Fills this rank's next micro-batch and advances the position.
   void next(std::int32_t* inputs,    // (B, T)
             std::int32_t* targets);  // (B, T)

@@ -17,6 +17,10 @@ EvalResult evaluate_shard(const model::ParamLayout& layout, const float* params,
   std::int64_t per_batch = static_cast<std::int64_t>(B) * T;
   int fit = static_cast<int>((loader.num_tokens() - 1) / per_batch);
   if (batches <= 0 || batches > fit) batches = fit;
+  // Every id scored must be in the vocabulary (read as int32, ids >= 2^31 would turn negative and
+  // pass as ignored targets).
+  loader.check_ids(static_cast<std::uint32_t>(layout.config().vocab_size),
+                   static_cast<std::size_t>(per_batch) * batches + 1);
   std::vector<std::int32_t> x(per_batch), y(per_batch);
   model::ForwardOptions opt;
   opt.gemm = gemm;

@@ -186,7 +186,7 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
   store.release(cfg.n_layer + 1);
   if (!targets) return 0.0f;
   for (std::int64_t i = 0; i < N; ++i)
-    if (targets[i] >= V)
+    if (targets[i] >= V || targets[i] < -1)  // -1: an ignored target (Goldfish)
       throw Error(
           fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
           "the data was tokenized with a larger vocabulary than model.vocab_size");

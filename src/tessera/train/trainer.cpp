@@ -222,6 +222,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                                  static_cast<std::size_t>(ndp));
   std::unique_ptr<data::TokenLoader> val_loader;
   if (tc.val_every > 0) val_loader = std::make_unique<data::TokenLoader>(cfg.data.val, B, T);
+  // Every token id of both shards, before any step: a bad id in the validation shard must not
+  // end the run at its first validation.
+  train_loader.check_ids(static_cast<std::uint32_t>(mcfg.vocab_size));
+  if (val_loader) val_loader->check_ids(static_cast<std::uint32_t>(mcfg.vocab_size));
 
   fs::path out = tc.out_dir;
   fs::path ckpt_dir = out / "checkpoints";
