@@ -1,6 +1,7 @@
 #include "tessera/train/run_config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -223,6 +224,22 @@ std::vector<std::string> keys_of(std::string_view section) {
   return out;
 }
 
+bool is_integer_kind(Kind k) {
+  return k == Kind::Int || k == Kind::UInt;
+}
+
+// An integer literal as TOML writes one (sign, digits, underscores between digits), whatever
+// its size.
+bool looks_like_integer(std::string_view s) {
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) s.remove_prefix(1);
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s.front())) ||
+      !std::isdigit(static_cast<unsigned char>(s.back())))
+    return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
 std::string type_phrase(Kind k) {
   switch (k) {
     case Kind::Int:
@@ -322,6 +339,8 @@ class Reader {
     const toml::node* value = nullptr;
     if (parsed && parsed->size() == 1) value = parsed->get("v");
     toml::table holder;
+    if (!value && is_integer_kind(field->kind) && looks_like_integer(trim(raw)))
+      out_of_range(*field, trim(raw), origin);  // more digits than a TOML integer holds
     if (!value || (field->kind == Kind::String && !value->is_string())) {
       // Not a TOML value, or a string key given something else: take the text literally.
       holder.insert_or_assign("v", trim(raw));
@@ -400,13 +419,22 @@ class Reader {
                 hint);
   }
 
+  [[noreturn]] static void out_of_range(const FieldInfo& f, std::string_view value,
+                                        const std::string& where) {
+    const bool is_int = f.kind == Kind::Int;
+    throw Error(
+        fmt::format("value {} for '{}.{}' in {} is out of range for the field", value, f.section,
+                    f.key, where),
+        fmt::format("{}.{} takes an integer between {} and {}", f.section, f.key,
+                    is_int ? std::int64_t{INT_MIN} : 0,
+                    is_int ? std::int64_t{INT_MAX} : std::numeric_limits<std::int64_t>::max()));
+  }
+
   void read(const FieldInfo& f, const toml::node& n, int& out) const {
     if (!n.is_integer()) wrong_type(f, n);
     std::int64_t v = n.as_integer()->get();
     if (v < INT_MIN || v > INT_MAX)
-      throw Error(fmt::format("value {} for '{}.{}' in {} is out of range", v, f.section, f.key,
-                              where(f.section + "." + f.key, n.source())),
-                  fmt::format("use a value between {} and {}", INT_MIN, INT_MAX));
+      out_of_range(f, std::to_string(v), where(f.section + "." + f.key, n.source()));
     out = static_cast<int>(v);
   }
   void read(const FieldInfo& f, const toml::node& n, std::uint64_t& out) const {
@@ -632,6 +660,9 @@ void validate(const RunConfig& c) {
   if (t.out_dir.empty())
     v.fail("train.out_dir", t.out_dir, "must not be empty", "e.g. out_dir = \"runs/demo\"");
   v.at_least("train.threads", t.threads, 0, "0 uses all cores");
+  if (t.threads > k_max_threads)
+    v.fail("train.threads", t.threads, fmt::format("must be at most {}", k_max_threads),
+           "0 uses all cores; more threads than cores only slows training down");
 
   const auto& s = c.sample;
   v.at_least("sample.every", s.every, 0, "0 samples only at the end");

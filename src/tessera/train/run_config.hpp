@@ -36,6 +36,8 @@ struct DataSection {
   bool operator==(const DataSection&) const = default;
 };
 
+inline constexpr int k_max_threads = 1024;  // train.threads
+
 struct TrainSection {
   int batch_size = 8;         // sequences per micro-batch
   int seq_len = 128;          // tokens per sequence, <= model.block_size
@@ -58,7 +60,7 @@ struct TrainSection {
   int keep_checkpoints = 2;  // newest checkpoints kept; 0 = keep all
   int log_every = 1;
   std::string out_dir = "runs/demo";
-  int threads = 0;  // CPU threads; 0 = all cores
+  int threads = 0;  // CPU threads; 0 = all cores, at most k_max_threads
   bool operator==(const TrainSection&) const = default;
 };
 
