@@ -346,21 +346,66 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   return best_path;
 }
 
-TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
-                           std::size_t begin, std::size_t end, float* adam_m, float* adam_v) {
-  if (!fs::exists(dir / k_done))
-    throw Error(fmt::format("checkpoint {} is incomplete (no DONE marker)", dir.string()),
-                "it was interrupted while saving; resume from an earlier one");
-  auto loaded = load_model(dir);
-  if (!(loaded.config == layout.config()))
-    throw Error(
-        fmt::format("checkpoint {} holds a model {} but the run configures {}", dir.string(),
-                    model::describe(loaded.config), model::describe(layout.config())),
-        "resume with the configuration the checkpoint was trained with");
-  std::copy(loaded.params.data(), loaded.params.data() + layout.total(), params);
+namespace {
+
+// The tensors of the index must be the layout's, in order, each with the slices of it that the
+// shards hold (as commit_checkpoint writes them).
+void check_index_tensors(const json& idx, const model::ParamLayout& layout,
+                         const std::vector<std::pair<std::size_t, std::size_t>>& shards,
+                         const std::function<Error(const std::string&)>& bad) {
+  if (!idx.contains("tensors") || !idx["tensors"].is_array()) throw bad("no tensor list");
+  const auto& ts = idx["tensors"];
+  if (ts.size() != layout.tensors().size())
+    throw bad(
+        fmt::format("it lists {} tensors, the model has {}", ts.size(), layout.tensors().size()));
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const auto& t = layout.tensors()[i];
+    json slices = json::array();
+    for (std::size_t r = 0; r < shards.size(); ++r) {
+      std::size_t lo = std::max(t.offset, shards[r].first),
+                  hi = std::min(t.offset + t.numel, shards[r].second);
+      if (hi > lo) slices.push_back({r, lo - t.offset, hi - t.offset});
+    }
+    const json want{{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"slices", slices}};
+    if (!ts[i].is_object()) throw bad(fmt::format("tensor entry {} is not an object", i));
+    for (const char* key : {"name", "shape", "offset", "slices"})
+      if (!ts[i].contains(key) || ts[i][key] != want[key])
+        throw bad(fmt::format("tensor '{}' has {} {}, the model's layout has {}", t.name, key,
+                              ts[i].contains(key) ? ts[i][key].dump() : "(missing)",
+                              want[key].dump()));
+  }
+}
+
+// The shards of the index: they must tile [0, param_count) in order.
+std::vector<std::pair<std::size_t, std::size_t>> index_shards(
+    const json& idx, std::size_t total, const std::function<Error(const std::string&)>& bad) {
+  if (!idx.contains("shards") || !idx["shards"].is_array() || idx["shards"].empty())
+    throw bad("no shards");
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t expect = 0;
+  for (const auto& sh : idx["shards"]) {
+    if (!sh.is_object() || !sh.contains("file") || !sh["file"].is_string() ||
+        !sh.contains("begin") || !sh.contains("end") || !sh["begin"].is_number_unsigned() ||
+        !sh["end"].is_number_unsigned())
+      throw bad("malformed shard entry");
+    std::size_t sb = sh["begin"].get<std::size_t>(), se = sh["end"].get<std::size_t>();
+    std::string file = sh["file"].get<std::string>();
+    if (sb != expect || se < sb || se > total || file.find('/') != std::string::npos ||
+        file != shard_file(static_cast<int>(out.size()), static_cast<int>(idx["shards"].size())))
+      throw bad(fmt::format("shard {} covers [{}, {})", file, sb, se));
+    expect = se;
+    out.emplace_back(sb, se);
+  }
+  if (expect != total) throw bad("the shards do not cover every parameter");
+  return out;
+}
+
+// The training state of checkpoint `dir`: the index and the moments of [begin, end).
+TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std::size_t begin,
+                      std::size_t end, float* adam_m, float* adam_v) {
   const fs::path index_path = dir / "state_index.json";
   json idx = json::parse(read_file(index_path, "checkpoint state index"), nullptr, false);
-  auto bad = [&](const std::string& what) {
+  std::function<Error(const std::string&)> bad = [&](const std::string& what) {
     return Error(fmt::format("checkpoint state index {} is damaged: {}", index_path.string(), what),
                  "resume from another checkpoint");
   };
@@ -383,31 +428,28 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
   if (num("param_count") != layout.total())
     throw bad(fmt::format("it holds {} parameters, the model has {}", num("param_count"),
                           layout.total()));
-  if (!idx.contains("shards") || !idx["shards"].is_array() || idx["shards"].empty())
-    throw bad("no shards");
-  // Shards must tile [0, param_count) in order; read the overlap of each with [begin, end).
-  std::size_t expect = 0;
-  for (const auto& sh : idx["shards"]) {
-    if (!sh.is_object() || !sh.contains("file") || !sh["file"].is_string() ||
-        !sh.contains("begin") || !sh.contains("end") || !sh["begin"].is_number_unsigned() ||
-        !sh["end"].is_number_unsigned())
-      throw bad("malformed shard entry");
-    std::size_t sb = sh["begin"].get<std::size_t>(), se = sh["end"].get<std::size_t>();
-    std::string file = sh["file"].get<std::string>();
-    if (sb != expect || se < sb || se > layout.total() || file.find('/') != std::string::npos)
-      throw bad(fmt::format("shard {} covers [{}, {})", file, sb, se));
-    expect = se;
+  const auto shards = index_shards(idx, layout.total(), bad);
+  check_index_tensors(idx, layout, shards, bad);
+  // Read the overlap of each shard with [begin, end).
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const auto [sb, se] = shards[r];
     std::size_t lo = std::max(sb, begin), hi = std::min(se, end);
     if (hi <= lo) continue;
+    const std::string file = shard_file(static_cast<int>(r), static_cast<int>(shards.size()));
     auto st = SafetensorsFile::open(dir / file);
     std::int64_t shape[1] = {static_cast<std::int64_t>(se - sb)};
     std::vector<float> tmp(se - sb);
-    st.read_f32("adamw.m", shape, tmp.data());
-    std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), adam_m + (lo - begin));
-    st.read_f32("adamw.v", shape, tmp.data());
-    std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), adam_v + (lo - begin));
+    for (auto [name, out] : {std::pair{"adamw.m", adam_m}, std::pair{"adamw.v", adam_v}}) {
+      st.read_f32(name, shape, tmp.data());
+      if (!std::all_of(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb),
+                       [](float x) { return std::isfinite(x); }))
+        throw Error(fmt::format("{}: the AdamW state '{}' holds non-finite values (NaN or "
+                                "infinity)",
+                                (dir / file).string(), name),
+                    "the state is damaged, or training had diverged when it was saved");
+      std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), out + (lo - begin));
+    }
   }
-  if (expect != layout.total()) throw bad("the shards do not cover every parameter");
   TrainState s;
   s.step = static_cast<std::int64_t>(num("step"));
   s.rng_state = num("rng_state");
@@ -417,6 +459,60 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
     for (auto& [k, v] : idx["extra"].items())
       if (v.is_string()) s.extra[k] = v.get<std::string>();
   return s;
+}
+
+// What to do about a checkpoint that cannot be loaded: resume from the previous complete one.
+std::string damaged_checkpoint_hint(const fs::path& dir) {
+  const auto step = step_of(dir);
+  std::optional<fs::path> previous;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir.parent_path(), ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const auto s = step_of(it->path());
+    std::error_code done_ec;
+    if (s >= 0 && s < step && fs::exists(it->path() / k_done, done_ec) &&
+        (!previous || s > step_of(*previous)))
+      previous = it->path();
+  }
+  const std::string aside = fmt::format("mv {} {}.damaged", dir.string(), dir.string());
+  if (previous)
+    return fmt::format(
+        "move it aside ({}) and run again with --resume to continue from the "
+        "previous complete checkpoint, {}",
+        aside, previous->string());
+  return fmt::format(
+      "there is no earlier complete checkpoint: move it aside ({}) and start "
+      "afresh with --overwrite, or restore it from a copy",
+      aside);
+}
+
+// Runs one part of loading checkpoint `dir`; its errors say how to go on from another one.
+template <typename F>
+auto load_part(const fs::path& dir, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint {} cannot be loaded: {}", dir.string(), e.what()),
+                damaged_checkpoint_hint(dir));
+  }
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
+                           std::size_t begin, std::size_t end, float* adam_m, float* adam_v) {
+  std::error_code ec;
+  if (!fs::exists(dir / k_done, ec))
+    throw Error(fmt::format("checkpoint {} is incomplete (no DONE marker)", dir.string()),
+                "it was interrupted while saving; resume from an earlier one");
+  auto loaded = load_part(dir, [&] { return load_model(dir); });
+  if (!(loaded.config == layout.config()))
+    throw Error(
+        fmt::format("checkpoint {} holds a model {} but the run configures {}", dir.string(),
+                    model::describe(loaded.config), model::describe(layout.config())),
+        "resume with the configuration the checkpoint was trained with");
+  std::copy(loaded.params.data(), loaded.params.data() + layout.total(), params);
+  return load_part(dir, [&] { return load_state(dir, layout, begin, end, adam_m, adam_v); });
 }
 
 TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
