@@ -1,4 +1,5 @@
 // tessera outliers --model M [--calib corpus] [--nsamples 32] [--out DIR]
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -34,7 +35,8 @@ void add_outliers_command(CLI::App& root) {
   cmd->add_option("--top", a->top, "outlier channels to print")->capture_default_str();
   cmd->callback([a] {
     namespace fs = std::filesystem;
-    if (a->ratio <= 1) throw Error("--ratio must be > 1");
+    if (!std::isfinite(a->ratio) || a->ratio <= 1)
+      throw Error(fmt::format("--ratio must be a number > 1, got {}", a->ratio));
     auto path = resolve_model_path(a->model);
     auto any = quant::load_any_model(path);
     const auto& cfg = any.model.config;

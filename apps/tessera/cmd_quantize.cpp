@@ -1,6 +1,7 @@
 // tessera quantize --model M --out DIR --method gptq|awq|rtn|smoothquant|w8a8|llm-int8
 //                  [--bits 4] [--group 128] [--sym] [--calib corpus] [--nsamples 128] ...
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -73,18 +74,22 @@ void add_quantize_command(CLI::App& root) {
     qo.wq = quant::WeightQuant{a->bits, a->group, a->sym};
     quant::validate(qo.wq, {});
     qo.damp = a->damp;
-    if (a->damp <= 0 || a->damp >= 1)
-      throw Error("--damp must be in (0, 1)", "the default is 0.01");
+    if (!(a->damp > 0 && a->damp < 1))  // NaN fails too
+      throw Error(fmt::format("--damp must be in (0, 1), got {}", a->damp), "the default is 0.01");
     if (a->blocksize < 1) throw Error("--blocksize must be >= 1");
     qo.blocksize = a->blocksize;
     qo.act_order = a->act_order;
     qo.static_groups = a->static_groups;
     qo.awq_clip = !a->no_clip;
-    if (a->alpha < 0 || a->alpha > 1) throw Error("--alpha must be in [0, 1]");
+    if (!(a->alpha >= 0 && a->alpha <= 1))  // NaN fails too
+      throw Error(fmt::format("--alpha must be in [0, 1], got {}", a->alpha));
     qo.alpha = static_cast<float>(a->alpha);
     qo.act = quant::parse_act_mode(a->act);
     if (qo.act != quant::ActMode::PerToken && qo.act != quant::ActMode::PerTensor)
       throw Error("--act must be per-token or per-tensor");
+    if (!std::isfinite(a->threshold) || a->threshold <= 0)
+      throw Error(fmt::format("--threshold must be a positive number, got {}", a->threshold),
+                  "LLM.int8() uses 6.0");
     qo.int8_threshold = static_cast<float>(a->threshold);
     qo.verbose = a->verbose;
     auto path = resolve_model_path(a->model);

@@ -57,7 +57,9 @@ void add_sample_command(CLI::App& root) {
   cmd->add_flag("--stop-at-eot", a->stop_at_eot, "stop at <|endoftext|>");
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
-    if (a->temperature < 0) throw Error("--temperature must be >= 0", "0 means greedy");
+    if (!std::isfinite(a->temperature) || a->temperature < 0)
+      throw Error(fmt::format("--temperature must be a number >= 0, got {}", a->temperature),
+                  "0 means greedy; 1 samples from the model's distribution");
     if (a->top_k < 0) throw Error("--top-k must be >= 0");
     auto path = resolve_model_path(a->model);
     auto any = quant::load_any_model(path);  // tessera quantized files too (dequantized)

@@ -1,6 +1,7 @@
 // tessera study calibration --model M --methods gptq,awq,smoothquant,w8a8
 //                           --calib corpus,random,punct,lang2 --seeds 3 [--out DIR]
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -84,6 +85,8 @@ void add_study_command(CLI::App& root) {
     so.eval_shard = a->data;
     so.base.wq = quant::WeightQuant{a->bits, a->group, false};
     quant::validate(so.base.wq, {});
+    if (!(a->alpha >= 0 && a->alpha <= 1))  // NaN fails too
+      throw Error(fmt::format("--alpha must be in [0, 1], got {}", a->alpha));
     so.base.alpha = static_cast<float>(a->alpha);
     so.sources.train_shard = a->calib_data;
     so.sources.tokenizer = a->tokenizer;
