@@ -14,6 +14,7 @@ void add_train_command(CLI::App& root) {
     std::string config = "configs/runs/demo.toml";
     std::vector<std::string> sets;
     bool resume = false;
+    bool overwrite = false;
     bool quiet = false;
     bool print_config = false;
     std::int64_t stop_at = 0;
@@ -26,6 +27,9 @@ void add_train_command(CLI::App& root) {
       ->take_all();
   cmd->add_flag("--resume", args->resume,
                 "continue from the newest complete checkpoint in train.out_dir");
+  cmd->add_flag("--overwrite", args->overwrite,
+                "start afresh in a train.out_dir that holds a run, deleting its checkpoints and "
+                "metrics (without it, such a run is refused)");
   cmd->add_flag("--quiet,-q", args->quiet, "no per-step lines (metrics.jsonl is still written)");
   cmd->add_option(
       "--stop-at", args->stop_at,
@@ -55,8 +59,14 @@ void add_train_command(CLI::App& root) {
     }
     train::TrainOptions opt;
     opt.resume = args->resume;
+    opt.overwrite = args->overwrite;
     opt.quiet = args->quiet;
     if (args->stop_at < 0) throw Error("--stop-at must be >= 0");
+    if (args->resume && args->overwrite)
+      fail_once(
+          Error("--resume and --overwrite cannot be used together",
+                "--resume continues the run in train.out_dir; --overwrite deletes it and starts "
+                "afresh"));
     opt.stop_at = args->stop_at;
     bool started = false;
     try {

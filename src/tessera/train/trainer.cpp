@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -30,7 +29,9 @@
 #include "tessera/perf/cluster.hpp"
 #include "tessera/perf/model.hpp"
 #include "tessera/train/goldfish.hpp"
+#include "tessera/train/metrics_log.hpp"
 #include "tessera/train/peak.hpp"
+#include "tessera/train/run_dir.hpp"
 
 namespace tessera::train {
 
@@ -79,6 +80,88 @@ void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const 
   log_info("---- sample at step {} ----\n{}{}\n----", step, cfg.sample.prompt, tok.decode(ids));
 }
 
+// Takes the lock of train.out_dir (the lead rank; every rank gets its answer), and refuses a fresh
+// run into a directory holding a run unless told to overwrite it.
+RunDirLock claim_out_dir(const fs::path& out, const TrainOptions& opt, comm::Runtime& rt) {
+  TESSERA_CHECK(!(opt.resume && opt.overwrite), "resume and overwrite both set");
+  enum : int { Ok, Busy, HoldsRun, Failed };
+  int state = Ok;
+  RunDirLock lock;
+  std::optional<Error> failure;
+  if (rt.world_rank() == 0) {
+    try {
+      lock = RunDirLock(out);
+      state = !lock.locked()                                    ? Busy
+              : !opt.resume && !opt.overwrite && holds_run(out) ? HoldsRun
+                                                                : Ok;
+    } catch (const Error& e) {
+      failure = e;
+      state = Failed;
+    }
+  }
+  rt.world().broadcast_bytes(&state, sizeof state, 0);
+  if (failure) throw *failure;
+  if (state == Failed) throw Error(fmt::format("cannot use train.out_dir {}", out.string()));
+  if (state == Busy)
+    throw Error(fmt::format("train.out_dir {} is in use by another tessera run", out.string()),
+                "wait for that run to end, or choose another train.out_dir");
+  if (state == HoldsRun) {
+    const auto latest = io::latest_checkpoint(out / "checkpoints");
+    throw Error(fmt::format("train.out_dir {} holds an earlier run{}", out.string(),
+                            latest ? fmt::format(" (newest checkpoint {})", latest->string())
+                                   : std::string()),
+                "continue it with --resume, start afresh with --overwrite (deletes its "
+                "checkpoints and metrics), or choose another train.out_dir");
+  }
+  return lock;
+}
+
+// Refuses, before allocating, a run whose weights, gradients and AdamW moments cannot fit in
+// this machine: 16 bytes per parameter of this rank's slice (the model split over `model_split`
+// tensor and pipeline ranks), less what ZeRO shards over dp, plus one whole-model copy (4 bytes
+// per parameter) at initialization and resumption.
+void check_training_fits(const model::ParamLayout& layout, int model_split, int zero, int dp) {
+  const double whole = static_cast<double>(layout.total()), p = whole / model_split, n = dp;
+  const double state = zero == 0   ? 16 * p
+                       : zero == 1 ? 8 * p + 8 * p / n
+                       : zero == 2 ? 4 * p + 12 * p / n
+                                   : 16 * p / n;
+  check_fits_in_memory(
+      state + 4 * whole,
+      fmt::format("training {} (ZeRO stage {}, dp {})", model::describe(layout.config()), zero, dp),
+      "use a smaller model, or shard it over more ranks (parallel.dp with "
+      "parallel.zero, or tensor parallelism)");
+}
+
+// Resuming with another data shard, seed, sequence length or number of sequences per step
+// changes the data order: allowed (e.g. a larger batch later in training), but said.
+void warn_if_resumed_differently(const RunConfig& cfg, const io::TrainState& st,
+                                 std::int64_t sequences_per_step) {
+  auto it = st.extra.find("config");
+  if (it == st.extra.end()) return;
+  RunConfig old;
+  try {
+    old = parse_run_config(it->second, "the checkpoint's config");
+  } catch (const Error&) {
+    return;  // written by another version: nothing to compare with
+  }
+  const auto& ot = old.train;
+  const std::int64_t old_seqs = ot.global_batch > 0
+                                    ? ot.global_batch
+                                    : std::int64_t{ot.batch_size} * ot.grad_accum * old.parallel.dp;
+  auto warn = [](const char* what, const auto& now, const auto& then) {
+    if (now != then)
+      log_info(
+          "warning: resuming with {} = {}, but the checkpoint was trained with {}: the data "
+          "order differs from an uninterrupted run",
+          what, now, then);
+  };
+  warn("data.train", cfg.data.train, old.data.train);
+  warn("train.seed", cfg.train.seed, ot.seed);
+  warn("train.seq_len", cfg.train.seq_len, ot.seq_len);
+  warn("sequences per step", sequences_per_step, old_seqs);
+}
+
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm::Runtime& rt,
@@ -86,6 +169,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   const auto& tc = cfg.train;
   if (tc.threads > 0) omp_set_num_threads(tc.threads);
   const model::ModelConfig mcfg = model_config(cfg);
+  check_out_dir(tc.out_dir);  // a file there is bad input, found before any output
   const model::ParamLayout layout(mcfg);
   const int T = tc.seq_len, accum = tc.grad_accum;
   // train.global_batch (if set) fixes the sequences per step over all dp ranks; the micro-batch
@@ -177,6 +261,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     log_info(
         "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
         "1); ignored");
+  // The run directory: checked and locked before any output; the old run's files (with
+  // --overwrite) are deleted only once everything else has been checked.
+  const fs::path out = tc.out_dir;
+  const RunDirLock out_lock = claim_out_dir(out, opt_in, rt);
+  check_training_fits(layout, tensor_size * pc.pp, pc.zero, pc.dp);
   std::unique_ptr<parallel::TensorModel> tm;
   std::unique_ptr<parallel::PipelineExecutor> pipe;
   comm::Communicator* pipe_comm = nullptr;  // {pp}
@@ -227,8 +316,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   train_loader.check_ids(static_cast<std::uint32_t>(mcfg.vocab_size));
   if (val_loader) val_loader->check_ids(static_cast<std::uint32_t>(mcfg.vocab_size));
 
-  fs::path out = tc.out_dir;
-  fs::path ckpt_dir = out / "checkpoints";
+  const fs::path ckpt_dir = out / "checkpoints";
 
   model::Activations acts;
   Rng rng(tc.seed);
@@ -257,6 +345,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                                  m_s.data(), v_s.data());
         dp.load_shard(p_full.data(), m_s.data(), v_s.data());
       }
+      if (lead) warn_if_resumed_differently(cfg, st, B * accum * ndp);
       step = st.step;
       tokens_seen = st.tokens_seen;
       rng.set_state(st.rng_state);
@@ -282,19 +371,18 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // resolved config, then start.
   if (!opt.quiet) log_info("resolved config ({}):\n{}", cfg.source, to_toml(cfg));
   if (lead) {
-    fs::create_directories(out);
+    if (opt.overwrite) clear_run(out);
     write_file_atomic(out / "config.toml", to_toml(cfg));
   }
   if (started) *started = true;
   if (step >= tc.steps)
     log_info("nothing to do: the run is already at step {} of {}", step, tc.steps);
 
-  // Metrics: append when resuming, start afresh otherwise.
-  std::ofstream metrics;
-  if (lead) {
-    metrics.open(out / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw Error(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
-  }
+  // Metrics: resuming continues the file from the checkpoint's step, else it starts afresh.
+  MetricsLog metrics;
+  if (lead)
+    metrics = resumed ? MetricsLog::resume(out / "metrics.jsonl", step)
+                      : MetricsLog::start(out / "metrics.jsonl");
   {
     // What this rank holds, measured from the buffers themselves (ZeRO accounting, fp32).
     const auto mem = dp.memory();
@@ -310,7 +398,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                        {"optimizer_bytes", mem.optimizer_bytes},
                        {"transient_bytes", mem.transient_bytes},
                        {"activations_bytes", acts.buf.bytes()}};
-    if (lead) metrics << row.dump() << "\n";
+    if (lead) metrics.write(row);
     if (!opt.quiet)
       log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",
                mem.params_bytes / 1e6, mem.grads_bytes / 1e6, mem.optimizer_bytes / 1e6);
@@ -337,14 +425,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
         predicted_step_s = est.step_s;
         predicted_peak_bytes = est.peak_bytes;
         if (lead)
-          metrics << nlohmann::json{{"event", "prediction"},
-                                    {"cluster", cluster.string()},
-                                    {"step_ms", est.step_s * 1e3},
-                                    {"peak_bytes", est.peak_bytes},
-                                    {"fits", est.fits},
-                                    {"reason", est.reason}}
-                         .dump()
-                  << "\n";
+          metrics.write({{"event", "prediction"},
+                         {"cluster", cluster.string()},
+                         {"step_ms", est.step_s * 1e3},
+                         {"peak_bytes", est.peak_bytes},
+                         {"fits", est.fits},
+                         {"reason", est.reason}});
         if (!opt.quiet)
           log_info("performance model ({}): {:.1f} ms per step, {:.1f} MB per rank{}",
                    cluster.string(), est.step_s * 1e3, est.peak_bytes / 1e6,
@@ -431,9 +517,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
     drop_full();
     summary.val.emplace_back(at, static_cast<float>(r.loss));
     if (!lead) return;
-    metrics << nlohmann::json{{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}}.dump()
-            << "\n";
-    metrics.flush();
+    metrics.write({{"step", at}, {"val_loss", r.loss}, {"val_tokens", r.tokens}});
     log_info("step {:>6} | val loss {:.4f} (ppl {:.1f}, {} tokens)", at, r.loss, r.perplexity,
              r.tokens);
   };
@@ -602,7 +686,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       row["grad_overlap"] = dp.overlap_fraction();  // fraction reduced before backward ended
       row["comm_wait_ms"] = comm_wait * 1e3;        // exposed gradient-reduction time
     }
-    if (lead) metrics << row.dump() << "\n";
+    if (lead) metrics.write(row);
     if (lead && opt.on_step) opt.on_step(step, tc.steps, loss);
     if (!opt.quiet &&
         (step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1)) {
@@ -652,16 +736,14 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
                           {"peak_activation_bytes", info[4 * s2 + 1]},
                           {"slot_bytes", info[4 * s2 + 2]},
                           {"bubble_last_step", info[4 * s2 + 3]}});
-      metrics << nlohmann::json{{"event", "pipeline"},
-                                {"schedule", pc.schedule},
-                                {"pp", pc.pp},
-                                {"v", pc.virtual_stages},
-                                {"m", accum},
-                                {"layers", layer_split},
-                                {"ideal_bubble", parallel::ideal_bubble_fraction(sched)},
-                                {"stages", stages}}
-                     .dump()
-              << "\n";
+      metrics.write({{"event", "pipeline"},
+                     {"schedule", pc.schedule},
+                     {"pp", pc.pp},
+                     {"v", pc.virtual_stages},
+                     {"m", accum},
+                     {"layers", layer_split},
+                     {"ideal_bubble", parallel::ideal_bubble_fraction(sched)},
+                     {"stages", stages}});
     }
   }
   if (step > start_step || !resumed) checkpoint_now();
@@ -682,7 +764,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
       row["predicted_step_ms"] = predicted_step_s * 1e3;
       row["predicted_peak_bytes"] = predicted_peak_bytes;
     }
-    metrics << row.dump() << "\n";
+    metrics.write(row);
   }
   if (!tok_rates.empty()) {
     std::nth_element(tok_rates.begin(), tok_rates.begin() + tok_rates.size() / 2, tok_rates.end());

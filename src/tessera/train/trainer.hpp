@@ -18,7 +18,10 @@ namespace train {
 
 struct TrainOptions {
   bool resume = false;  // continue from the newest complete checkpoint in out_dir, if any
-  bool quiet = false;   // no per-step terminal lines (metrics are still written)
+  // A fresh run into an out_dir that holds a run deletes that run's files (checkpoints, metrics,
+  // config) first; without it such a run is refused.
+  bool overwrite = false;
+  bool quiet = false;  // no per-step terminal lines (metrics are still written)
   // Stop (with a checkpoint) once this optimizer step is reached, although the schedule runs to
   // train.steps: for preemptible jobs and time limits. 0 = run to train.steps.
   std::int64_t stop_at = 0;
