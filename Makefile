@@ -6,7 +6,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: all setup configure build test demo bench clean format
+.PHONY: all setup configure build test test-sanitize fuzz demo bench clean format
 
 all: build
 
@@ -22,6 +22,15 @@ build: configure
 test: setup
 	@$(MAKE) --no-print-directory build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# ASan + UBSan build (clang) of the library, the binary and the tests; runs the unit and CLI tests.
+test-sanitize: setup
+	@scripts/test-sanitize
+
+# Every libFuzzer target for FUZZ_SECONDS each (in the sanitizer build).
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	@scripts/fuzz $(FUZZ_SECONDS)
 
 demo: setup
 	@$(MAKE) --no-print-directory build

@@ -1,5 +1,4 @@
 // tessera tokenize: text -> GPT-2 token ids, or ids -> text with --decode.
-#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -50,26 +49,7 @@ void run_tokenize(const TokenizeOptions& o) {
     write_stdout(out);
     return;
   }
-  std::vector<std::uint32_t> ids;
-  const char* p = input.data();
-  const char* end = p + input.size();
-  auto is_space = [](char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']';
-  };
-  while (p < end) {
-    while (p < end && is_space(*p)) ++p;
-    if (p == end) break;
-    const char* q = p;
-    while (q < end && !is_space(*q)) ++q;
-    std::uint32_t id = 0;
-    auto [ptr, ec] = std::from_chars(p, q, id);
-    if (ec != std::errc() || ptr != q)
-      throw Error(fmt::format("not a token id: '{}'", std::string(p, q)),
-                  "--decode reads token ids separated by spaces, newlines or commas");
-    ids.push_back(id);
-    p = q;
-  }
-  write_stdout(tok.decode(ids));
+  write_stdout(tok.decode(data::parse_token_ids(input)));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <functional>
 #include <mutex>
 #include <queue>
@@ -438,6 +440,30 @@ std::size_t Tokenizer::vocab_size() const {
 }
 std::size_t Tokenizer::merges_count() const {
   return impl_->merges.size();
+}
+
+std::vector<std::uint32_t> parse_token_ids(std::string_view text) {
+  auto is_separator = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']';
+  };
+  std::vector<std::uint32_t> ids;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (p < end) {
+    while (p < end && is_separator(*p)) ++p;
+    if (p == end) break;
+    const char* q = p;
+    while (q < end && !is_separator(*q)) ++q;
+    std::uint32_t id = 0;
+    auto [ptr, ec] = std::from_chars(p, q, id);
+    if (ec != std::errc() || ptr != q)
+      throw Error(
+          fmt::format("not a token id: '{}'", std::string(p, std::min<std::size_t>(q - p, 40))),
+          "--decode reads token ids separated by spaces, newlines or commas");
+    ids.push_back(id);
+    p = q;
+  }
+  return ids;
 }
 
 }  // namespace tessera::data

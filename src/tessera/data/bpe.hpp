@@ -57,4 +57,9 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Token ids written as text (what `tessera tokenize --decode` reads): decimal ids separated by
+// spaces, tabs, newlines, commas or brackets ("[464, 3290]" or "464 3290"). Throws
+// tessera::Error naming the first word that is not an id (or is past 2^32 - 1).
+std::vector<std::uint32_t> parse_token_ids(std::string_view text);
+
 }  // namespace tessera::data
