@@ -304,6 +304,14 @@ TEST(RunConfig, EveryValidationFailure) {
       {"train.log_every=0", "invalid train.log_every = 0"},
       {"train.out_dir=\"\"", "invalid train.out_dir = \"\""},
       {"train.threads=-1", "invalid train.threads = -1 in t.toml: must be >= 0"},
+      {"train.threads=100000", "invalid train.threads = 100000 in t.toml: must be at most 1024"},
+      {"train.steps=3000000000",
+       "value 3000000000 for 'train.steps' in --set "
+       "train.steps=3000000000 is out of range for the field"},
+      {"train.steps=99999999999999999999",
+       "value 99999999999999999999 for 'train.steps' in "
+       "--set train.steps=99999999999999999999 is out of "
+       "range for the field"},
       {"sample.every=-1", "invalid sample.every = -1"},
       {"sample.tokens=-1", "invalid sample.tokens = -1"},
       {"sample.temperature=-0.5", "invalid sample.temperature = -0.5 in t.toml: must be >= 0"},
