@@ -36,6 +36,20 @@ void expect_clean_error(const cli::Result& r, const std::string& needle) {
   EXPECT_EQ(r.out, "") << "nothing may be printed before the error";
 }
 
+// A 3 GB address-space limit for the binary, except in AddressSanitizer builds: ASan reserves
+// terabytes of shadow address space at start-up, which such a limit forbids.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr const char* k_address_space_limit = "";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr const char* k_address_space_limit = "";
+#else
+constexpr const char* k_address_space_limit = "ulimit -v 3000000;";
+#endif
+#else
+constexpr const char* k_address_space_limit = "ulimit -v 3000000;";
+#endif
+
 // Runs `tessera <args>` under a shell prefix (a ulimit, a timeout) from the source dir.
 cli::Result run_with(const std::string& prefix, const std::string& args) {
   auto dir = cli::scratch("bad_run_with");
@@ -141,7 +155,7 @@ TEST_F(BadInput, AbsurdModelShapeIsRefusedBeforeAllocating) {
   cfg["n_embd"] = 1024;
   cfg["n_head"] = 16;
   std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump();
-  expect_clean_error(run_with("ulimit -v 3000000;", "eval --model " + d.string()),
+  expect_clean_error(run_with(k_address_space_limit, "eval --model " + d.string()),
                      "shape mismatch");
   // Training a model this machine cannot hold: refused with the memory it needs.
   auto out = cli::scratch("bad_shape_train");
