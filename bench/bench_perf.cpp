@@ -1,4 +1,4 @@
-// Timings of the planner and the simulator at scale (issue 6 acceptance: `tessera plan` for the
+// Timings of the planner and the simulator at scale (targets: `tessera plan` for the
 // 1T model on 3072 devices in <= 5 s; `tessera simulate` of a 3072-device 1F1B step in <= 10 s).
 // Run from the repository root (reads configs/). Prints medians of --reps runs.
 #include <algorithm>

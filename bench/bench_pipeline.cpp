@@ -1,4 +1,4 @@
-// The pipeline bubble (issue 5): each schedule (GPipe, 1F1B, interleaved 1F1B with v = 2) run
+// The pipeline bubble: each schedule (GPipe, 1F1B, interleaved 1F1B with v = 2) run
 // by the executor (parallel/pipeline.hpp) on pp = world-size stages, for several micro-batch
 // counts m, against the ideal bubble fractions (pp-1)/m and (pp-1)/(v*m).
 //

@@ -1,4 +1,4 @@
-// The overlaps of 3D tensor parallelism (issue 4, item 3), measured under mpirun on every rank:
+// The overlaps of 3D tensor parallelism, measured under mpirun on every rank:
 // one forward + backward of the tensor-parallel model (parallel/tensor_model.hpp) per repetition,
 // for each 3-axis grid of the world size given (--grids), with every overlap on, each one off
 // alone, and all off. Reported per grid: the median time per pass and its ratio to all-on; the

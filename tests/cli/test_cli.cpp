@@ -270,7 +270,7 @@ TEST_F(Cli, KillDuringCheckpointSaveLeavesLoadableNewest) {
   ASSERT_TRUE(tessera::io::latest_checkpoint(out / "checkpoints").has_value());
 }
 
-// Closing the loop (issue 6): with a cluster file, a training run logs the performance model's
+// Closing the loop: with a cluster file, a training run logs the performance model's
 // predicted step time and memory next to the measured ones.
 TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
   auto out = cli::scratch("predicted");

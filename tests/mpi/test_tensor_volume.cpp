@@ -1,9 +1,9 @@
-// Communication volume of the tensor-parallel model (issue 4): the bytes each rank sends per
+// Communication volume of the tensor-parallel model: the bytes each rank sends per
 // axis in one forward + backward, read from the collective log (comm::CollectiveLog::volumes()),
 // equal the analytic volumes, for every factorization tx*ty*tz of the world size, with and
 // without recomputation, and in sequence-parallel mode on 1D grids.
 //
-// The analytic model is AxoNN's (../shared/reference/papers.md §2.3-2.4), per rank, ring
+// The analytic model is AxoNN's (docs/performance-model.md), per rank, ring
 // algorithms: an all-reduce of m bytes over p ranks sends 2(p-1)/p m, an all-gather or
 // reduce-scatter of a full buffer of m bytes sends (p-1)/p m. With Gc = tx, Gr = ty, Gd = tz,
 // n = B*T/Gd local rows, H = n_embd, R = 1 with recomputation (else 0), per block of 4 linears

@@ -1,4 +1,4 @@
-// Pipeline parallelism end to end (issue 5): `mpirun -n N tessera train` with pp stages, every
+// Pipeline parallelism end to end: `mpirun -n N tessera train` with pp stages, every
 // schedule (GPipe, 1F1B, interleaved with v = 2), composed with data and tensor parallelism,
 // against the single-process run of the same global batch: per-step losses within 1e-5 relative
 // for 20 steps, final weights as in the tensor-parallel tests. The pipeline only reorders the

@@ -1,4 +1,4 @@
-// Tensor parallelism end to end (issue 4): `mpirun -n N tessera train` on tensor grids, with data
+// Tensor parallelism end to end: `mpirun -n N tessera train` on tensor grids, with data
 // parallelism and ZeRO on top, with and without recomputation, against the single-process run of
 // the same global batch: per-step losses within 1e-5 relative for 20 steps, and the final weights
 // within the bounds of test_parallel.cpp (99.9th percentile |diff| <= 1e-5, max <= 2e-2).

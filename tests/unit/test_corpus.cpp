@@ -1,5 +1,5 @@
-// Corpus converters. The Brown expectations are the output of the reference Python converter
-// (shared/reference dependencies.md section 8) on the same input.
+// Corpus converters. The Brown expectations are the output of an independent Python detokenizer
+// (tag after the last '/' dropped, `` and '' -> ", punctuation attached) on the same input.
 #include <gtest/gtest.h>
 
 #include <algorithm>

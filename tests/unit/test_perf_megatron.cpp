@@ -1,5 +1,5 @@
 // Acceptance of the performance model against the Megatron-LM weak-scaling table on Selene
-// (../shared/reference/papers.md §4.1): one cluster file (configs/clusters/selene.toml), one set
+// (Narayanan et al., SC'21, Table 1): one cluster file (configs/clusters/selene.toml), one set
 // of constants, no per-row fitting. Each row's grid (TP = ty, the 1D Megatron split), global
 // batch and full recomputation are given; the micro-batch and schedule are the model's best for
 // that grid. The 2021 software: fp16, no FlashAttention, no overlap of tensor-parallel or

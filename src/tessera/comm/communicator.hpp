@@ -110,7 +110,7 @@ class CollectiveLog {
   // `bytes` is the buffer size of each call (the full buffer for all-gather / reduce-scatter),
   // `wire_bytes` what a ring algorithm sends per rank for it: 2(p-1)/p x bytes for an
   // all-reduce, (p-1)/p x bytes for all-gather / reduce-scatter, bytes for send / recv, 0 in a
-  // group of one (the volume model of ../shared/reference/papers.md §2.4).
+  // group of one (the ring volume model of docs/performance-model.md).
   // `seconds`: summed start-to-completion time of the calls (for a blocking call, the time the
   // caller waited; for a non-blocking one, the time it was in flight).
   struct Volume {

@@ -10,10 +10,10 @@ namespace tessera::data {
 
 // The Brown corpus in NLTK form (files ca01..cr09 of `word/tag` tokens, one sentence per line,
 // paragraphs separated by blank lines): one document per file, files sorted by name, paragraphs
-// joined with "\n". The conversion is the reference converter's (shared/reference dependencies.md
-// section 8): the tag after the LAST '/' is dropped, `` and '' become ", and punctuation is
-// attached to its neighbour. Throws tessera::Error with a hint when the directory is missing or
-// holds no Brown files.
+// joined with "\n". The conversion is a plain detokenizer (tests/unit/test_corpus.cpp pins it): the
+// tag after the LAST '/' is dropped, `` and '' become ", and punctuation is attached to its
+// neighbour. Throws tessera::Error with a hint when the directory is missing or holds no Brown
+// files.
 std::vector<std::string> brown_documents(const std::filesystem::path& dir);
 
 // One Brown file's content -> its document (paragraphs joined with "\n", no trailing newline).

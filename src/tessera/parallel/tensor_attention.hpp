@@ -1,5 +1,5 @@
-// The attention sub-block of a GPT block on the tx x ty x tz tensor grid (AxoNN,
-// ../shared/reference/papers.md §2.2-2.3):
+// The attention sub-block of a GPT block on the tx x ty x tz tensor grid (AxoNN's 3D parallel
+// matrix multiplication, Singh et al., "A 4D Hybrid Algorithm to Scale Parallel Training"):
 //
 //   y = x + proj(attention(qkv(ln1(x))))        x, y (B, T, C) global
 //

@@ -1,4 +1,4 @@
-// The 3D-parallel linear layer of AxoNN (../shared/reference/papers.md §2.2-2.3): a linear
+// The 3D-parallel linear layer of AxoNN (Singh et al., "A 4D Hybrid Algorithm"): a linear
 // y = x @ W^T + b of the global model, W (out, in), computed on a tx x ty x tz tensor grid.
 //
 // Sharding convention (normal layer; `transposed` swaps the roles of tx and ty):
@@ -92,7 +92,7 @@ struct TensorLinearWorkspace {
   std::vector<float> dw_shard;  // (shard_numel) reduced gradient shard before accumulation
   std::vector<float> db;        // (out_local) partial bias gradient before the tz sum
 
-  // ---- overlap (issue 4 item 3); the defaults give the blocking behaviour ----
+  // ---- overlap of communication with computation; the defaults give the blocking behaviour ----
   // Weight gathers: w_block holds (or is receiving, gather_req pending) the block of the layer
   // with key cached_key (-1: nothing reusable). A caller passing keys >= 0 (e.g. the layer index)
   // gets a prefetched block without waiting, and no second gather when the block is still there.

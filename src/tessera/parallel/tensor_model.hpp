@@ -1,4 +1,4 @@
-// The GPT-2 model on the tx x ty x tz tensor grid (AxoNN's 3D tensor parallelism, issue 4),
+// The GPT-2 model on the tx x ty x tz tensor grid (AxoNN's 3D tensor parallelism),
 // assembled from the parallel layers:
 //
 //   embedding (vocab_parallel.hpp) -> L x [attention sub-block (tensor_attention.hpp),

@@ -1,8 +1,7 @@
 // Vocabulary-parallel token embedding and tied LM head with a parallel cross-entropy, on the
-// tx x ty x tz tensor grid of tensor_linear.hpp (../shared/reference/papers.md §2.2-2.3, issue 4
-// item 2). The full logits (N, Vp) are never formed on any rank: each rank holds the logits of its
-// rows and its vocabulary range only, and the softmax statistics are combined with all-reduces of
-// N numbers.
+// tx x ty x tz tensor grid of tensor_linear.hpp. The full logits (N, Vp) are never formed on any
+// rank: each rank holds the logits of its rows and its vocabulary range only, and the softmax
+// statistics are combined with all-reduces of N numbers.
 //
 // Layout convention (global: wte (Vp, C) tied token embedding / LM head weight, wpe (maxT, C),
 // activations (N, C) with N = B*T rows, logits (N, Vp); V <= Vp the real vocabulary):

@@ -78,7 +78,7 @@ std::string to_toml(const ClusterSpec& c);
 // axis fastest; nodes hold consecutive ranks). A group inside a node uses the smallest link
 // level covering its extent; a group that spans nodes shares each node's injection bandwidth
 // with the other groups interleaved with it (min(stride, devices_per_node) of them), the AxoNN
-// bandwidth model of ../shared/reference/papers.md §2.4.
+// bandwidth model (docs/performance-model.md).
 struct GroupLink {
   double bw = 0;                // bytes/s per device, one direction
   double latency = 0;           // s per ring step

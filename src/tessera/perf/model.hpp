@@ -1,6 +1,6 @@
 // The analytical performance model: per training step of a GPT on a dp x pp x tx x ty x tz grid,
 // its FLOPs, memory per device, communication per axis, pipeline bubble and step time.
-// Derivation and validation (the Megatron-LM table of ../shared/reference/papers.md §4.1) are in
+// Derivation and validation (against the Megatron-LM paper's table of measured runs) are in
 // docs/performance-model.md.
 //
 // The tensor axes follow parallel/tensor_linear.hpp (AxoNN's 3D algorithm): a normal linear splits

@@ -1,8 +1,9 @@
-// The memorization experiment (issue 8, ../shared/reference/papers.md §2.9): train the same small
-// model on D documents for E epochs twice, with the standard loss and with the Goldfish loss,
-// then measure how much of each document's last `suffix` tokens each model reproduces greedily
-// from the rest of the document (exact match, token match, ROUGE-L; eval/memorization.hpp), and
-// the validation loss on held-out text (the price of the Goldfish loss).
+// The memorization experiment of the Goldfish loss paper (Hans et al., NeurIPS 2024): train the
+// same small model on D documents for E epochs twice, with the standard loss and with the Goldfish
+// loss, then measure how much of each document's last `suffix` tokens each model reproduces
+// greedily from the rest of the document (exact match, token match, ROUGE-L;
+// eval/memorization.hpp), and the validation loss on held-out text (the price of the Goldfish
+// loss).
 //
 // Documents: D consecutive windows of doc_tokens tokens of a token shard, starting at an offset
 // drawn from the seed. They are written as the training shard (each window is exactly one

@@ -1,4 +1,4 @@
-// Goldfish loss masking (Hans et al., NeurIPS 2024; ../shared/reference/papers.md §2.9): a
+// Goldfish loss masking (Hans et al., "Be like a Goldfish, Don't Memorize!", NeurIPS 2024): a
 // pseudo-random subset of the targets is left out of the loss (set to -1, which the
 // cross-entropy kernels ignore: loss 0, zero gradient). Dropped tokens stay in the input.
 //
