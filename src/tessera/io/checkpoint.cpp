@@ -401,7 +401,9 @@ std::vector<std::pair<std::size_t, std::size_t>> index_shards(
 }
 
 // The training state of checkpoint `dir`: the index and the moments of [begin, end).
-TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std::size_t begin,
+// read_state does the work; load_state turns a JSON value of the wrong type anywhere in the
+// index (e.g. a duplicated key whose last value is an array) into the damaged-index error.
+TrainState read_state(const fs::path& dir, const model::ParamLayout& layout, std::size_t begin,
                       std::size_t end, float* adam_m, float* adam_v) {
   const fs::path index_path = dir / "state_index.json";
   json idx = json::parse(read_file(index_path, "checkpoint state index"), nullptr, false);
@@ -409,7 +411,8 @@ TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std
     return Error(fmt::format("checkpoint state index {} is damaged: {}", index_path.string(), what),
                  "resume from another checkpoint");
   };
-  if (idx.is_discarded() || !idx.is_object() || idx.value("format", "") != "tessera-train-state-1")
+  if (idx.is_discarded() || !idx.is_object() || !idx.contains("format") ||
+      idx["format"] != "tessera-train-state-1")
     throw bad("not a tessera state index");
   auto num = [&](const char* key) -> std::uint64_t {
     if (!idx.contains(key)) throw bad(fmt::format("'{}' missing", key));
@@ -459,6 +462,17 @@ TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std
     for (auto& [k, v] : idx["extra"].items())
       if (v.is_string()) s.extra[k] = v.get<std::string>();
   return s;
+}
+
+TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std::size_t begin,
+                      std::size_t end, float* adam_m, float* adam_v) {
+  try {
+    return read_state(dir, layout, begin, end, adam_m, adam_v);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("checkpoint state index {} is damaged: {}",
+                            (dir / "state_index.json").string(), e.what()),
+                "resume from another checkpoint");
+  }
 }
 
 // What to do about a checkpoint that cannot be loaded: resume from the previous complete one.

@@ -425,7 +425,24 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
   write_file_atomic(dir / "config.json", hf_config_json(qm.config).dump(2) + "\n");
 }
 
+namespace {
+AnyModel read_any_model(const fs::path& path);
+}  // namespace
+
+// read_any_model does the work; a JSON value of the wrong type anywhere in the quantization
+// metadata becomes one clear error instead of an escaping library exception.
 AnyModel load_any_model(const fs::path& path) {
+  try {
+    return read_any_model(path);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("quantized model {}: damaged quantization metadata: {}", path.string(),
+                            e.what()),
+                "re-create it with 'tessera quantize'");
+  }
+}
+
+namespace {
+AnyModel read_any_model(const fs::path& path) {
   const bool is_dir = input_kind(path, "model") == InputKind::Directory;
   fs::path file = is_dir ? path / "model.safetensors" : path;
   AnyModel out;
@@ -445,7 +462,8 @@ AnyModel load_any_model(const fs::path& path) {
                  "re-create it with 'tessera quantize'");
   };
   json meta = json::parse(it->second, nullptr, false);
-  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != k_format)
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
+      meta["format"] != k_format)
     throw bad("unknown quantization metadata");
   const model::ModelConfig cfg =
       io::model_config_of(st, (is_dir ? path : path.parent_path()) / "config.json");
@@ -533,6 +551,7 @@ AnyModel load_any_model(const fs::path& path) {
       if (v.is_string()) out.info[k] = v.get<std::string>();
   return out;
 }
+}  // namespace
 
 std::vector<double> relative_reconstruction_error(const model::ParamLayout& layout,
                                                   const float* params, const QuantizedModel& qm,
