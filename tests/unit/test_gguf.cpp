@@ -381,6 +381,20 @@ TEST(GgufFixture, WriterOutputMatchesCommittedFile) {
   }
 }
 
+// The fuzz target's seeds (gguf-py files, one per type) are valid and dequantize.
+TEST(GgufFixture, FuzzSeedsLoad) {
+  int n = 0;
+  for (const auto& e :
+       fs::directory_iterator(fs::path(TESSERA_FIXTURES) / ".." / "fuzz" / "corpus" / "gguf")) {
+    SCOPED_TRACE(e.path().string());
+    const GgufFile f = GgufFile::open(e.path());
+    for (const auto& t : f.tensors())
+      EXPECT_EQ(f.dequantize(t).size(), static_cast<std::size_t>(t.numel()));
+    ++n;
+  }
+  EXPECT_GE(n, 12);
+}
+
 // ---- round trips ----
 
 TEST(GgufRoundTrip, CopyingAParsedFileGivesTheSameBytes) {

@@ -1,0 +1,41 @@
+// Fuzz target: a GGUF model file (pretrained models imported from llama.cpp's format).
+// Any bytes: header, metadata, tensor infos and the data layout are validated; then every
+// metadata value is decoded and every tensor read back and, when modest, dequantized.
+#include "fuzz_util.hpp"
+#include "tessera/io/gguf.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace tessera::io;
+  return tessera::fuzz::judge([&] {
+    const auto file =
+        GgufFile::from_bytes(std::string(reinterpret_cast<const char*>(data), size), "fuzz.gguf");
+    tessera::fuzz::require(file.data_offset() % file.alignment() == 0, "aligned data section");
+    for (const auto& m : file.metadata()) {
+      tessera::fuzz::require(file.find_metadata(m.key) == &m.value, "every key found");
+      const GgufValue& v = m.value;
+      try {  // the getter of the value's own type succeeds; others throw tessera::Error
+        if (v.type() == GgufType::String) (void)v.as_string("fuzz");
+        if (v.type() == GgufType::Array && v.element_type() == GgufType::String)
+          (void)v.as_strings("fuzz");
+        (void)v.as_int("fuzz");
+      } catch (const tessera::Error&) {
+      }
+      try {
+        (void)v.as_ints("fuzz");
+      } catch (const tessera::Error&) {
+      }
+      try {
+        (void)v.as_floats("fuzz");
+      } catch (const tessera::Error&) {
+      }
+    }
+    for (const auto& t : file.tensors()) {
+      tessera::fuzz::require(file.find(t.name) == &t, "every tensor found by name");
+      tessera::fuzz::require(t.offset % file.alignment() == 0 &&
+                                 file.data_offset() + t.offset + t.nbytes <= file.file_size(),
+                             "tensor inside the file and aligned");
+      (void)file.bytes(t);
+      if (can_dequantize(t.type) && t.numel() <= (1 << 20)) (void)file.dequantize(t);
+    }
+  });
+}
