@@ -511,6 +511,11 @@ TEST(GgufBadInput, TensorDataPastTheEnd) {
                  "tensor 't' (32 bytes at data offset 0) runs past the end of the file");
   expect_invalid(one_tensor(0, {8}, 64, std::string(64, '\0')), "at data offset 64) runs past");
   expect_invalid(one_tensor(0, {8}, ~0ull & ~31ull, std::string(64, '\0')), "runs past the end");
+  // A zero-sized tensor still needs the data section to start inside the file.
+  expect_invalid(
+      header(1, 0).str("e").u32(1).u64(0).u32(0).u64(0).b,
+      "truncated: the data section starts at byte 64 (after the padding to the alignment "
+      "32), but the file ends at byte 57");
   expect_invalid(one_tensor(0, {8}, 16, std::string(64, '\0')),
                  "starts at data offset 16, not a multiple of the alignment 32");
 }

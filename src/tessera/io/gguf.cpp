@@ -582,7 +582,13 @@ class GgufFile::Parser {
   void place_tensors() {
     const std::uint64_t a = f_.alignment_;
     f_.data_offset_ = (c_.offset() + a - 1) / a * a;
-    const std::uint64_t data_size = size_ > f_.data_offset_ ? size_ - f_.data_offset_ : 0;
+    if (f_.tensors_.empty()) return;  // no data: the file may end before the padding
+    if (f_.data_offset_ > size_)
+      c_.fail(
+          fmt::format("truncated: the data section starts at byte {} (after the padding to the "
+                      "alignment {}), but the file ends at byte {}",
+                      f_.data_offset_, a, size_));
+    const std::uint64_t data_size = size_ - f_.data_offset_;
     std::vector<const GgufTensorInfo*> by_offset;
     for (const auto& t : f_.tensors_) {
       if (t.offset % a != 0)
