@@ -126,6 +126,14 @@ class Cursor {
                       item, at, n, remaining()));
     return {reinterpret_cast<const char*>(take(n, item)), static_cast<std::size_t>(n)};
   }
+  // Skips a string if it lies inside the data; false (and nothing read) if it does not.
+  bool try_skip_string() {
+    if (remaining() < 8) return false;
+    const auto n = load<std::uint64_t>(data_.data() + pos_);
+    if (n > remaining() - 8) return false;
+    pos_ += 8 + n;
+    return true;
+  }
   [[noreturn]] void fail(const std::string& detail) const {
     throw Error(fmt::format("{}: {}", what_, detail), std::string(k_corrupt_hint));
   }
@@ -159,8 +167,8 @@ void skip_values(Cursor& c, GgufType type, std::uint64_t count, std::string_view
                     "{} bytes remain in the file",
                     item, c.offset(), count, gguf_type_name(type), min_bytes, c.remaining()));
   if (type == GgufType::String) {
-    for (std::uint64_t i = 0; i < count; ++i)
-      (void)c.string(fmt::format("string {} of {}", i, item));
+    for (std::uint64_t i = 0; i < count; ++i)  // (tokenizer vocabularies: 10^5 strings)
+      if (!c.try_skip_string()) (void)c.string(fmt::format("string {} of {}", i, item));
     return;
   }
   const std::uint64_t at = c.offset();
