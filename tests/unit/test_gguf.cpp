@@ -12,6 +12,7 @@
 #include <bit>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -787,4 +788,39 @@ TEST(GgufFuzz, MutationsLoadOrThrowError) {
   }
   EXPECT_GT(loaded, 100);
   EXPECT_GT(rejected, 1000);
+}
+
+// ---- the real pretrained models (scripts/setup --with-models); skipped when absent ----
+namespace {
+void expect_reads_and_dequantizes(const std::filesystem::path& file, const std::string& arch,
+                                  std::int64_t min_tensors) {
+  if (!std::filesystem::exists(file))
+    GTEST_SKIP() << file << " is absent: run scripts/setup --with-models";
+  const auto g = tessera::io::GgufFile::open(file);
+  EXPECT_EQ(g.get_string("general.architecture"), arch);
+  EXPECT_GE(static_cast<std::int64_t>(g.tensors().size()), min_tensors);
+  // The tokenizer a later loader will read: a vocabulary as long as the embedding's rows.
+  const auto vocab = g.get_strings("tokenizer.ggml.tokens");
+  const auto& emb = g.tensor("token_embd.weight");
+  EXPECT_EQ(static_cast<std::int64_t>(vocab.size()), emb.dims.at(1));
+  std::size_t values = 0;
+  for (const auto& t : g.tensors()) {
+    const auto x = g.dequantize(t);
+    ASSERT_EQ(static_cast<std::int64_t>(x.size()), t.numel()) << t.name;
+    for (float v : x) ASSERT_TRUE(std::isfinite(v)) << t.name;
+    values += x.size();
+  }
+  std::printf("%s: %zu tensors, %zu values, all finite\n", file.filename().c_str(),
+              g.tensors().size(), values);
+}
+}  // namespace
+
+TEST(GgufRealModels, SmolLM2ReadsAndEveryTensorDequantizes) {
+  expect_reads_and_dequantizes(TESSERA_DATA "/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+                               "llama", 30 * 9 + 2);
+}
+
+TEST(GgufRealModels, Gemma3ReadsAndEveryTensorDequantizes) {
+  expect_reads_and_dequantizes(TESSERA_DATA "/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf",
+                               "gemma3", 18 * 9 + 2);
 }
