@@ -1,0 +1,273 @@
+#include "tessera/train/metrics_rows.hpp"
+
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "tessera/comm/runtime.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/parallel/pipeline.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/perf/model.hpp"
+
+namespace tessera::train {
+
+std::string fmt_duration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+}
+
+void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& model, int world_rank,
+                   std::size_t activation_bytes, bool lead, bool quiet) {
+  const auto& pc = cfg.parallel;
+  const auto mem = model.dp->memory();
+  nlohmann::json row{{"event", "memory"},
+                     {"rank", world_rank},
+                     {"param_count", model.layout->total()},
+                     {"dp", model.dp->dp_size()},
+                     {"tensor", {pc.tx, pc.ty, pc.tz}},
+                     {"local_param_count", model.local_layout().total()},
+                     {"zero", model.dp->stage()},
+                     {"params_bytes", mem.params_bytes},
+                     {"grads_bytes", mem.grads_bytes},
+                     {"optimizer_bytes", mem.optimizer_bytes},
+                     {"transient_bytes", mem.transient_bytes},
+                     {"activations_bytes", activation_bytes}};
+  if (lead) metrics.write(row);
+  if (!quiet)
+    log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",
+             mem.params_bytes / 1e6, mem.grads_bytes / 1e6, mem.optimizer_bytes / 1e6);
+}
+
+namespace {
+
+perf::StepEstimate predict(const RunConfig& cfg, const model::ModelConfig& mcfg,
+                           const RunPlan& plan, const perf::ClusterSpec& spec) {
+  const auto& pc = cfg.parallel;
+  perf::ModelOptions options;
+  options.dtype = perf::DType::FP32;
+  options.tp_overlap = pc.overlap_dx && pc.prefetch;
+  options.dp_overlap = pc.overlap && !plan.pipeline;  // a pipeline reduces after its list
+  options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
+  const auto recompute = pc.recompute && (plan.tensor_size > 1 || plan.pipeline)
+                             ? perf::Recompute::Full
+                             : perf::Recompute::None;
+  return perf::predict_step(mcfg, plan.grid, spec, plan.T, plan.B, plan.accum, pc.zero, recompute,
+                            options, plan.sched.kind, plan.sched.v);
+}
+
+}  // namespace
+
+RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
+                                const model::ModelConfig& mcfg, const RunPlan& plan,
+                                const PredictionCluster& cluster, bool lead, bool quiet) {
+  RunPrediction prediction;
+  if (!cluster.spec) return prediction;
+  try {
+    const auto est = predict(cfg, mcfg, plan, *cluster.spec);
+    prediction.step_s = est.step_s;
+    prediction.peak_bytes = est.peak_bytes;
+    if (lead)
+      metrics.write({{"event", "prediction"},
+                     {"cluster", cluster.path.string()},
+                     {"step_ms", est.step_s * 1e3},
+                     {"peak_bytes", est.peak_bytes},
+                     {"fits", est.fits},
+                     {"reason", est.reason}});
+    if (!quiet)
+      log_info("performance model ({}): {:.1f} ms per step, {:.1f} MB per rank{}",
+               cluster.path.string(), est.step_s * 1e3, est.peak_bytes / 1e6,
+               est.fits ? std::string() : " (" + est.reason + ")");
+  } catch (const Error& e) {
+    if (!quiet) log_info("(no performance-model prediction: {})", e.what());
+  }
+  return prediction;
+}
+
+StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_size) {
+  const int B = plan.B, T = plan.T, accum = plan.accum;
+  StepCost cost;
+  cost.flops_per_rank = 3.0 * model::forward_flops_per_token(mcfg, T) * static_cast<double>(B) * T *
+                        accum / (plan.tensor_size * plan.grid.pp);
+  cost.tokens = static_cast<std::int64_t>(B) * T * accum * dp_size;
+  return cost;
+}
+
+Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
+  Peak peak;
+  if (lead || cfg.hardware.peak_tflops > 0)
+    peak = resolve_peak(cfg.hardware.peak_tflops, kernels::GemmLibrary::OneDnn);
+  double f = peak.flops;
+  rt.world().broadcast_bytes(&f, sizeof f, 0);
+  if (!lead) peak = {f, "measured fp32 GEMM on rank 0"};
+  return peak;
+}
+
+void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const RunPlan& plan,
+                  const RunModel& model, const StepCost& cost, const data::TokenLoader& loader,
+                  const Peak& peak, int world_size) {
+  const auto& pc = cfg.parallel;
+  const auto& tc = cfg.train;
+  log_info("model: {}", model::describe(mcfg));
+  log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", plan.grid.describe(),
+           world_size, model.dp->stage(), pc.overlap ? "on" : "off",
+           model.tensor ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",
+                                      model.local_layout().total() / 1e6,
+                                      pc.recompute ? ", recomputation" : "",
+                                      pc.sequence_parallel ? ", sequence parallelism" : "")
+                        : std::string());
+  if (model.pipeline)
+    log_info(
+        "pipeline: {} schedule, {} stages x {} chunk{}, layers per chunk [{}], {} micro-batches "
+        "per step, ideal bubble {:.3f}",
+        pc.schedule, pc.pp, pc.virtual_stages, pc.virtual_stages > 1 ? "s" : "",
+        fmt::join(plan.layer_split, ", "), plan.accum, parallel::ideal_bubble_fraction(plan.sched));
+  log_info(
+      "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
+      "GFLOP/step/rank, {} threads",
+      tc.steps, plan.accum, plan.B, plan.T, model.dp->dp_size(), cost.tokens,
+      cost.flops_per_rank / 1e9, omp_get_max_threads());
+  log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, loader.num_tokens(),
+           peak.describe());
+}
+
+void log_goldfish(const GoldfishConfig& goldfish) {
+  log_info("goldfish: k = {}, strategy {}{}", goldfish.k, goldfish.strategy,
+           goldfish.strategy == "hash"     ? fmt::format(", h = {}", goldfish.h)
+           : goldfish.strategy == "random" ? fmt::format(", seed {}", goldfish.seed)
+                                           : std::string());
+}
+
+double step_mfu(Peak& peak, bool peak_measured, double flops_per_step, double step_s,
+                std::int64_t step, bool quiet) {
+  if (peak_measured && peak.flops > 0 && flops_per_step / step_s > peak.flops) {
+    // The start-up measurement ran on a busy machine: a step cannot beat the peak, so the
+    // peak is at least this step's rate. Say so once instead of printing MFU > 100%.
+    if (peak.source.find("raised") == std::string::npos) {
+      peak.source += ", raised to the best step rate seen";
+      if (!quiet)
+        log_info(
+            "note: step {} ran at {:.1f} GFLOP/s, above the measured GEMM peak; using it as the "
+            "peak",
+            step, flops_per_step / step_s / 1e9);
+    }
+    peak.flops = flops_per_step / step_s;
+  }
+  return peak.flops > 0 ? flops_per_step / step_s / peak.flops : -1;
+}
+
+nlohmann::json step_row(const StepReport& report, const StepResult& result, const RunModel& model,
+                        const Peak& peak, const RunPrediction& prediction, bool goldfish) {
+  const double sec = report.step_s, mfu = report.mfu;
+  nlohmann::json row{{"step", report.step},
+                     {"loss", result.loss},
+                     {"lr", result.lr},
+                     {"grad_norm", result.grad_norm},
+                     {"step_ms", sec * 1e3},
+                     {"tokens_per_s", report.tokens_per_s},
+                     {"tokens", report.tokens_seen}};
+  if (prediction.step_s > 0) row["predicted_step_ms"] = prediction.step_s * 1e3;
+  row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
+  row["mfu_peak"] = peak.describe();
+  if (goldfish)
+    row["goldfish_kept"] =
+        static_cast<std::int64_t>(result.kept_targets);  // targets in the loss, all dp ranks
+  if (!model.pipeline) {
+    row["forward_ms"] = result.forward_s * 1e3;
+    row["backward_ms"] = result.backward_s * 1e3;
+  }
+  row["update_ms"] = result.update_s * 1e3;  // gradient norm, clipping and the optimizer
+  if (model.pipeline) {
+    row["bubble"] = model.pipeline->stats().bubble_fraction();  // this (the lead's) stage
+    row["p2p_wait_ms"] = model.pipeline->stats().recv_wait_s * 1e3;
+  }
+  if (model.dp->dp_size() > 1) {
+    row["grad_overlap"] = model.dp->overlap_fraction();  // fraction reduced before backward ended
+    row["comm_wait_ms"] = result.comm_wait_s * 1e3;      // exposed gradient-reduction time
+  }
+  return row;
+}
+
+bool logs_step(const TrainSection& tc, std::int64_t step, std::int64_t start_step) {
+  return step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1;
+}
+
+void log_step(const TrainSection& tc, const StepReport& report, const StepResult& result,
+              std::int64_t start_step, double elapsed_s) {
+  const std::int64_t step = report.step;
+  double eta =
+      elapsed_s / static_cast<double>(step - start_step) * static_cast<double>(tc.steps - step);
+  log_info(
+      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:6.3f} | {:7.1f} ms | {:7.0f} tok/s | "
+      "MFU {} | ETA {}",
+      step, tc.steps, result.loss, result.lr, result.grad_norm, report.step_s * 1e3,
+      report.tokens_per_s,
+      report.mfu >= 0 ? fmt::format("{:5.1f}%", 100 * report.mfu) : std::string("unknown"),
+      fmt_duration(eta));
+}
+
+void report_validation(MetricsLog& metrics, std::int64_t step, const eval::EvalResult& result) {
+  metrics.write({{"step", step}, {"val_loss", result.loss}, {"val_tokens", result.tokens}});
+  log_info("step {:>6} | val loss {:.4f} (ppl {:.1f}, {} tokens)", step, result.loss,
+           result.perplexity, result.tokens);
+}
+
+void write_pipeline_row(MetricsLog& metrics, const RunConfig& cfg, const RunPlan& plan,
+                        RunModel& model, const comm::Topology& topo, comm::Runtime& rt, bool lead) {
+  const auto& pc = cfg.parallel;
+  const int stage = topo.coord(comm::Axis::PP);
+  std::vector<double> info(4 * static_cast<std::size_t>(pc.pp), 0.0);
+  const int tensor_rank = rt.group(topo, {comm::Axis::TX, comm::Axis::TY, comm::Axis::TZ}).rank();
+  if (model.dp->dp_rank() == 0 && tensor_rank == 0) {
+    const auto& st = model.tensor->activation_stats();
+    info[4 * stage + 0] = st.peak_live;
+    info[4 * stage + 1] = static_cast<double>(st.peak_bytes);
+    info[4 * stage + 2] = static_cast<double>(st.slot_bytes_max);
+    info[4 * stage + 3] = model.pipeline->stats().bubble_fraction();
+  }
+  rt.world().all_reduce_sum(info.data(), info.size());
+  if (!lead) return;
+  nlohmann::json stages = nlohmann::json::array();
+  for (int s2 = 0; s2 < pc.pp; ++s2)
+    stages.push_back({{"stage", s2},
+                      {"peak_in_flight", info[4 * s2 + 0]},
+                      {"in_flight_formula", parallel::in_flight_formula(plan.sched, s2)},
+                      {"peak_activation_bytes", info[4 * s2 + 1]},
+                      {"slot_bytes", info[4 * s2 + 2]},
+                      {"bubble_last_step", info[4 * s2 + 3]}});
+  metrics.write({{"event", "pipeline"},
+                 {"schedule", pc.schedule},
+                 {"pp", pc.pp},
+                 {"v", pc.virtual_stages},
+                 {"m", plan.accum},
+                 {"layers", plan.layer_split},
+                 {"ideal_bubble", parallel::ideal_bubble_fraction(plan.sched)},
+                 {"stages", stages}});
+}
+
+void write_summary_row(MetricsLog& metrics, std::vector<double> tok_rates,
+                       std::int64_t tokens_per_step, double steps_rss,
+                       const RunPrediction& prediction) {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::sort(tok_rates.begin(), tok_rates.end());
+  const double median_step_s =
+      static_cast<double>(tokens_per_step) / tok_rates[tok_rates.size() / 2];
+  nlohmann::json row{{"event", "summary"},
+                     {"median_step_ms", median_step_s * 1e3},
+                     {"peak_rss_bytes", static_cast<double>(ru.ru_maxrss) * 1024.0},
+                     {"peak_rss_steps_bytes", steps_rss}};
+  if (prediction.step_s > 0) {
+    row["predicted_step_ms"] = prediction.step_s * 1e3;
+    row["predicted_peak_bytes"] = prediction.peak_bytes;
+  }
+  metrics.write(row);
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,72 @@
+#include "tessera/train/run_model.hpp"
+
+#include "tessera/comm/runtime.hpp"
+
+namespace tessera::train {
+
+namespace {
+
+parallel::TensorModelOptions tensor_model_options(const RunConfig& cfg, const RunPlan& plan,
+                                                  const comm::Topology& topo) {
+  const auto& pc = cfg.parallel;
+  parallel::TensorModelOptions options;
+  if (plan.pipeline)
+    options.chunks = parallel::stage_chunks(plan.layer_split, pc.pp, pc.virtual_stages,
+                                            topo.coord(comm::Axis::PP));
+  options.recompute = pc.recompute;
+  options.sequence_parallel = pc.sequence_parallel;
+  options.overlap_dx = pc.overlap_dx;
+  options.defer_dw = pc.overlap_dw;
+  options.prefetch = pc.prefetch;
+  options.tune_gemm = cfg.hardware.tune_gemm;
+  options.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
+  return options;
+}
+
+}  // namespace
+
+RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
+                         const model::ParamLayout& layout, const RunPlan& plan,
+                         const comm::Topology& topo, comm::Runtime& rt) {
+  RunModel model;
+  model.layout = &layout;
+  if (plan.tensor_size > 1 || plan.pipeline) {
+    model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
+                                                           tensor_model_options(cfg, plan, topo));
+    if (plan.pipeline) {
+      model.pipe_comm = &rt.group(topo, {comm::Axis::PP});
+      model.pipeline =
+          std::make_unique<parallel::PipelineExecutor>(*model.tensor, *model.pipe_comm, plan.sched);
+    }
+  }
+  model.dp_comm = &rt.group(topo, {comm::Axis::DP});
+  model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
+                                                      cfg.parallel.zero, cfg.parallel.overlap);
+  return model;
+}
+
+const float* full_params(RunModel& model) {
+  if (!model.tensor) return model.dp->full_params();
+  model.whole.resize(model.layout->total());
+  model.tensor->gather_full(model.dp->full_params(), model.whole.data());
+  return model.whole.data();
+}
+
+void drop_full_params(RunModel& model) {
+  model.whole = Buffer<float>();
+}
+
+TrainData open_train_data(const RunConfig& cfg, const RunPlan& plan,
+                          const parallel::DataParallel& dp, int vocab_size) {
+  TrainData data;
+  data.train = std::make_unique<data::TokenLoader>(cfg.data.train, plan.B, plan.T,
+                                                   static_cast<std::size_t>(dp.dp_rank()),
+                                                   static_cast<std::size_t>(dp.dp_size()));
+  if (cfg.train.val_every > 0)
+    data.val = std::make_unique<data::TokenLoader>(cfg.data.val, plan.B, plan.T);
+  data.train->check_ids(static_cast<std::uint32_t>(vocab_size));
+  if (data.val) data.val->check_ids(static_cast<std::uint32_t>(vocab_size));
+  return data;
+}
+
+}  // namespace tessera::train

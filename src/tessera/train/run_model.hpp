@@ -1,0 +1,63 @@
+// The long-lived objects of one rank's training run: its slice of the model (tensor and pipeline
+// parallelism), the pipeline executor, the data-parallel store of its parameters, gradients and
+// AdamW state, and the token loaders.
+#pragma once
+
+#include <memory>
+
+#include "tessera/comm/topology.hpp"
+#include "tessera/core/buffer.hpp"
+#include "tessera/data/loader.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/pipeline.hpp"
+#include "tessera/parallel/tensor_model.hpp"
+#include "tessera/train/run_config.hpp"
+#include "tessera/train/run_setup.hpp"
+
+namespace tessera::comm {
+class Communicator;
+class Runtime;
+}  // namespace tessera::comm
+
+namespace tessera::train {
+
+struct RunModel {
+  const model::ParamLayout* layout = nullptr;  // the whole model
+  // Tensor or pipeline parallelism: this rank's slices of the model; null otherwise.
+  std::unique_ptr<parallel::TensorModel> tensor;
+  std::unique_ptr<parallel::PipelineExecutor> pipeline;  // pipeline parallelism; else null
+  comm::Communicator* pipe_comm = nullptr;               // {pp}; pipeline parallelism only
+  comm::Communicator* dp_comm = nullptr;                 // {dp}
+  std::unique_ptr<parallel::DataParallel> dp;  // works on the local layout over the dp group
+  Buffer<float> whole;  // tensor parallelism: the whole model assembled from the slices
+
+  // The layout of the parameters this rank stores: its slices, or the whole model.
+  const model::ParamLayout& local_layout() const {
+    return tensor ? tensor->local_layout() : *layout;
+  }
+};
+
+// Builds the model objects of this rank (collective: creates the pp and dp communicators).
+RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
+                         const model::ParamLayout& layout, const RunPlan& plan,
+                         const comm::Topology& topo, comm::Runtime& rt);
+
+// The whole model's parameters (collective under tensor parallelism and at ZeRO-3).
+const float* full_params(RunModel& model);
+// The assembled whole model is not kept between uses (it is the size of the whole model on
+// every rank).
+void drop_full_params(RunModel& model);
+
+// The training shard of this dp rank and the validation shard (train.val_every > 0).
+struct TrainData {
+  std::unique_ptr<data::TokenLoader> train;
+  std::unique_ptr<data::TokenLoader> val;  // null without validation
+};
+
+// Opens both shards and checks every token id of both, before any step: a bad id in the
+// validation shard must not end the run at its first validation.
+TrainData open_train_data(const RunConfig& cfg, const RunPlan& plan,
+                          const parallel::DataParallel& dp, int vocab_size);
+
+}  // namespace tessera::train

@@ -1,0 +1,149 @@
+#include "tessera/train/train_state.hpp"
+
+#include "tessera/comm/runtime.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/io/checkpoint.hpp"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Resuming with another data shard, seed, sequence length or number of sequences per step
+// changes the data order: allowed (e.g. a larger batch later in training), but said.
+void warn_if_resumed_differently(const RunConfig& cfg, const io::TrainState& st,
+                                 std::int64_t sequences_per_step) {
+  auto it = st.extra.find("config");
+  if (it == st.extra.end()) return;
+  RunConfig old;
+  try {
+    old = parse_run_config(it->second, "the checkpoint's config");
+  } catch (const Error&) {
+    return;  // written by another version: nothing to compare with
+  }
+  const auto& ot = old.train;
+  const std::int64_t old_seqs = ot.global_batch > 0
+                                    ? ot.global_batch
+                                    : std::int64_t{ot.batch_size} * ot.grad_accum * old.parallel.dp;
+  auto warn = [](const char* what, const auto& now, const auto& then) {
+    if (now != then)
+      log_info(
+          "warning: resuming with {} = {}, but the checkpoint was trained with {}: the data "
+          "order differs from an uninterrupted run",
+          what, now, then);
+  };
+  warn("data.train", cfg.data.train, old.data.train);
+  warn("train.seed", cfg.train.seed, ot.seed);
+  warn("train.seq_len", cfg.train.seq_len, ot.seq_len);
+  warn("sequences per step", sequences_per_step, old_seqs);
+}
+
+// Checkpoints hold the full state; each rank reads the parameters and the moments of its own
+// range, from whichever shards of the checkpoint hold them: any dp size and stage resumes any
+// other.
+io::TrainState load_into_model(const fs::path& checkpoint, RunModel& model) {
+  const model::ParamLayout& layout = *model.layout;
+  parallel::DataParallel& dp = *model.dp;
+  if (!model.tensor) {
+    Buffer<float> p_full(layout.total()), m_s(dp.shard_size()), v_s(dp.shard_size());
+    auto st = io::load_checkpoint(checkpoint, layout, p_full.data(), dp.shard_begin(),
+                                  dp.shard_end(), m_s.data(), v_s.data());
+    dp.load_shard(p_full.data(), m_s.data(), v_s.data());
+    return st;
+  }
+  // Tensor parallelism: read the whole state and keep this rank's slices of it.
+  Buffer<float> p_full(layout.total()), m_full(layout.total()), v_full(layout.total());
+  auto st = io::load_checkpoint(checkpoint, layout, p_full.data(), 0, layout.total(), m_full.data(),
+                                v_full.data());
+  const std::size_t nl = model.local_layout().total();
+  Buffer<float> p_l(nl), m_l(nl), v_l(nl);
+  model.tensor->extract(p_full.data(), p_l.data());
+  model.tensor->extract(m_full.data(), m_l.data());
+  model.tensor->extract(v_full.data(), v_l.data());
+  dp.load(p_l.data(), m_l.data(), v_l.data());
+  return st;
+}
+
+void initialize_params(RunModel& model, std::uint64_t seed) {
+  const model::ParamLayout& layout = *model.layout;
+  Buffer<float> p_full(layout.total());
+  model::init_params(layout, p_full.data(), seed);
+  if (model.tensor) {
+    Buffer<float> p_l(model.local_layout().total());
+    model.tensor->extract(p_full.data(), p_l.data());
+    model.dp->load(p_l.data(), nullptr, nullptr);
+  } else {
+    model.dp->load(p_full.data(), nullptr, nullptr);
+  }
+}
+
+}  // namespace
+
+TrainProgress resume_or_initialize(const RunConfig& cfg, bool resume, RunModel& model,
+                                   data::TokenLoader& train_loader, const fs::path& ckpt_dir,
+                                   bool lead, std::int64_t sequences_per_step) {
+  TrainProgress progress{0, 0, Rng(cfg.train.seed), false};
+  if (resume) {
+    if (auto latest = io::latest_checkpoint(ckpt_dir)) {
+      const io::TrainState st = load_into_model(*latest, model);
+      if (lead) warn_if_resumed_differently(cfg, st, sequences_per_step);
+      progress.step = st.step;
+      progress.tokens_seen = st.tokens_seen;
+      progress.rng.set_state(st.rng_state);
+      train_loader.set_position(st.data_position);
+      progress.resumed = true;
+      log_info("resumed from {} (step {})", latest->string(), progress.step);
+    } else {
+      log_info("no checkpoint in {}: starting from scratch", ckpt_dir.string());
+    }
+  }
+  if (!progress.resumed) initialize_params(model, cfg.train.seed);
+  return progress;
+}
+
+fs::path save_checkpoint(const RunConfig& cfg, RunModel& model, comm::Runtime& rt,
+                         const fs::path& ckpt_dir, const TrainProgress& progress,
+                         const data::TokenLoader& train_loader) {
+  const bool lead = rt.world_rank() == 0;
+  const model::ParamLayout& layout = *model.layout;
+  parallel::DataParallel& dp = *model.dp;
+  const std::int64_t step = progress.step;
+  const float* full = full_params(model);  // collective at ZeRO-3 and under tensor parallelism
+  auto shards = dp.state_shards();
+  if (lead) io::begin_checkpoint(ckpt_dir, step);
+  rt.world().barrier();
+  if (model.tensor) {
+    // Tensor parallelism: the moments are assembled into whole-model tensors and written as
+    // one shard, so that any grid (or one process) can resume from them.
+    const std::size_t nl = model.local_layout().total();
+    Buffer<float> m_l(nl), v_l(nl), m_g(layout.total()), v_g(layout.total());
+    dp.gather_moments(m_l.data(), v_l.data());
+    model.tensor->gather_full(m_l.data(), m_g.data());
+    model.tensor->gather_full(v_l.data(), v_g.data());
+    shards = {{0, layout.total()}};
+    if (lead)
+      io::write_state_shard(ckpt_dir, step, 0, 1,
+                            io::StateShard{0, layout.total(), m_g.data(), v_g.data()});
+  } else if (shards.size() > 1 || dp.dp_rank() == 0) {
+    io::write_state_shard(
+        ckpt_dir, step, dp.dp_rank(), static_cast<int>(shards.size()),
+        io::StateShard{dp.shard_begin(), dp.shard_end(), dp.m_shard(), dp.v_shard()});
+  }
+  rt.world().barrier();
+  fs::path written;
+  if (lead) {
+    io::TrainState st{step,
+                      progress.rng.state(),
+                      train_loader.position(),
+                      progress.tokens_seen,
+                      {{"config", to_toml(cfg)}}};
+    written = io::commit_checkpoint(ckpt_dir, layout, full, st, shards, cfg.train.keep_checkpoints);
+  }
+  rt.world().barrier();  // nobody goes on (or exits) before the checkpoint is complete
+  drop_full_params(model);
+  return written;
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,54 @@
+// One optimizer step of a rank: read (and, with the goldfish loss, mask) the step's micro-batches,
+// forward and backward over the parallel model or the pipeline executor, the step's loss over all
+// dp ranks, the gradient norm, clipping and the AdamW update.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/data/loader.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/train/run_config.hpp"
+#include "tessera/train/run_model.hpp"
+#include "tessera/train/run_setup.hpp"
+
+namespace tessera::comm {
+class Runtime;
+}
+
+namespace tessera::train {
+
+// What the steps read and write besides the model, kept over the run.
+struct StepWorkspace {
+  std::vector<std::int32_t> x, y;  // (B, T): one micro-batch (no goldfish, no pipeline)
+  // The step's micro-batches, read before the first forward (goldfish, pipeline): accum x (B, T).
+  std::vector<std::vector<std::int32_t>> gx, gy;
+  std::vector<std::int64_t> kept;  // goldfish: targets kept in each micro-batch
+  // dloss = 1 / (targets of a step, all dp ranks); under goldfish, set each step from the
+  // targets kept.
+  model::ForwardOptions forward;
+  optim::AdamWConfig adamw;
+};
+
+StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan, int dp_size,
+                                  bool pipeline);
+
+// What a step measured.
+struct StepResult {
+  double loss = 0;                       // mean over the step's (kept) targets, all dp ranks
+  double grad_norm = 0;                  // before clipping
+  float lr = 0;                          // the learning rate of the update
+  double kept_targets = 0;               // goldfish: targets in the loss, all dp ranks
+  double forward_s = 0, backward_s = 0;  // where the step's time goes (non-pipeline path)
+  double comm_wait_s = 0;                // exposed gradient-reduction time
+  double update_s = 0;                   // gradient norm, clipping and the optimizer
+};
+
+// Runs optimizer step `step` + 1 (collective over all ranks). Throws tessera::Error when the loss
+// is not finite.
+StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
+                      model::Activations& acts, data::TokenLoader& loader, StepWorkspace& work,
+                      std::int64_t step, comm::Runtime& rt);
+
+}  // namespace tessera::train
