@@ -1,6 +1,7 @@
 #include "tessera/core/file.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +139,47 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
   }
   auto dir = path.parent_path();
   fsync_path(dir.empty() ? std::filesystem::path(".") : dir);
+}
+
+std::shared_ptr<const FileBytes> FileBytes::map(const std::filesystem::path& path,
+                                                std::string_view what) {
+  const int fd = open_input_file(path, what);  // a regular file (never a FIFO)
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(fmt::format("cannot stat {}: {}", path.string(), std::strerror(err)));
+  }
+  auto bytes = std::make_shared<FileBytes>();
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (S_ISREG(st.st_mode) && size > 0) {
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m != MAP_FAILED) {
+      bytes->map_ = m;
+      bytes->map_len_ = size;
+      bytes->ptr_ = static_cast<const std::byte*>(m);
+      bytes->size_ = size;
+    }
+  }
+  ::close(fd);
+  if (!bytes->map_) {  // empty, or mmap refused: read it instead
+    bytes->owned_ = read_file(path, what);
+    bytes->ptr_ = reinterpret_cast<const std::byte*>(bytes->owned_.data());
+    bytes->size_ = bytes->owned_.size();
+  }
+  return bytes;
+}
+
+std::shared_ptr<const FileBytes> FileBytes::own(std::string data) {
+  auto bytes = std::make_shared<FileBytes>();
+  bytes->owned_ = std::move(data);
+  bytes->ptr_ = reinterpret_cast<const std::byte*>(bytes->owned_.data());
+  bytes->size_ = bytes->owned_.size();
+  return bytes;
+}
+
+FileBytes::~FileBytes() {
+  if (map_) ::munmap(map_, map_len_);
 }
 
 }  // namespace tessera

@@ -1,8 +1,10 @@
 // File helpers with clear errors, and atomic writes (temporary name + fsync + rename).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +27,31 @@ InputKind input_kind(const std::filesystem::path& path, std::string_view what);
 // Reads a whole file (opened by open_input_file); throws tessera::Error naming the path when it
 // is missing, unreadable or not a regular file.
 std::string read_file(const std::filesystem::path& path, std::string_view what = "file");
+
+// A file's bytes, read-only, for the readers of binary formats (safetensors, GGUF), whose parsed
+// views point into them: mapped (mmap) when the file is a non-empty regular file, read into
+// memory otherwise (or when mapping is refused), or bytes handed over in memory. Shared: copies
+// of a parsed file share one FileBytes.
+class FileBytes {
+ public:
+  // Opens `path` with open_input_file (so only a regular file); errors name `what`.
+  static std::shared_ptr<const FileBytes> map(const std::filesystem::path& path,
+                                              std::string_view what);
+  static std::shared_ptr<const FileBytes> own(std::string bytes);
+  FileBytes() = default;
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+  ~FileBytes();
+  const std::byte* data() const { return ptr_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  const std::byte* ptr_ = nullptr;
+  std::size_t size_ = 0;
+  std::string owned_;        // when read into memory
+  void* map_ = nullptr;      // when mapped
+  std::size_t map_len_ = 0;  //
+};
 
 // Writes `data` to `path` atomically: the bytes go to "<path>.tmp.<pid>", are flushed to disk,
 // and the temporary is renamed over `path`. A crash leaves either the old file or the new one.

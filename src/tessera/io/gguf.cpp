@@ -429,30 +429,16 @@ std::vector<std::int64_t> GgufTensorInfo::shape() const {
 
 // ---- reading ----
 
-struct GgufFile::Storage {
-  const std::byte* ptr = nullptr;
-  std::size_t size = 0;
-  std::string owned;        // when read into memory
-  void* map = nullptr;      // when mapped
-  std::size_t map_len = 0;  //
-  Storage() = default;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage() {
-    if (map) ::munmap(map, map_len);
-  }
-};
-
 // Parses the file front to back: header, metadata, tensor infos, then places the tensors in the
 // data section. Each step checks what it reads before anything depends on it.
 class GgufFile::Parser {
  public:
-  Parser(GgufFile& file, const Storage& storage)
+  Parser(GgufFile& file, const FileBytes& storage)
       : f_(file),
         what_(fmt::format("invalid GGUF file {}", file.path_.string())),
-        c_({storage.ptr, storage.size}, 0, what_),
-        base_(storage.ptr),
-        size_(storage.size) {}
+        c_({storage.data(), storage.size()}, 0, what_),
+        base_(storage.data()),
+        size_(storage.size()) {}
 
   void run() {
     const auto [n_tensors, n_metadata] = header();
@@ -626,42 +612,14 @@ class GgufFile::Parser {
 };
 
 GgufFile GgufFile::open(const std::filesystem::path& path) {
-  int fd = open_input_file(path, "GGUF file");  // a regular file (never a FIFO)
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw Error(fmt::format("cannot stat {}: {}", path.string(), std::strerror(err)));
-  }
-  auto storage = std::make_shared<Storage>();
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size > 0) {
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m != MAP_FAILED) {
-      storage->map = m;
-      storage->map_len = size;
-      storage->ptr = static_cast<const std::byte*>(m);
-      storage->size = size;
-    }
-  }
-  ::close(fd);
-  if (!storage->map) {  // empty, or mmap refused: read it instead
-    storage->owned = read_file(path, "GGUF file");
-    storage->ptr = reinterpret_cast<const std::byte*>(storage->owned.data());
-    storage->size = storage->owned.size();
-  }
-  return parse(std::move(storage), path);
+  return parse(FileBytes::map(path, "GGUF file"), path);
 }
 
 GgufFile GgufFile::from_bytes(std::string bytes, std::filesystem::path name) {
-  auto storage = std::make_shared<Storage>();
-  storage->owned = std::move(bytes);
-  storage->ptr = reinterpret_cast<const std::byte*>(storage->owned.data());
-  storage->size = storage->owned.size();
-  return parse(std::move(storage), std::move(name));
+  return parse(FileBytes::own(std::move(bytes)), std::move(name));
 }
 
-GgufFile GgufFile::parse(std::shared_ptr<const Storage> storage, std::filesystem::path path) {
+GgufFile GgufFile::parse(std::shared_ptr<const FileBytes> storage, std::filesystem::path path) {
   GgufFile f;
   f.path_ = std::move(path);
   Parser(f, *storage).run();
@@ -670,7 +628,7 @@ GgufFile GgufFile::parse(std::shared_ptr<const Storage> storage, std::filesystem
 }
 
 std::size_t GgufFile::file_size() const {
-  return storage_->size;
+  return storage_->size();
 }
 
 std::string GgufFile::what(std::string_view key) const {
@@ -732,9 +690,9 @@ const GgufTensorInfo& GgufFile::tensor(std::string_view name) const {
 }
 
 std::span<const std::byte> GgufFile::bytes(const GgufTensorInfo& t) const {
-  TESSERA_CHECK(data_offset_ + t.offset + t.nbytes <= storage_->size, "tensor '{}' outside {}",
+  TESSERA_CHECK(data_offset_ + t.offset + t.nbytes <= storage_->size(), "tensor '{}' outside {}",
                 t.name, path_.string());
-  return {storage_->ptr + data_offset_ + t.offset, static_cast<std::size_t>(t.nbytes)};
+  return {storage_->data() + data_offset_ + t.offset, static_cast<std::size_t>(t.nbytes)};
 }
 
 void GgufFile::dequantize(const GgufTensorInfo& t, std::span<float> out) const {

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/core/file.hpp"
 #include "tessera/io/gguf_quants.hpp"
 
 namespace tessera::io {
@@ -172,13 +173,12 @@ class GgufFile {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  struct Storage;  // the file's bytes: an mmap or an owned string
   class Parser;
   GgufFile() = default;
-  static GgufFile parse(std::shared_ptr<const Storage> storage, std::filesystem::path path);
+  static GgufFile parse(std::shared_ptr<const FileBytes> storage, std::filesystem::path path);
   std::string what(std::string_view key) const;
 
-  std::shared_ptr<const Storage> storage_;  // shared: copies of a GgufFile share the bytes
+  std::shared_ptr<const FileBytes> storage_;  // shared: copies of a GgufFile share the bytes
   std::uint64_t alignment_ = k_gguf_default_alignment;
   std::uint64_t data_offset_ = 0;
   std::vector<GgufMetadata> metadata_;

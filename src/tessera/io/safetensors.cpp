@@ -173,61 +173,19 @@ std::string shape_str(std::span<const std::int64_t> shape) {
 
 // ---- reading ----
 
-struct SafetensorsFile::Storage {
-  const std::byte* ptr = nullptr;
-  std::size_t size = 0;
-  std::string owned;        // when read into memory
-  void* map = nullptr;      // when mapped
-  std::size_t map_len = 0;  //
-  Storage() = default;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage() {
-    if (map) ::munmap(map, map_len);
-  }
-};
-
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  int fd = open_input_file(path, "safetensors file");  // a regular file (never a FIFO)
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw Error(fmt::format("cannot stat {}: {}", path.string(), std::strerror(err)));
-  }
-  auto storage = std::make_shared<Storage>();
-  std::size_t size = static_cast<std::size_t>(st.st_size);
-  if (S_ISREG(st.st_mode) && size > 0) {
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m != MAP_FAILED) {
-      storage->map = m;
-      storage->map_len = size;
-      storage->ptr = static_cast<const std::byte*>(m);
-      storage->size = size;
-    }
-  }
-  ::close(fd);
-  if (!storage->map) {  // empty, special file, or mmap refused: read it instead
-    storage->owned = read_file(path, "safetensors file");
-    storage->ptr = reinterpret_cast<const std::byte*>(storage->owned.data());
-    storage->size = storage->owned.size();
-  }
-  return parse(std::move(storage), path);
+  return parse(FileBytes::map(path, "safetensors file"), path);
 }
 
 SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, std::filesystem::path name) {
-  auto storage = std::make_shared<Storage>();
-  storage->owned = std::move(bytes);
-  storage->ptr = reinterpret_cast<const std::byte*>(storage->owned.data());
-  storage->size = storage->owned.size();
-  return parse(std::move(storage), std::move(name));
+  return parse(FileBytes::own(std::move(bytes)), std::move(name));
 }
 
-SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const Storage> storage,
+SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> storage,
                                        std::filesystem::path path) {
   using nlohmann::json;
-  const std::size_t size = storage->size;
-  const std::byte* base = storage->ptr;
+  const std::size_t size = storage->size();
+  const std::byte* base = storage->data();
   if (size < 8)
     fail_invalid(path,
                  fmt::format("the file is {} bytes, shorter than the 8-byte header length", size));

@@ -24,6 +24,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/core/file.hpp"
+
 namespace tessera::io {
 
 enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, U16, U32, U64, BOOL };
@@ -83,13 +85,13 @@ class SafetensorsFile {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  struct Storage;  // the file's bytes: an mmap or an owned string
   SafetensorsFile() = default;
-  static SafetensorsFile parse(std::shared_ptr<const Storage> storage, std::filesystem::path path);
+  static SafetensorsFile parse(std::shared_ptr<const FileBytes> storage,
+                               std::filesystem::path path);
   const TensorInfo& require(std::string_view name) const;
 
-  std::shared_ptr<const Storage> storage_;  // shared: copies of a SafetensorsFile are cheap
-  const std::byte* data_ = nullptr;         // start of the data region inside storage_
+  std::shared_ptr<const FileBytes> storage_;  // shared: copies of a SafetensorsFile are cheap
+  const std::byte* data_ = nullptr;           // start of the data region inside storage_
   std::size_t data_size_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;  // name -> position in tensors_
