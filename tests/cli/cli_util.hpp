@@ -1,6 +1,7 @@
 // Helpers for end-to-end tests that run the `tessera` binary as a user would.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,6 +77,17 @@ inline void make_corpus(const fs::path& dir) {
   std::ofstream g(dir / "corpus2.txt");
   for (int i = 0; i < 60; ++i) g << sentences[(i * 3) % 5];
   g.close();
+}
+
+// The run failed as bad input should: exit code 2 and one line on stderr, starting with
+// "error:" and containing `needle`.
+inline void expect_clean_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
+  auto lines = r.err_lines();
+  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
+  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos)
+      << "expected '" << needle << "' in: " << lines[0];
 }
 
 }  // namespace cli

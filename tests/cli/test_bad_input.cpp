@@ -26,13 +26,8 @@ namespace {
 const std::string k_fixture = TESSERA_FIXTURES "/gpt2_tiny";  // C = 32, V = 100, 16 positions
 
 // One line on stderr starting with "error:", exit code 2 and nothing on stdout.
-void expect_clean_error(const cli::Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
-  auto lines = r.err_lines();
-  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
-  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(needle), std::string::npos)
-      << "expected '" << needle << "' in: " << lines[0];
+void expect_refused_before_output(const cli::Result& r, const std::string& needle) {
+  cli::expect_clean_error(r, needle);
   EXPECT_EQ(r.out, "") << "nothing may be printed before the error";
 }
 
@@ -132,7 +127,7 @@ class BadInput : public ::testing::Test {
 // 1. A thread count the OpenMP runtime cannot start crashed it (exit 139).
 TEST_F(BadInput, ThreadCountAboveTheMaximumIsRefused) {
   auto out = cli::scratch("bad_threads");
-  expect_clean_error(cli::run(train(out, 1, "train.threads=100000")), "train.threads");
+  expect_refused_before_output(cli::run(train(out, 1, "train.threads=100000")), "train.threads");
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
 
@@ -147,7 +142,7 @@ TEST_F(BadInput, AbsurdModelShapeIsRefusedBeforeAllocating) {
   std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump();
   auto t0 = std::chrono::steady_clock::now();
   auto r = cli::run("eval --model " + d.string());
-  expect_clean_error(r, "GB of memory");
+  expect_refused_before_output(r, "GB of memory");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   // Plausible but wrong: 100 layers of 1024 would take 5 GB; the file's tensors are compared
   // first (under a 3 GB address-space limit, allocating it would fail as out of memory).
@@ -155,14 +150,14 @@ TEST_F(BadInput, AbsurdModelShapeIsRefusedBeforeAllocating) {
   cfg["n_embd"] = 1024;
   cfg["n_head"] = 16;
   std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump();
-  expect_clean_error(run_with(k_address_space_limit, "eval --model " + d.string()),
-                     "shape mismatch");
+  expect_refused_before_output(run_with(k_address_space_limit, "eval --model " + d.string()),
+                               "shape mismatch");
   // Training a model this machine cannot hold: refused with the memory it needs.
   auto out = cli::scratch("bad_shape_train");
-  expect_clean_error(
+  expect_refused_before_output(
       cli::run(train(out, 1, "model.n_layer=400 model.n_embd=16384 model.n_head=64")),
       "GB of memory");
-  expect_clean_error(cli::run(train(out, 1, "model.n_layer=1000000")), "parameters");
+  expect_refused_before_output(cli::run(train(out, 1, "model.n_layer=1000000")), "parameters");
 }
 
 // 3. A kill leaves whole rows, and --resume continues the file from the checkpoint's step.
@@ -210,7 +205,7 @@ TEST_F(BadInput, FreshRunIntoAUsedOutDirIsRefusedUnlessOverwrite) {
   auto out = cli::scratch("bad_reuse");
   ASSERT_EQ(cli::run(train(out, 4, "train.ckpt_every=2")).code, 0);
   const auto metrics = cli::slurp(out / "metrics.jsonl");
-  expect_clean_error(cli::run(train(out, 2)), "holds an earlier run");
+  expect_refused_before_output(cli::run(train(out, 2)), "holds an earlier run");
   EXPECT_EQ(cli::slurp(out / "metrics.jsonl"), metrics) << "the old run must be untouched";
   EXPECT_TRUE(fs::exists(ckpt(out, 4)));
   // --overwrite deletes the old run first: no old higher-numbered checkpoint survives.
@@ -219,7 +214,7 @@ TEST_F(BadInput, FreshRunIntoAUsedOutDirIsRefusedUnlessOverwrite) {
   EXPECT_FALSE(fs::exists(ckpt(out, 4)));
   EXPECT_EQ(tessera::io::latest_checkpoint(out / "checkpoints"), ckpt(out, 2));
   EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(2));
-  expect_clean_error(cli::run(train(out, 2, "--overwrite --resume")), "--overwrite");
+  expect_refused_before_output(cli::run(train(out, 2, "--overwrite --resume")), "--overwrite");
 }
 
 TEST_F(BadInput, SecondRunOnALockedOutDirIsRefused) {
@@ -238,7 +233,7 @@ TEST_F(BadInput, SecondRunOnALockedOutDirIsRefused) {
   ::kill(pid, SIGKILL);
   int st = 0;
   waitpid(pid, &st, 0);
-  expect_clean_error(r, "is in use by another tessera run");
+  expect_refused_before_output(r, "is in use by another tessera run");
   EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
   // The lock dies with its process.
   auto again = cli::run(train(out, 2, "--overwrite"));
@@ -251,12 +246,12 @@ TEST_F(BadInput, TokenIdAboveInt32RangeIsAnError) {
   auto t = tokens(16 * 8);
   t[64] = 0x80000005u;  // the last target of the one batch of 4 x 16 that fits, never an input
   tessera::data::write_shard(d / "val.bin", t);
-  expect_clean_error(cli::run("eval --model " + k_fixture + " --data " + (d / "val.bin").string() +
-                              " --seq 16 --batch 4"),
-                     "2147483653");
-  expect_clean_error(cli::run("eval --model " + k_fixture + " --data " + (d / "val.bin").string() +
-                              " --protocol windows --seq 16"),
-                     "2147483653");
+  expect_refused_before_output(cli::run("eval --model " + k_fixture + " --data " +
+                                        (d / "val.bin").string() + " --seq 16 --batch 4"),
+                               "2147483653");
+  expect_refused_before_output(cli::run("eval --model " + k_fixture + " --data " +
+                                        (d / "val.bin").string() + " --protocol windows --seq 16"),
+                               "2147483653");
 }
 
 // 6. Nonsense is not reported as a result.
@@ -266,25 +261,26 @@ TEST_F(BadInput, NonFiniteWeightsAreRefusedOnLoad) {
   poison(d, "h.0.mlp.c_fc.weight", 5, std::numeric_limits<float>::quiet_NaN());
   auto shard = d / "val.bin";
   tessera::data::write_shard(shard, tokens(16 * 8));
-  expect_clean_error(cli::run("eval --model " + d.string() + " --data " + shard.string()),
-                     "h.0.mlp.c_fc.weight");
-  expect_clean_error(cli::run("eval --model " + k_fixture + " --reference " + d.string() +
-                              " --data " + shard.string()),
-                     "h.0.mlp.c_fc.weight");
+  expect_refused_before_output(cli::run("eval --model " + d.string() + " --data " + shard.string()),
+                               "h.0.mlp.c_fc.weight");
+  expect_refused_before_output(cli::run("eval --model " + k_fixture + " --reference " + d.string() +
+                                        " --data " + shard.string()),
+                               "h.0.mlp.c_fc.weight");
   // sample: a model of GPT-2's vocabulary (prompts are GPT-2 tokens)
   if (!cli::have_tokenizer()) return;
   auto out = cli::scratch("bad_nan_sample");
   ASSERT_EQ(cli::run(train(out, 1, "model.vocab_size=50257")).code, 0);
   poison(ckpt(out, 1), "wpe.weight", 0, std::numeric_limits<float>::quiet_NaN());
-  expect_clean_error(cli::run("sample --model " + out.string() + " --tokens 4"), "non-finite");
+  expect_refused_before_output(cli::run("sample --model " + out.string() + " --tokens 4"),
+                               "non-finite");
 }
 
 TEST_F(BadInput, EvaluationThatScoresNothingIsRefused) {
   auto d = cli::scratch("bad_llama2");
   tessera::data::write_shard(d / "val.bin", tokens(16 * 8));
-  expect_clean_error(cli::run("eval --model " + k_fixture + " --data " + (d / "val.bin").string() +
-                              " --protocol llama --seq 2"),
-                     "scores no token");
+  expect_refused_before_output(cli::run("eval --model " + k_fixture + " --data " +
+                                        (d / "val.bin").string() + " --protocol llama --seq 2"),
+                               "scores no token");
 }
 
 // 7. A bad id in the validation shard ended the run at its first validation with nothing saved.
@@ -296,7 +292,7 @@ TEST_F(BadInput, BadValidationShardStopsTheRunBeforeTraining) {
   auto out = cli::scratch("bad_valshard_run");
   auto r = cli::run(
       train(out, 50, "train.val_every=40 'data.val=\"" + (d / "val.bin").string() + "\"'"));
-  expect_clean_error(r, "60000");
+  expect_refused_before_output(r, "60000");
   EXPECT_NE(r.err.find("position 500"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
@@ -306,19 +302,19 @@ TEST_F(BadInput, SymlinkLoopsAndAFileAsOutDirAreBadInput) {
   auto d = cli::scratch("bad_loops");
   fs::create_symlink(d / "b", d / "a");
   fs::create_symlink(d / "a", d / "b");
-  expect_clean_error(cli::run("eval --model " + (d / "a").string()), "symbolic links");
-  expect_clean_error(cli::run("sample --model " + (d / "a").string()), "symbolic links");
+  expect_refused_before_output(cli::run("eval --model " + (d / "a").string()), "symbolic links");
+  expect_refused_before_output(cli::run("sample --model " + (d / "a").string()), "symbolic links");
   auto in = d / "corpus";
   fs::create_directories(in);
   std::ofstream(in / "a.txt") << "Some text for the corpus.\n";
   fs::create_symlink(in / "y", in / "x");
   fs::create_symlink(in / "x", in / "y");
-  expect_clean_error(cli::run("prepare --corpus text --input " + in.string() + " --out " +
-                              (d / "shards").string()),
-                     "symbolic links");
+  expect_refused_before_output(cli::run("prepare --corpus text --input " + in.string() + " --out " +
+                                        (d / "shards").string()),
+                               "symbolic links");
   std::ofstream(d / "file") << "not a folder";
-  expect_clean_error(cli::run(train(d / "file", 1)), "not a directory");
-  expect_clean_error(cli::run(train(d / "file" / "sub", 1)), "not a directory");
+  expect_refused_before_output(cli::run(train(d / "file", 1)), "not a directory");
+  expect_refused_before_output(cli::run(train(d / "file" / "sub", 1)), "not a directory");
 }
 
 // 9. A FIFO given as an input file blocked forever (here: 20 s would be a hang).
@@ -327,37 +323,41 @@ TEST_F(BadInput, FifoInputsAreRefusedInsteadOfBlocking) {
   ASSERT_EQ(::mkfifo((d / "model.safetensors").c_str(), 0644), 0);
   ASSERT_EQ(::mkfifo((d / "shard.bin").c_str(), 0644), 0);
   ASSERT_EQ(::mkfifo((d / "run.toml").c_str(), 0644), 0);
-  expect_clean_error(run_with("timeout 20", "eval --model " + (d / "model.safetensors").string()),
-                     "FIFO");
-  expect_clean_error(
+  expect_refused_before_output(
+      run_with("timeout 20", "eval --model " + (d / "model.safetensors").string()), "FIFO");
+  expect_refused_before_output(
       run_with("timeout 20", "eval --model " + k_fixture + " --data " + (d / "shard.bin").string()),
       "FIFO");
-  expect_clean_error(run_with("timeout 20", "train --config " + (d / "run.toml").string()), "FIFO");
+  expect_refused_before_output(
+      run_with("timeout 20", "train --config " + (d / "run.toml").string()), "FIFO");
 }
 
 // 10. Clear messages.
 TEST_F(BadInput, IntegerTooLargeForItsFieldSaysOutOfRange) {
   auto r = cli::run("train --config configs/runs/tiny.toml --set train.steps=99999999999999999999");
-  expect_clean_error(r, "out of range");
+  expect_refused_before_output(r, "out of range");
   EXPECT_NE(r.err.find("2147483647"), std::string::npos) << r.err;
-  expect_clean_error(cli::run("train --config configs/runs/tiny.toml --set train.steps=3000000000"),
-                     "out of range");
+  expect_refused_before_output(
+      cli::run("train --config configs/runs/tiny.toml --set train.steps=3000000000"),
+      "out of range");
 }
 
 TEST_F(BadInput, NanOptionsAreRefused) {
   const std::string calib = " --calib random --nsamples 4 --seqlen 16";
   auto d = cli::scratch("bad_damp");
-  expect_clean_error(cli::run("quantize --model " + k_fixture + " --out " + (d / "q").string() +
-                              " --group 16 --damp nan" + calib),
-                     "--damp");
-  expect_clean_error(cli::run("quantize --model " + k_fixture + " --out " + (d / "q").string() +
-                              " --method llm-int8 --threshold nan" + calib),
-                     "--threshold");
+  expect_refused_before_output(cli::run("quantize --model " + k_fixture + " --out " +
+                                        (d / "q").string() + " --group 16 --damp nan" + calib),
+                               "--damp");
+  expect_refused_before_output(
+      cli::run("quantize --model " + k_fixture + " --out " + (d / "q").string() +
+               " --method llm-int8 --threshold nan" + calib),
+      "--threshold");
   if (!cli::have_tokenizer()) return;
   auto out = cli::scratch("bad_nan_temperature");
   ASSERT_EQ(cli::run(train(out, 1, "model.vocab_size=50257")).code, 0);
-  expect_clean_error(cli::run("sample --model " + out.string() + " --tokens 4 --temperature nan"),
-                     "--temperature");
+  expect_refused_before_output(
+      cli::run("sample --model " + out.string() + " --tokens 4 --temperature nan"),
+      "--temperature");
 }
 
 TEST_F(BadInput, NonFiniteWeightsOnResumeAreNamed) {
@@ -365,7 +365,7 @@ TEST_F(BadInput, NonFiniteWeightsOnResumeAreNamed) {
   ASSERT_EQ(cli::run(train(out, 2)).code, 0);
   poison(ckpt(out, 2), "wte.weight", 3, std::numeric_limits<float>::infinity());
   auto r = cli::run(train(out, 4, "--resume"));
-  expect_clean_error(r, "wte.weight");
+  expect_refused_before_output(r, "wte.weight");
   EXPECT_NE(r.err.find("non-finite"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("train.lr"), std::string::npos) << r.err;
 }
@@ -376,7 +376,7 @@ TEST_F(BadInput, CorruptNewestCheckpointSaysHowToResumeFromThePreviousOne) {
   const auto newest = ckpt(out, 4), previous = ckpt(out, 2);
   fs::resize_file(newest / "model.safetensors", fs::file_size(newest / "model.safetensors") / 2);
   auto r = cli::run(train(out, 6, "--resume"));
-  expect_clean_error(r, newest.string());
+  expect_refused_before_output(r, newest.string());
   EXPECT_NE(r.err.find("mv " + newest.string()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(previous.string()), std::string::npos) << r.err;
   // Following the hint continues from the previous checkpoint.
@@ -409,6 +409,6 @@ TEST_F(BadInput, BadTensorOffsetInTheStateIndexIsRefused) {
   idx["tensors"][3]["offset"] = idx["tensors"][3]["offset"].get<std::size_t>() + 1;
   std::ofstream(index, std::ios::trunc) << idx.dump(1);
   auto r = cli::run(train(out, 4, "--resume"));
-  expect_clean_error(r, "offset");
+  expect_refused_before_output(r, "offset");
   EXPECT_NE(r.err.find("state_index.json"), std::string::npos) << r.err;
 }

@@ -8,14 +8,7 @@
 
 namespace {
 
-void expect_clean_error(const cli::Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
-  auto lines = r.err_lines();
-  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
-  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(needle), std::string::npos)
-      << "expected '" << needle << "' in: " << lines[0];
-}
+using cli::expect_clean_error;
 
 }  // namespace
 

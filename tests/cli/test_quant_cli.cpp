@@ -15,14 +15,7 @@ namespace {
 
 const std::string k_fixture = TESSERA_FIXTURES "/gpt2_tiny";
 
-void expect_clean_error(const cli::Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
-  auto lines = r.err_lines();
-  ASSERT_EQ(lines.size(), 1u) << "stderr: " << r.err;
-  EXPECT_EQ(lines[0].rfind("error: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(needle), std::string::npos)
-      << "expected '" << needle << "' in: " << lines[0];
-}
+using cli::expect_clean_error;
 
 // A token shard of ids < 100 for the fixture.
 fs::path tiny_shard(const fs::path& dir) {
