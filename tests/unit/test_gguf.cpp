@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
@@ -67,16 +68,7 @@ std::string bytes_of(std::span<const std::byte> s) {
   return {reinterpret_cast<const char*>(s.data()), s.size()};
 }
 
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected tessera::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
-  }
-}
+using tessera::test::expect_error;
 
 void expect_invalid(const std::string& bytes, const std::string& needle) {
   expect_error([&] { GgufFile::from_bytes(bytes, "bad.gguf"); }, needle);

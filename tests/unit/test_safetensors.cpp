@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
@@ -43,17 +44,7 @@ std::string make_file(const std::string& header, const std::string& data = {}) {
   return u64_le(header.size()) + header + data;
 }
 
-// Expects `f` to throw tessera::Error whose message contains `needle`.
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected tessera::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
-  }
-}
+using tessera::test::expect_error;
 
 void expect_invalid(const std::string& bytes, const std::string& needle) {
   expect_error([&] { SafetensorsFile::from_bytes(bytes, "bad.safetensors"); }, needle);
