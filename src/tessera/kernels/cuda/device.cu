@@ -2,12 +2,17 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
+
+#include "tessera/kernels/cuda/check.hpp"
 
 #include "tessera/kernels/cuda/device.hpp"
 
 namespace tessera::kernels::cuda {
 
-bool compiled_with_cuda() { return true; }
+bool compiled_with_cuda() {
+  return true;
+}
 
 int device_count() {
   int n = 0;
@@ -21,7 +26,8 @@ int device_count() {
 std::string describe_devices() {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  std::string s = "CUDA runtime " + std::to_string(rt / 1000) + "." + std::to_string(rt % 1000 / 10);
+  std::string s =
+      "CUDA runtime " + std::to_string(rt / 1000) + "." + std::to_string(rt % 1000 / 10);
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
@@ -35,6 +41,45 @@ std::string describe_devices() {
     if (cudaGetDeviceProperties(&p, i) == cudaSuccess) s += std::string(i ? "; " : ": ") + p.name;
   }
   return s;
+}
+
+struct DeviceProfiler::State {
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> pool;   // reused from step to step
+  std::vector<OpFamily> families;  // families[i]: the family that starts at event i
+  std::size_t used = 0;
+};
+
+DeviceProfiler::DeviceProfiler(void* stream) : s_(std::make_unique<State>()) {
+  s_->stream = static_cast<cudaStream_t>(stream);
+}
+
+DeviceProfiler::~DeviceProfiler() {
+  for (cudaEvent_t e : s_->pool) cudaEventDestroy(e);
+}
+
+void DeviceProfiler::mark(OpFamily f) {
+  if (s_->used == s_->pool.size()) {
+    cudaEvent_t e = nullptr;
+    TESSERA_CUDA_CHECK(cudaEventCreate(&e));
+    s_->pool.push_back(e);
+    s_->families.push_back(f);
+  }
+  s_->families[s_->used] = f;
+  TESSERA_CUDA_CHECK(cudaEventRecord(s_->pool[s_->used], s_->stream));
+  ++s_->used;
+}
+
+void DeviceProfiler::finish(Profile& into) {
+  if (s_->used == 0) return;
+  mark(OpFamily::Count);  // the end of the last interval
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(s_->pool[s_->used - 1]));
+  for (std::size_t i = 0; i + 1 < s_->used; ++i) {
+    float ms = 0.0f;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, s_->pool[i], s_->pool[i + 1]));
+    into[s_->families[i]] += ms * 1e-3;
+  }
+  s_->used = 0;
 }
 
 }  // namespace tessera::kernels::cuda

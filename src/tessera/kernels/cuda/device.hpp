@@ -1,7 +1,10 @@
 // CUDA device discovery. Built when WITH_CUDA resolves to ON; the CPU build answers "no CUDA".
 #pragma once
 
+#include <memory>
 #include <string>
+
+#include "tessera/kernels/profile.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -10,5 +13,22 @@ bool compiled_with_cuda();
 int device_count();
 // "CUDA 13.0, 1 device(s): NVIDIA H100 ..." or the reason there is none.
 std::string describe_devices();
+
+// Device time per op family on one stream: mark(f) records an event (the ops issued after it, up
+// to the next mark, count for f); finish() waits for the stream and adds the elapsed times to a
+// Profile. Events cost a few microseconds each; meant for "where does the step go" reports.
+class DeviceProfiler {
+ public:
+  explicit DeviceProfiler(void* stream = nullptr);
+  ~DeviceProfiler();
+  DeviceProfiler(const DeviceProfiler&) = delete;
+  DeviceProfiler& operator=(const DeviceProfiler&) = delete;
+  void mark(OpFamily f);
+  void finish(Profile& into);  // ends the last family, adds every interval, starts afresh
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace tessera::kernels::cuda

@@ -1,6 +1,8 @@
 #include "tessera/kernels/cuda/device.hpp"
 
 #ifndef TESSERA_WITH_CUDA
+#include "tessera/core/error.hpp"
+
 namespace tessera::kernels::cuda {
 bool compiled_with_cuda() {
   return false;
@@ -11,5 +13,13 @@ int device_count() {
 std::string describe_devices() {
   return "built without CUDA (WITH_CUDA=OFF or no nvcc found)";
 }
+struct DeviceProfiler::State {};
+DeviceProfiler::DeviceProfiler(void*) {
+  throw Error("built without CUDA: DeviceProfiler is unavailable");
+}
+DeviceProfiler::~DeviceProfiler() = default;
+void DeviceProfiler::mark(OpFamily) {}
+void DeviceProfiler::finish(Profile&) {}
+
 }  // namespace tessera::kernels::cuda
 #endif

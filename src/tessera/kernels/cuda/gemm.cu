@@ -105,9 +105,11 @@ __global__ void scale_matrix_kernel(T* C, std::int64_t M, std::int64_t N, std::i
 void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool transb,
              std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
              std::int64_t lda, const void* B, std::int64_t ldb, float beta, void* C,
-             std::int64_t ldc, void* stream) {
+             std::int64_t ldc, void* stream, const GemmEpilogue& epi = {}) {
+  const void* bias = epi.bias;
   TESSERA_CUDA_REQUIRE(M >= 0 && N >= 0 && K >= 0, "gemm: negative dimension");
   if (M == 0 || N == 0) return;
+  TESSERA_CUDA_REQUIRE(!bias || K > 0, "gemm: a bias needs K > 0");
   // Row strides of the row-major operands as stored: at least their number of columns.
   TESSERA_CUDA_REQUIRE(lda >= (transa ? M : K) && lda >= 1, "gemm: lda < columns of A");
   TESSERA_CUDA_REQUIRE(ldb >= (transb ? K : N) && ldb >= 1, "gemm: ldb < columns of B");
@@ -134,6 +136,41 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
   TESSERA_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
 
+  // C's rows in cuBLASLt's column-major view are our columns: the bias has N elements (in C's
+  // type, the epilogue's default) and is added to every row of our C; the GELU auxiliary matrix
+  // has C's shape, type and row stride.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (epi.act) {
+    case GemmEpilogue::Act::None:
+      epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      break;
+    case GemmEpilogue::Act::Gelu:
+      epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      break;
+    case GemmEpilogue::Act::DGelu:
+      TESSERA_CUDA_REQUIRE(!bias, "gemm: the DGELU epilogue takes no bias");
+      epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
+  }
+  TESSERA_CUDA_REQUIRE(epi.act == GemmEpilogue::Act::None || (epi.aux && ldc % 8 == 0),
+                       "gemm: a GELU epilogue needs its auxiliary matrix and ldc % 8 == 0");
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epilogue, sizeof(epilogue)));
+  if (bias)
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &bias, sizeof(bias)));
+  if (epi.act != GemmEpilogue::Act::None) {
+    void* aux = epi.aux;
+    std::int64_t aux_ld = ldc;
+    std::int32_t aux_type = c_type;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                        &aux_ld, sizeof(aux_ld)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+  }
   // Column-major shapes as stored (rows, cols, ld):
   //   Lt A = our B: (N, K) if !transb else (K, N), ld ldb
   //   Lt B = our A: (K, M) if !transa else (M, K), ld lda
@@ -157,8 +194,9 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
   if (found == 0)
     TESSERA_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape/layout
 
-  TESSERA_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.d, &alpha, B, la.d, A, lb.d, &beta, C, lc.d, C,
-                                      lc.d, &heuristic.algo, ctx.workspace, k_workspace_bytes,
+  const void* c_in = epi.c_in ? epi.c_in : C;  // the beta term's matrix
+  TESSERA_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.d, &alpha, B, la.d, A, lb.d, &beta, c_in, lc.d,
+                                      C, lc.d, &heuristic.algo, ctx.workspace, k_workspace_bytes,
                                       as_stream(stream)));
 }
 
@@ -183,6 +221,29 @@ void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::in
                std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc, void* stream) {
   lt_gemm(CUDA_R_16BF, CUDA_R_16BF, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
           stream);
+}
+
+void gemm_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+             float* C, std::int64_t ldc, const GemmEpilogue& epi, void* stream) {
+  lt_gemm(CUDA_R_32F, CUDA_R_32F, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream, epi);
+}
+
+void gemm_bf16_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+                  float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+                  std::int64_t ldb, float beta, float* C, std::int64_t ldc, const GemmEpilogue& epi,
+                  void* stream) {
+  lt_gemm(CUDA_R_16BF, CUDA_R_32F, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream, epi);
+}
+
+void gemm_bf16_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+                  float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+                  std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc,
+                  const GemmEpilogue& epi, void* stream) {
+  lt_gemm(CUDA_R_16BF, CUDA_R_16BF, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+          stream, epi);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -55,6 +55,8 @@ void synchronize(void* stream = nullptr);  // cudaStreamSynchronize; throws on p
 void gemm(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
           const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
           std::int64_t ldc, void* stream);
+// dbias (OC) += column sums of dout (N,OC) (atomics: not bit-reproducible).
+void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC, void* stream);
 // bf16 inputs (__nv_bfloat16 bit patterns as uint16_t), fp32 accumulation and scaling; output
 // fp32 or bf16 (beta reads C in its own type).
 void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -63,6 +65,31 @@ void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::in
 void gemm_bf16(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
                float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
                std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc, void* stream);
+// What cuBLASLt's epilogue adds to a GEMM, in the same pass over C:
+//  - bias (N), in C's type, added to every row of C;
+//  - c_in: the beta term reads this (M,N) matrix (row stride ldc) instead of C itself, so
+//    C = A B + b + residual needs no copy of the residual first;
+//  - Gelu: C = gelu(A B + bias) (tanh approximation), the pre-activation written to aux;
+//    DGelu: C = (A B) * gelu'(aux), the GELU backward fused into the GEMM that produces its
+//    input gradient. aux is (M,N) in C's type with row stride ldc (ldc % 8 == 0).
+struct GemmEpilogue {
+  enum class Act { None, Gelu, DGelu };
+  const void* bias = nullptr;
+  const void* c_in = nullptr;
+  Act act = Act::None;
+  void* aux = nullptr;
+};
+void gemm_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+             float* C, std::int64_t ldc, const GemmEpilogue& epi, void* stream);
+void gemm_bf16_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+                  float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+                  std::int64_t ldb, float beta, float* C, std::int64_t ldc, const GemmEpilogue& epi,
+                  void* stream);
+void gemm_bf16_ex(bool transa, bool transb, std::int64_t M, std::int64_t N, std::int64_t K,
+                  float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+                  std::int64_t ldb, float beta, std::uint16_t* C, std::int64_t ldc,
+                  const GemmEpilogue& epi, void* stream);
 // out (n) = bf16(in) with round-to-nearest-even; and back (exact).
 void float_to_bf16(std::uint16_t* out, const float* in, std::int64_t n, void* stream);
 void bf16_to_float(float* out, const std::uint16_t* in, std::int64_t n, void* stream);
@@ -98,6 +125,20 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH, void* stream);
 
+// ---- causal flash attention in bf16 (tensor cores, fp32 accumulation and softmax) ----
+// The contract of attention_forward/backward with bf16 qkv (B,T,3C), out (B,T,C), dout, dqkv;
+// lse (B,NH,T) stays fp32. Head sizes 32, 64 and 128 (flash_attention_supports). The backward
+// pass needs flash_attention_workspace_bytes of device scratch (fp32 dq accumulator and the
+// row sums D = rowsum(dout * out)); its dq accumulation uses atomics (not bit-reproducible).
+bool flash_attention_supports(int C, int NH);
+std::size_t flash_attention_workspace_bytes(int B, int T, int C, int NH);
+void flash_attention_forward(std::uint16_t* out, float* lse, const std::uint16_t* qkv, int B, int T,
+                             int C, int NH, void* stream);
+// dqkv (B,T,3C) = (overwrite) the gradients of q, k and v.
+void flash_attention_backward(std::uint16_t* dqkv, const std::uint16_t* dout,
+                              const std::uint16_t* qkv, const std::uint16_t* out, const float* lse,
+                              float* workspace, int B, int T, int C, int NH, void* stream);
+
 // ---- fused softmax + cross-entropy over the real vocabulary V of padded rows Vp ----
 // losses (N); logits (N,Vp); targets (N), targets < 0 are ignored (loss 0, no gradient).
 void cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets,
@@ -113,6 +154,41 @@ void cross_entropy_forward_backward(float* losses, float* logits, const std::int
 void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, std::int64_t step,
                   void* stream);
+
+// ---- bf16 mixed precision: bf16 activations that feed GEMMs, fp32 everything else ----
+// LayerNorm from the fp32 residual stream to a bf16 output (the next GEMM's input).
+void layernorm_forward_bf16(std::uint16_t* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, std::int64_t N, int C,
+                            void* stream);
+// dinp (N,C) fp32 +=; dinp_bf16, if not null, = the updated dinp rounded to bf16; dweight,
+// dbias (C) += (atomics); dout (N,C) is bf16.
+void layernorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight, float* dbias,
+                             const std::uint16_t* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, std::int64_t N, int C,
+                             void* stream);
+// dbias (OC) += column sums of dout (N,OC) (fp32 accumulation, atomics).
+void bias_backward_bf16(float* dbias, const std::uint16_t* dout, std::int64_t N, int OC,
+                        void* stream);
+void gelu_forward_bf16(std::uint16_t* out, const std::uint16_t* inp, std::int64_t n, void* stream);
+// dinp = dout * gelu'(inp) (dinp may alias dout)
+void gelu_backward_bf16(std::uint16_t* dinp, const std::uint16_t* inp, const std::uint16_t* dout,
+                        std::int64_t n, void* stream);
+// The cross-entropy ops over bf16 logits (softmax and losses in fp32); the _backward variant
+// overwrites the logits with the bf16 gradient.
+void cross_entropy_forward_bf16(float* losses, std::uint16_t* logits, const std::int32_t* targets,
+                                std::int64_t N, int V, int Vp, void* stream);
+void cross_entropy_forward_backward_bf16(float* losses, std::uint16_t* logits,
+                                         const std::int32_t* targets, std::int64_t N, int V, int Vp,
+                                         float dloss, void* stream);
+// adamw_update on fp32 masters with the gradient multiplied by grad_scale (clipping), also
+// writing the updated parameters as bf16 into params_bf16 when it is not null.
+void adamw_update_mixed(float* params, std::uint16_t* params_bf16, const float* grads, float* m,
+                        float* v, std::int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, std::int64_t step, float grad_scale, void* stream);
+// *out (one device float) = sum of x[i]^2, in a fixed order (the same on every run); workspace
+// holds sum_of_squares_workspace_bytes().
+std::size_t sum_of_squares_workspace_bytes();
+void sum_of_squares(float* out, const float* x, std::int64_t n, float* workspace, void* stream);
 
 // ---- elementwise ----
 void add(float* out, const float* a, const float* b, std::int64_t n, void* stream);  // out = a+b

@@ -115,5 +115,78 @@ void copy(float*, const float*, std::int64_t, void*) {
   no_cuda("copy");
 }
 
+bool flash_attention_supports(int, int) {
+  return false;
+}
+std::size_t flash_attention_workspace_bytes(int, int, int, int) {
+  return 0;
+}
+void flash_attention_forward(std::uint16_t*, float*, const std::uint16_t*, int, int, int, int,
+                             void*) {
+  no_cuda("flash_attention_forward");
+}
+void flash_attention_backward(std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                              const std::uint16_t*, const float*, float*, int, int, int, int,
+                              void*) {
+  no_cuda("flash_attention_backward");
+}
+
+void gemm_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+             std::int64_t, const float*, std::int64_t, float, float*, std::int64_t,
+             const GemmEpilogue&, void*) {
+  no_cuda("gemm_ex");
+}
+void gemm_bf16_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const std::uint16_t*,
+                  std::int64_t, const std::uint16_t*, std::int64_t, float, float*, std::int64_t,
+                  const GemmEpilogue&, void*) {
+  no_cuda("gemm_bf16_ex");
+}
+void gemm_bf16_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const std::uint16_t*,
+                  std::int64_t, const std::uint16_t*, std::int64_t, float, std::uint16_t*,
+                  std::int64_t, const GemmEpilogue&, void*) {
+  no_cuda("gemm_bf16_ex");
+}
+void layernorm_forward_bf16(std::uint16_t*, float*, float*, const float*, const float*,
+                            const float*, std::int64_t, int, void*) {
+  no_cuda("layernorm_forward_bf16");
+}
+void layernorm_backward_bf16(float*, std::uint16_t*, float*, float*, const std::uint16_t*,
+                             const float*, const float*, const float*, const float*, std::int64_t,
+                             int, void*) {
+  no_cuda("layernorm_backward_bf16");
+}
+void bias_backward_bf16(float*, const std::uint16_t*, std::int64_t, int, void*) {
+  no_cuda("bias_backward_bf16");
+}
+void gelu_forward_bf16(std::uint16_t*, const std::uint16_t*, std::int64_t, void*) {
+  no_cuda("gelu_forward_bf16");
+}
+void gelu_backward_bf16(std::uint16_t*, const std::uint16_t*, const std::uint16_t*, std::int64_t,
+                        void*) {
+  no_cuda("gelu_backward_bf16");
+}
+void cross_entropy_forward_bf16(float*, std::uint16_t*, const std::int32_t*, std::int64_t, int, int,
+                                void*) {
+  no_cuda("cross_entropy_forward_bf16");
+}
+void cross_entropy_forward_backward_bf16(float*, std::uint16_t*, const std::int32_t*, std::int64_t,
+                                         int, int, float, void*) {
+  no_cuda("cross_entropy_forward_backward_bf16");
+}
+void adamw_update_mixed(float*, std::uint16_t*, const float*, float*, float*, std::int64_t, float,
+                        float, float, float, float, std::int64_t, float, void*) {
+  no_cuda("adamw_update_mixed");
+}
+std::size_t sum_of_squares_workspace_bytes() {
+  return 0;
+}
+void sum_of_squares(float*, const float*, std::int64_t, float*, void*) {
+  no_cuda("sum_of_squares");
+}
+
+void bias_backward(float*, const float*, std::int64_t, int, void*) {
+  no_cuda("bias_backward");
+}
+
 }  // namespace tessera::kernels::cuda
 #endif

@@ -1,0 +1,431 @@
+// The bf16 side of the op table (ops.hpp): kernels of the mixed-precision model, where the
+// tensors that feed GEMMs and attention are bf16, while the residual stream, normalization
+// statistics, softmax, losses, gradients and optimizer state stay fp32. Every reduction
+// accumulates in fp32.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "tessera/kernels/cuda/check.hpp"
+#include "tessera/kernels/cuda/kernel_util.cuh"
+#include "tessera/kernels/cuda/ops.hpp"
+
+namespace tessera::kernels::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ inline const bf16* as_bf16(const std::uint16_t* p) {
+  return reinterpret_cast<const bf16*>(p);
+}
+__device__ inline bf16* as_bf16(std::uint16_t* p) {
+  return reinterpret_cast<bf16*>(p);
+}
+
+constexpr float k_layernorm_eps = 1e-5f;             // = kernels::cpu::k_layernorm_eps
+constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr int k_row_threads = 256;
+
+// ---------------------------------------------------------------- layernorm
+// One block per row, as the fp32 kernel (two passes over the row for the variance); the row is
+// read from fp32 and written as bf16.
+__global__ void layernorm_forward_bf16_kernel(std::uint16_t* out_, float* mean, float* rstd,
+                                              const float* inp, const float* weight,
+                                              const float* bias, int C) {
+  __shared__ float scratch[32];
+  bf16* out = as_bf16(out_);
+  const std::int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+  const float m = block_sum(s, scratch) / C;
+  float v = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = x[c] - m;
+    v += d * d;
+  }
+  const float r = rsqrtf(block_sum(v, scratch) / C + k_layernorm_eps);
+  bf16* o = out + row * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    o[c] = __float2bfloat16((x[c] - m) * r * weight[c] + bias[c]);
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp (fp32) += ...; and, if dinp_bf16, its updated value rounded to bf16 (the next GEMM's
+// input). One block per row.
+__global__ void layernorm_backward_bf16_dinp_kernel(float* dinp, std::uint16_t* dinp_bf16_,
+                                                    const std::uint16_t* dout_, const float* inp,
+                                                    const float* weight, const float* mean,
+                                                    const float* rstd, int C) {
+  __shared__ float scratch[32];
+  const bf16* dout = as_bf16(dout_);
+  const std::int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  const bf16* g = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float sum_dn = 0.0f, sum_dn_n = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float n = (x[c] - m) * r;
+    const float dn = weight[c] * __bfloat162float(g[c]);
+    sum_dn += dn;
+    sum_dn_n += dn * n;
+  }
+  const float mean_dn = block_sum(sum_dn, scratch) / C;
+  const float mean_dn_n = block_sum(sum_dn_n, scratch) / C;
+  float* dx = dinp + row * C;
+  bf16* dxb = dinp_bf16_ ? as_bf16(dinp_bf16_) + row * C : nullptr;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float n = (x[c] - m) * r;
+    const float dn = weight[c] * __bfloat162float(g[c]);
+    const float v = dx[c] + (dn - mean_dn - n * mean_dn_n) * r;
+    dx[c] = v;
+    if (dxb) dxb[c] = __float2bfloat16(v);
+  }
+}
+
+// Column sums over rows (32 columns x 8 row-threads per block, a slice of rows per blockIdx.y,
+// one atomicAdd per column and block): dbias += sum_i dout[i][c] and, with inp, the LayerNorm
+// weight gradient dweight += sum_i dout[i][c] * (inp[i][c] - mean[i]) * rstd[i].
+constexpr int k_cols = 32, k_rows = 8;
+__device__ inline float to_float(float x) {
+  return x;
+}
+__device__ inline float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
+template <class T>
+__global__ void column_sums_kernel(float* dweight, float* dbias, const T* dout, const float* inp,
+                                   const float* mean, const float* rstd, std::int64_t N, int C) {
+  __shared__ float sw[k_rows][k_cols];
+  __shared__ float sb[k_rows][k_cols];
+  const int c = blockIdx.x * k_cols + threadIdx.x;
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.y) * k_rows + threadIdx.y; i < N;
+         i += static_cast<std::int64_t>(gridDim.y) * k_rows) {
+      const float g = to_float(dout[i * C + c]);
+      db += g;
+      if (inp) dw += (inp[i * C + c] - mean[i]) * rstd[i] * g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int k = 1; k < k_rows; ++k) {
+      dw += sw[k][threadIdx.x];
+      db += sb[k][threadIdx.x];
+    }
+    if (dweight) atomicAdd(dweight + c, dw);
+    atomicAdd(dbias + c, db);
+  }
+}
+
+template <class T>
+void launch_column_sums(float* dweight, float* dbias, const T* dout, const float* inp,
+                        const float* mean, const float* rstd, std::int64_t N, int C,
+                        cudaStream_t s) {
+  const unsigned col_blocks = static_cast<unsigned>((C + k_cols - 1) / k_cols);
+  const std::int64_t row_tiles = (N + k_rows - 1) / k_rows;
+  // about 8192 blocks in all (several waves on any current GPU), at most 256 atomics per column
+  const std::int64_t want = std::max<std::int64_t>(1, 8192 / col_blocks);
+  const unsigned row_blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>(row_tiles, 1, std::min<std::int64_t>(want, 256)));
+  column_sums_kernel<T><<<dim3(col_blocks, row_blocks), dim3(k_cols, k_rows), 0, s>>>(
+      dweight, dbias, dout, inp, mean, rstd, N, C);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- gelu (8 elements a thread)
+__device__ inline float gelu(float x) {
+  const float u = k_gelu_scale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ inline float gelu_grad(float x) {
+  const float u = k_gelu_scale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float du = k_gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+__global__ void gelu_forward_bf16_kernel(std::uint16_t* out_, const std::uint16_t* inp_,
+                                         std::int64_t n) {
+  bf16* out = as_bf16(out_);
+  const bf16* inp = as_bf16(inp_);
+  const std::int64_t n8 = n / 8;
+  for (std::int64_t i = global_index(); i < n8; i += global_stride()) {
+    uint4 v = reinterpret_cast<const uint4*>(inp)[i];
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      h[k] = __floats2bfloat162_rn(gelu(f.x), gelu(f.y));
+    }
+    reinterpret_cast<uint4*>(out)[i] = v;
+  }
+  for (std::int64_t i = n8 * 8 + global_index(); i < n; i += global_stride())
+    out[i] = __float2bfloat16(gelu(__bfloat162float(inp[i])));
+}
+
+__global__ void gelu_backward_bf16_kernel(std::uint16_t* dinp_, const std::uint16_t* inp_,
+                                          const std::uint16_t* dout_, std::int64_t n) {
+  bf16* dinp = as_bf16(dinp_);
+  const bf16* inp = as_bf16(inp_);
+  const bf16* dout = as_bf16(dout_);
+  const std::int64_t n8 = n / 8;
+  for (std::int64_t i = global_index(); i < n8; i += global_stride()) {
+    uint4 x = reinterpret_cast<const uint4*>(inp)[i];
+    uint4 g = reinterpret_cast<const uint4*>(dout)[i];
+    const auto* hx = reinterpret_cast<const __nv_bfloat162*>(&x);
+    auto* hg = reinterpret_cast<__nv_bfloat162*>(&g);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 fx = __bfloat1622float2(hx[k]), fg = __bfloat1622float2(hg[k]);
+      hg[k] = __floats2bfloat162_rn(fg.x * gelu_grad(fx.x), fg.y * gelu_grad(fx.y));
+    }
+    reinterpret_cast<uint4*>(dinp)[i] = g;
+  }
+  for (std::int64_t i = n8 * 8 + global_index(); i < n; i += global_stride())
+    dinp[i] = __float2bfloat16(__bfloat162float(dout[i]) * gelu_grad(__bfloat162float(inp[i])));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+// One block per row of bf16 logits: an online max / sum-of-exp pass over the real vocabulary
+// (fp32), loss = lse - logit[target]; with a gradient, the row is overwritten by
+// dloss * (softmax - onehot) in bf16, padded columns zeroed.
+__device__ inline void online_merge(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+// Rows are read and written 8 bf16 (16 bytes) at a time: Vp is a multiple of 128, so every row
+// starts 256-byte aligned.
+__global__ void cross_entropy_bf16_kernel(float* losses, std::uint16_t* logits_, bool write_grad,
+                                          const std::int32_t* targets, int V, int Vp, float dloss) {
+  __shared__ float sm_m[32], sm_s[32];
+  bf16* logits = as_bf16(logits_);
+  const std::int64_t row = blockIdx.x;
+  bf16* x = logits + row * Vp;
+  uint4* x8 = reinterpret_cast<uint4*>(x);
+  const int n8 = Vp / 8;
+  const std::int32_t t = targets[row];
+  if (t < 0) {  // uniform over the block
+    if (write_grad)
+      for (int j = threadIdx.x; j < n8; j += blockDim.x) x8[j] = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    return;
+  }
+  const float xt = __bfloat162float(x[t]);
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < n8; j += blockDim.x) {
+    uint4 v = x8[j];
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    float f[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 p = __bfloat1622float2(h[k]);
+      f[2 * k] = p.x;
+      f[2 * k + 1] = p.y;
+    }
+    float mx = m;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (8 * j + k < V) mx = fmaxf(mx, f[k]);
+    if (mx == -INFINITY) continue;  // only padded columns
+    float acc = s * expf(m - mx);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (8 * j + k < V) acc += expf(f[k] - mx);
+    s = acc;
+    m = mx;
+  }
+  // warp, then block merge of (max, sum)
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
+  __syncthreads();  // also: every thread has read x[t] before any overwrite below
+  m = lane < nwarps ? sm_m[lane] : -INFINITY;
+  s = lane < nwarps ? sm_s[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  if (threadIdx.x == 0) losses[row] = m + logf(s) - xt;
+  if (!write_grad) return;
+  const float scale = dloss / s;
+  for (int j = threadIdx.x; j < n8; j += blockDim.x) {
+    uint4 v = x8[j];
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 p = __bfloat1622float2(h[k]);
+      const int c0 = 8 * j + 2 * k;
+      float g0 = c0 < V ? scale * expf(p.x - m) : 0.0f;
+      float g1 = c0 + 1 < V ? scale * expf(p.y - m) : 0.0f;
+      if (c0 == t) g0 -= dloss;
+      if (c0 + 1 == t) g1 -= dloss;
+      h[k] = __floats2bfloat162_rn(g0, g1);
+    }
+    x8[j] = v;
+  }
+}
+
+// ---------------------------------------------------------------- optimizer
+// The AdamW of adamw_kernel (ops.cu) with the gradient scaled by grad_scale (clipping) and the
+// updated parameter also written as bf16 (the copy the bf16 GEMMs read), when p16 is set.
+__global__ void adamw_mixed_kernel(float* p, std::uint16_t* p16_, const float* g, float* m,
+                                   float* v, std::int64_t n, float lr, float b1, float b2,
+                                   float eps, float wd, float bc1, float bc2, float grad_scale) {
+  bf16* p16 = p16_ ? as_bf16(p16_) : nullptr;
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
+    const float gi = g[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bc1, vhat = vi / bc2;
+    const float pi = p[i] * (1.0f - lr * wd);
+    const float out = pi - lr * mhat / (sqrtf(vhat) + eps);
+    p[i] = out;
+    if (p16) p16[i] = __float2bfloat16(out);
+  }
+}
+
+// Sum of squares: partial sums per block (fixed grid, fixed order), then one block adds them:
+// the same result on every run.
+constexpr int k_norm_blocks = 1024;
+__global__ void sumsq_partial_kernel(float* partial, const float* x, std::int64_t n) {
+  __shared__ float scratch[32];
+  float s = 0.0f;
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) s += x[i] * x[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+__global__ void sum_partials_kernel(float* out, const float* partial, int n) {
+  __shared__ float scratch[32];
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *out = s;
+}
+
+}  // namespace
+
+void layernorm_forward_bf16(std::uint16_t* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, std::int64_t N, int C,
+                            void* stream) {
+  if (N <= 0) return;
+  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_forward_bf16: one block per row, N < 2^31");
+  layernorm_forward_bf16_kernel<<<static_cast<unsigned>(N), k_row_threads, 0, as_stream(stream)>>>(
+      out, mean, rstd, inp, weight, bias, C);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight, float* dbias,
+                             const std::uint16_t* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, std::int64_t N, int C,
+                             void* stream) {
+  if (N <= 0) return;
+  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_backward_bf16: one block per row, N < 2^31");
+  auto s = as_stream(stream);
+  layernorm_backward_bf16_dinp_kernel<<<static_cast<unsigned>(N), k_row_threads, 0, s>>>(
+      dinp, dinp_bf16, dout, inp, weight, mean, rstd, C);
+  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_column_sums(dweight, dbias, reinterpret_cast<const bf16*>(dout), inp, mean, rstd, N, C, s);
+}
+
+void bias_backward_bf16(float* dbias, const std::uint16_t* dout, std::int64_t N, int OC,
+                        void* stream) {
+  if (N <= 0 || OC <= 0) return;
+  launch_column_sums(nullptr, dbias, reinterpret_cast<const bf16*>(dout), nullptr, nullptr, nullptr,
+                     N, OC, as_stream(stream));
+}
+
+void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC, void* stream) {
+  if (N <= 0 || OC <= 0) return;
+  launch_column_sums(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, as_stream(stream));
+}
+
+void gelu_forward_bf16(std::uint16_t* out, const std::uint16_t* inp, std::int64_t n, void* stream) {
+  if (n <= 0) return;
+  gelu_forward_bf16_kernel<<<grid_for(std::max<std::int64_t>(n / 8, 1)), k_block, 0,
+                             as_stream(stream)>>>(out, inp, n);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_bf16(std::uint16_t* dinp, const std::uint16_t* inp, const std::uint16_t* dout,
+                        std::int64_t n, void* stream) {
+  if (n <= 0) return;
+  gelu_backward_bf16_kernel<<<grid_for(std::max<std::int64_t>(n / 8, 1)), k_block, 0,
+                              as_stream(stream)>>>(dinp, inp, dout, n);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_forward_bf16(float* losses, std::uint16_t* logits, const std::int32_t* targets,
+                                std::int64_t N, int V, int Vp, void* stream) {
+  if (N <= 0) return;
+  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff && V <= Vp, "cross_entropy_forward_bf16: N < 2^31, V <= Vp");
+  TESSERA_CUDA_REQUIRE(Vp % 8 == 0, "cross_entropy_forward_bf16: Vp % 8 == 0");
+  cross_entropy_bf16_kernel<<<static_cast<unsigned>(N), 512, 0, as_stream(stream)>>>(
+      losses, logits, false, targets, V, Vp, 0.0f);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_forward_backward_bf16(float* losses, std::uint16_t* logits,
+                                         const std::int32_t* targets, std::int64_t N, int V, int Vp,
+                                         float dloss, void* stream) {
+  if (N <= 0) return;
+  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff && V <= Vp,
+                       "cross_entropy_forward_backward_bf16: N < 2^31, V <= Vp");
+  TESSERA_CUDA_REQUIRE(Vp % 8 == 0, "cross_entropy_forward_backward_bf16: Vp % 8 == 0");
+  cross_entropy_bf16_kernel<<<static_cast<unsigned>(N), 512, 0, as_stream(stream)>>>(
+      losses, logits, true, targets, V, Vp, dloss);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_update_mixed(float* params, std::uint16_t* params_bf16, const float* grads, float* m,
+                        float* v, std::int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, std::int64_t step, float grad_scale, void* stream) {
+  if (n <= 0) return;
+  const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  adamw_mixed_kernel<<<grid_for(n), k_block, 0, as_stream(stream)>>>(
+      params, params_bf16, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+      grad_scale);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+std::size_t sum_of_squares_workspace_bytes() {
+  return k_norm_blocks * sizeof(float);
+}
+
+void sum_of_squares(float* out, const float* x, std::int64_t n, float* workspace, void* stream) {
+  auto s = as_stream(stream);
+  if (n <= 0) {
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), s));
+    return;
+  }
+  sumsq_partial_kernel<<<k_norm_blocks, k_block, 0, s>>>(workspace, x, n);
+  TESSERA_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<<<1, 1024, 0, s>>>(out, workspace, k_norm_blocks);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tessera::kernels::cuda
