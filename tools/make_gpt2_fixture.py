@@ -240,7 +240,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--out", default=os.path.join(repo, "tests", "fixtures", "gpt2_tiny"))
+    ap.add_argument("--n-head", type=int, default=N_HEAD,
+                    help="heads (gpt2_tiny_hs32, for the GPU's bf16 attention: --n-head 2 --n-embd 64)")
+    ap.add_argument("--n-embd", type=int, default=N_EMBD)
     args = ap.parse_args()
+    globals().update(N_HEAD=args.n_head, N_EMBD=args.n_embd)
     os.makedirs(args.out, exist_ok=True)
 
     torch.set_num_threads(1)  # reproducible reductions

@@ -1,0 +1,539 @@
+#include "tessera/model/gpt_device.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/device.hpp"
+#include "tessera/kernels/cuda/ops.hpp"
+
+namespace tessera::model {
+
+namespace cu = kernels::cuda;
+using kernels::OpFamily;
+using bf16 = std::uint16_t;  // bf16 bit patterns, the op table's convention
+
+const char* precision_name(DevicePrecision p) {
+  return p == DevicePrecision::Bf16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+// ---- the op table by element type: fp32 everywhere, or bf16 activations with fp32 residuals --
+// GEMM C (M,N) = alpha op(A) op(B) + beta C in the row-major convention of kernels::gemm.
+void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A,
+          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+          std::int64_t ldc, void* st) {
+  cu::gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, st);
+}
+template <class Out>
+void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const bf16* A,
+          std::int64_t lda, const bf16* B, std::int64_t ldb, float beta, Out* C, std::int64_t ldc,
+          void* st) {
+  cu::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, st);
+}
+
+// out (N,OC) = inp (N,IC) @ w^T (OC,IC) + b [+ residual (N,OC), read in the GEMM's epilogue]
+void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
+            int OC, void* st, const float* residual = nullptr) {
+  cu::GemmEpilogue e;
+  e.bias = b;
+  e.c_in = residual;
+  cu::gemm_ex(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, residual ? 1.0f : 0.0f, out, OC, e, st);
+}
+void linear(bf16* out, const bf16* inp, const bf16* w, const bf16* b, std::int64_t N, int IC,
+            int OC, void* st) {
+  cu::GemmEpilogue e;
+  e.bias = b;
+  cu::gemm_bf16_ex(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC, e, st);
+}
+void linear(float* out, const bf16* inp, const bf16* w, const float* b, std::int64_t N, int IC,
+            int OC, void* st, const float* residual = nullptr) {
+  cu::GemmEpilogue e;
+  e.bias = b;
+  e.c_in = residual;
+  cu::gemm_bf16_ex(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, residual ? 1.0f : 0.0f, out, OC, e,
+                   st);
+}
+
+// out = gelu(pre), pre (N,OC) = inp @ w^T + b. fp32: a GEMM, then the GELU kernel (the
+// reference path); bf16: one GEMM with the GELU in its epilogue, pre kept for the backward.
+void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
+                 std::int64_t N, int IC, int OC, void* st) {
+  linear(pre, inp, w, b, N, IC, OC, st);
+  cu::gelu_forward(out, pre, N * OC, st);
+}
+void linear_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* w, const bf16* b,
+                 std::int64_t N, int IC, int OC, void* st) {
+  cu::GemmEpilogue e;
+  e.bias = b;
+  e.act = cu::GemmEpilogue::Act::Gelu;
+  e.aux = pre;
+  cu::gemm_bf16_ex(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC, e, st);
+}
+
+// dinp (N,IC) = (dout (N,OC) @ w (OC,IC)) * gelu'(pre (N,IC)): the input gradient of a linear
+// layer whose input was gelu(pre), with the GELU backward fused in bf16.
+void linear_backward_input_dgelu(float* dinp, const float* dout, const float* w, const float* pre,
+                                 std::int64_t N, int IC, int OC, void* st) {
+  cu::gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC, st);
+  cu::gelu_backward(dinp, pre, dinp, N * IC, st);
+}
+void linear_backward_input_dgelu(bf16* dinp, const bf16* dout, const bf16* w, const bf16* pre,
+                                 std::int64_t N, int IC, int OC, void* st) {
+  cu::GemmEpilogue e;
+  e.act = cu::GemmEpilogue::Act::DGelu;
+  e.aux = const_cast<bf16*>(pre);
+  cu::gemm_bf16_ex(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC, e, st);
+}
+
+void bias_backward(float* db, const float* dout, std::int64_t N, int OC, void* st) {
+  cu::bias_backward(db, dout, N, OC, st);
+}
+void bias_backward(float* db, const bf16* dout, std::int64_t N, int OC, void* st) {
+  cu::bias_backward_bf16(db, dout, N, OC, st);
+}
+
+// dinp (N,IC) = dout @ w (skipped if null); dw (OC,IC) += dout^T @ inp; db (OC) += (if non-null)
+template <class A>
+void linear_backward(A* dinp, float* dw, float* db, const A* dout, const A* inp, const A* w,
+                     std::int64_t N, int IC, int OC, void* st) {
+  if (dinp) gemm(false, false, N, IC, OC, dout, OC, w, IC, 0.0f, dinp, IC, st);
+  gemm(true, false, OC, IC, N, dout, OC, inp, IC, 1.0f, dw, IC, st);
+  if (db) bias_backward(db, dout, N, OC, st);
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int C, void* st) {
+  cu::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st);
+}
+void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int C, void* st) {
+  cu::layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C, st);
+}
+// dinp (fp32) +=; in bf16 also dinp_copy = bf16(dinp) for the GEMMs that read it next.
+void layernorm_backward(float* dinp, float* /*dinp_copy: dinp itself*/, float* dw, float* db,
+                        const float* dout, const float* inp, const float* w, const float* mean,
+                        const float* rstd, std::int64_t N, int C, void* st) {
+  cu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, st);
+}
+void layernorm_backward(float* dinp, bf16* dinp_copy, float* dw, float* db, const bf16* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        std::int64_t N, int C, void* st) {
+  cu::layernorm_backward_bf16(dinp, dinp_copy, dw, db, dout, inp, w, mean, rstd, N, C, st);
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       void* st) {
+  cu::attention_forward(out, lse, qkv, B, T, C, NH, st);
+}
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
+                       void* st) {
+  cu::flash_attention_forward(out, lse, qkv, B, T, C, NH, st);
+}
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, float* /*workspace*/, int B, int T, int C, int NH,
+                        void* st) {
+  cu::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, st);
+}
+void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                        const float* lse, float* workspace, int B, int T, int C, int NH, void* st) {
+  cu::flash_attention_backward(dqkv, dout, qkv, out, lse, workspace, B, T, C, NH, st);
+}
+
+void cross_entropy(float* losses, float* logits, const std::int32_t* targets, std::int64_t N, int V,
+                   int Vp, bool training, float dloss, void* st) {
+  if (training)
+    cu::cross_entropy_forward_backward(losses, logits, targets, N, V, Vp, dloss, st);
+  else
+    cu::cross_entropy_forward(losses, logits, targets, N, V, Vp, st);
+}
+void cross_entropy(float* losses, bf16* logits, const std::int32_t* targets, std::int64_t N, int V,
+                   int Vp, bool training, float dloss, void* st) {
+  if (training)
+    cu::cross_entropy_forward_backward_bf16(losses, logits, targets, N, V, Vp, dloss, st);
+  else
+    cu::cross_entropy_forward_bf16(losses, logits, targets, N, V, Vp, st);
+}
+
+// Byte offsets of the activations of one micro-batch (B, T) in one device buffer; A is the
+// element type of the GEMM-side tensors (float or bf16), every offset 256-byte aligned.
+struct ActOffsets {
+  struct Layer {
+    std::size_t ln1, ln1_mean, ln1_rstd;  // A (N,C), f32 (N), f32 (N)
+    std::size_t qkv;                      // A (N,3C)
+    std::size_t atty, lse;                // A (N,C), f32 (B,NH,T)
+    std::size_t res2;                     // f32 (N,C)
+    std::size_t ln2, ln2_mean, ln2_rstd;  // A (N,C), f32 (N), f32 (N)
+    std::size_t fch, fch_gelu;            // A (N,4C), A (N,4C)
+    std::size_t res3;                     // f32 (N,C)
+  };
+  std::size_t encoded = 0;  // f32 (N,C)
+  std::vector<Layer> layers;
+  std::size_t lnf = 0, lnf_mean = 0, lnf_rstd = 0;  // A (N,C), f32 (N), f32 (N)
+  std::size_t logits = 0;                           // A (N,Vp); dlogits after training
+  std::size_t losses = 0;                           // f32 (N)
+  std::size_t inputs = 0, targets = 0;              // i32 (N)
+  // backward scratch, reused by every layer
+  std::size_t d_res = 0;                  // f32 (N,C) gradient of the residual stream
+  std::size_t d_res_a = 0;                // A (N,C) its copy in A (bf16 only)
+  std::size_t d_ln = 0;                   // A (N,C)
+  std::size_t d_atty = 0;                 // A (N,C)
+  std::size_t d_qkv = 0;                  // A (N,3C)
+  std::size_t d_fch = 0;                  // A (N,4C)
+  std::size_t attn_ws = 0;                // flash attention backward workspace (bf16 only)
+  std::size_t norm_ws = 0, norm_out = 0;  // gradient norm
+  std::size_t bytes = 0;
+
+  ActOffsets(const ModelConfig& cfg, int B, int T, std::size_t a) {
+    const std::size_t N = static_cast<std::size_t>(B) * T, C = cfg.n_embd, NH = cfg.n_head;
+    const std::size_t Vp = cfg.padded_vocab(), f = sizeof(float);
+    auto take = [&](std::size_t n) {
+      std::size_t o = bytes;
+      bytes += (n + 255) / 256 * 256;
+      return o;
+    };
+    encoded = take(N * C * f);
+    layers.resize(cfg.n_layer);
+    for (auto& l : layers) {
+      l.ln1 = take(N * C * a);
+      l.ln1_mean = take(N * f);
+      l.ln1_rstd = take(N * f);
+      l.qkv = take(N * 3 * C * a);
+      l.atty = take(N * C * a);
+      l.lse = take(N * NH * f);
+      l.res2 = take(N * C * f);
+      l.ln2 = take(N * C * a);
+      l.ln2_mean = take(N * f);
+      l.ln2_rstd = take(N * f);
+      l.fch = take(N * 4 * C * a);
+      l.fch_gelu = take(N * 4 * C * a);
+      l.res3 = take(N * C * f);
+    }
+    lnf = take(N * C * a);
+    lnf_mean = take(N * f);
+    lnf_rstd = take(N * f);
+    logits = take(N * Vp * a);
+    losses = take(N * f);
+    inputs = take(N * sizeof(std::int32_t));
+    targets = take(N * sizeof(std::int32_t));
+    d_res = take(N * C * f);
+    d_res_a = a == f ? d_res : take(N * C * a);
+    d_ln = take(N * C * a);
+    d_atty = take(N * C * a);
+    d_qkv = take(N * 3 * C * a);
+    d_fch = take(N * 4 * C * a);
+    attn_ws = take(a == f ? 0 : cu::flash_attention_workspace_bytes(B, T, cfg.n_embd, cfg.n_head));
+    norm_ws = take(cu::sum_of_squares_workspace_bytes());
+    norm_out = take(f);
+  }
+};
+
+}  // namespace
+
+struct DeviceGpt::Impl {
+  ModelConfig cfg;
+  ParamLayout layout;
+  DevicePrecision precision;
+  int B_max, T_max;
+  int B = 0, T = 0;      // the last forward's
+  bool trained = false;  // the last forward was a training one
+  ActOffsets off;
+  cu::DeviceBuffer params, grads, moments, params16, acts;
+  std::vector<float> host_losses;
+  std::unique_ptr<cu::DeviceProfiler> profiler;
+  kernels::Profile* profile = nullptr;
+  void* st = nullptr;  // the legacy default stream
+
+  Impl(const ModelConfig& c, DevicePrecision p, int Bm, int Tm)
+      : cfg(c),
+        layout(c),
+        precision(p),
+        B_max(Bm),
+        T_max(Tm),
+        off(c, Bm, Tm, p == DevicePrecision::Bf16 ? sizeof(bf16) : sizeof(float)) {}
+
+  void mark(OpFamily f) {
+    if (profiler) profiler->mark(f);
+  }
+  template <class T>
+  T* at(std::size_t byte_offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(acts.data()) + byte_offset);
+  }
+  float* P(std::size_t o) const { return params.as<float>() + o; }  // fp32 masters
+  float* G(std::size_t o) const { return grads.as<float>() + o; }
+  // the parameters as the GEMMs read them
+  template <class A>
+  const A* W(std::size_t o) const {
+    if constexpr (std::is_same_v<A, float>)
+      return params.as<float>() + o;
+    else
+      return params16.as<bf16>() + o;
+  }
+
+  template <class A>
+  void forward(bool with_targets, bool training, float dloss);
+  template <class A>
+  void backward();
+};
+
+template <class A>
+void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
+  const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  const auto* inp = at<std::int32_t>(off.inputs);
+  mark(OpFamily::Embedding);
+  cu::embedding_forward(at<float>(off.encoded), inp, P(layout.wte), P(layout.wpe), B, T, C, st);
+  const float* residual = at<float>(off.encoded);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const auto& w = layout.layers[l];
+    const auto& s = off.layers[l];
+    mark(OpFamily::LayerNorm);
+    layernorm_forward(at<A>(s.ln1), at<float>(s.ln1_mean), at<float>(s.ln1_rstd), residual,
+                      P(w.ln1_w), P(w.ln1_b), N, C, st);
+    mark(OpFamily::Gemm);
+    linear(at<A>(s.qkv), at<A>(s.ln1), W<A>(w.qkv_w), W<A>(w.qkv_b), N, C, 3 * C, st);
+    mark(OpFamily::Attention);
+    attention_forward(at<A>(s.atty), at<float>(s.lse), at<A>(s.qkv), B, T, C, NH, st);
+    // res2 = residual + atty @ Wproj^T + b (the residual read by the GEMM's epilogue)
+    mark(OpFamily::Gemm);
+    linear(at<float>(s.res2), at<A>(s.atty), W<A>(w.attproj_w), P(w.attproj_b), N, C, C, st,
+           residual);
+    mark(OpFamily::LayerNorm);
+    layernorm_forward(at<A>(s.ln2), at<float>(s.ln2_mean), at<float>(s.ln2_rstd), at<float>(s.res2),
+                      P(w.ln2_w), P(w.ln2_b), N, C, st);
+    mark(OpFamily::Gemm);  // with the GELU (bf16: in the GEMM's epilogue)
+    linear_gelu(at<A>(s.fch_gelu), at<A>(s.fch), at<A>(s.ln2), W<A>(w.fc_w), W<A>(w.fc_b), N, C,
+                4 * C, st);
+    linear(at<float>(s.res3), at<A>(s.fch_gelu), W<A>(w.fcproj_w), P(w.fcproj_b), N, 4 * C, C, st,
+           at<float>(s.res2));
+    residual = at<float>(s.res3);
+  }
+  mark(OpFamily::LayerNorm);
+  layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
+                    P(layout.lnf_w), P(layout.lnf_b), N, C, st);
+  // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
+  mark(OpFamily::Gemm);
+  gemm(false, true, N, Vp, C, at<A>(off.lnf), C, W<A>(layout.wte), C, 0.0f, at<A>(off.logits), Vp,
+       st);
+  if (with_targets) {
+    mark(OpFamily::CrossEntropy);
+    cross_entropy(at<float>(off.losses), at<A>(off.logits), at<std::int32_t>(off.targets), N, V, Vp,
+                  training, dloss, st);
+  }
+}
+
+template <class A>
+void DeviceGpt::Impl::backward() {
+  const int C = cfg.n_embd, NH = cfg.n_head, Vp = cfg.padded_vocab();
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  float* d_res = at<float>(off.d_res);
+  A* d_res_a = at<A>(off.d_res_a);  // == d_res in fp32
+  A* d_ln = at<A>(off.d_ln);
+  // LM head: the logits hold dlogits (N,Vp)
+  mark(OpFamily::Gemm);
+  linear_backward<A>(d_ln, G(layout.wte), nullptr, at<A>(off.logits), at<A>(off.lnf),
+                     W<A>(layout.wte), N, C, Vp, st);
+  mark(OpFamily::Elementwise);
+  cu::memset_zero(d_res, static_cast<std::size_t>(N) * C * sizeof(float), st);
+  const float* last = cfg.n_layer > 0 ? at<float>(off.layers.back().res3) : at<float>(off.encoded);
+  mark(OpFamily::LayerNorm);
+  layernorm_backward(d_res, d_res_a, G(layout.lnf_w), G(layout.lnf_b), d_ln, last, P(layout.lnf_w),
+                     at<float>(off.lnf_mean), at<float>(off.lnf_rstd), N, C, st);
+  for (int l = cfg.n_layer - 1; l >= 0; --l) {
+    const auto& w = layout.layers[l];
+    const auto& s = off.layers[l];
+    const float* residual = l == 0 ? at<float>(off.encoded) : at<float>(off.layers[l - 1].res3);
+    A* d_fch = at<A>(off.d_fch);
+    // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
+    mark(OpFamily::Gemm);  // with the GELU backward (bf16: in the GEMM's epilogue)
+    linear_backward_input_dgelu(d_fch, d_res_a, W<A>(w.fcproj_w), at<A>(s.fch), N, 4 * C, C, st);
+    linear_backward<A>(nullptr, G(w.fcproj_w), G(w.fcproj_b), d_res_a, at<A>(s.fch_gelu),
+                       W<A>(w.fcproj_w), N, 4 * C, C, st);
+    linear_backward<A>(d_ln, G(w.fc_w), G(w.fc_b), d_fch, at<A>(s.ln2), W<A>(w.fc_w), N, C, 4 * C,
+                       st);
+    mark(OpFamily::LayerNorm);
+    layernorm_backward(d_res, d_res_a, G(w.ln2_w), G(w.ln2_b), d_ln, at<float>(s.res2), P(w.ln2_w),
+                       at<float>(s.ln2_mean), at<float>(s.ln2_rstd), N, C, st);
+    // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
+    A* d_atty = at<A>(off.d_atty);
+    A* d_qkv = at<A>(off.d_qkv);
+    mark(OpFamily::Gemm);
+    linear_backward<A>(d_atty, G(w.attproj_w), G(w.attproj_b), d_res_a, at<A>(s.atty),
+                       W<A>(w.attproj_w), N, C, C, st);
+    mark(OpFamily::Attention);
+    attention_backward(d_qkv, d_atty, at<A>(s.qkv), at<A>(s.atty), at<float>(s.lse),
+                       at<float>(off.attn_ws), B, T, C, NH, st);
+    mark(OpFamily::Gemm);
+    linear_backward<A>(d_ln, G(w.qkv_w), G(w.qkv_b), d_qkv, at<A>(s.ln1), W<A>(w.qkv_w), N, C,
+                       3 * C, st);
+    mark(OpFamily::LayerNorm);
+    layernorm_backward(d_res, d_res_a, G(w.ln1_w), G(w.ln1_b), d_ln, residual, P(w.ln1_w),
+                       at<float>(s.ln1_mean), at<float>(s.ln1_rstd), N, C, st);
+  }
+  mark(OpFamily::Embedding);
+  cu::embedding_backward(G(layout.wte), G(layout.wpe), d_res, at<std::int32_t>(off.inputs), B, T, C,
+                         st);
+}
+
+DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T) {
+  if (cu::device_count() == 0)
+    throw Error("no CUDA device: " + cu::describe_devices(),
+                "run on a machine with an NVIDIA GPU, or use the CPU (hardware.device = \"cpu\")");
+  if (B <= 0 || T <= 0 || T > cfg.block_size)
+    throw Error(fmt::format("micro-batch ({}, {}) does not fit the model (block_size {})", B, T,
+                            cfg.block_size));
+  if (precision == DevicePrecision::Bf16 && !cu::flash_attention_supports(cfg.n_embd, cfg.n_head))
+    throw Error(fmt::format("bf16 on the GPU needs a head size of 32, 64 or 128 (this model: {})",
+                            cfg.head_dim()),
+                "use precision fp32, or a model whose n_embd / n_head is one of those");
+  p_ = std::make_unique<Impl>(cfg, precision, B, T);
+  const std::size_t n = p_->layout.total();
+  p_->params = cu::DeviceBuffer(n * sizeof(float));
+  p_->grads = cu::DeviceBuffer(n * sizeof(float));
+  p_->moments = cu::DeviceBuffer(2 * n * sizeof(float));
+  if (precision == DevicePrecision::Bf16) p_->params16 = cu::DeviceBuffer(n * sizeof(bf16));
+  p_->acts = cu::DeviceBuffer(p_->off.bytes);
+  cu::memset_zero(p_->params.data(), p_->params.bytes());
+  cu::memset_zero(p_->grads.data(), p_->grads.bytes());
+  cu::memset_zero(p_->moments.data(), p_->moments.bytes());
+  if (precision == DevicePrecision::Bf16)
+    cu::memset_zero(p_->params16.data(), p_->params16.bytes());
+  cu::synchronize();
+}
+
+DeviceGpt::~DeviceGpt() = default;
+
+const ParamLayout& DeviceGpt::layout() const {
+  return p_->layout;
+}
+DevicePrecision DeviceGpt::precision() const {
+  return p_->precision;
+}
+std::size_t DeviceGpt::device_bytes() const {
+  return p_->params.bytes() + p_->grads.bytes() + p_->moments.bytes() + p_->params16.bytes() +
+         p_->acts.bytes();
+}
+
+void DeviceGpt::upload_params(const float* host) {
+  const std::size_t n = p_->layout.total();
+  cu::to_device(p_->params.data(), host, n * sizeof(float));
+  if (p_->precision == DevicePrecision::Bf16)
+    cu::float_to_bf16(p_->params16.as<bf16>(), p_->params.as<float>(), n, p_->st);
+  cu::synchronize();
+}
+void DeviceGpt::download_params(float* host) const {
+  cu::to_host(host, p_->params.data(), p_->params.bytes());
+}
+void DeviceGpt::download_grads(float* host) const {
+  cu::to_host(host, p_->grads.data(), p_->grads.bytes());
+}
+void DeviceGpt::zero_grads() {
+  cu::memset_zero(p_->grads.data(), p_->grads.bytes(), p_->st);
+}
+
+float DeviceGpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+                         bool training, float dloss) {
+  Impl& p = *p_;
+  if (B <= 0 || T <= 0 || B > p.B_max || T > p.T_max)
+    throw Error(fmt::format("micro-batch ({}, {}) is larger than this device model's ({}, {})", B,
+                            T, p.B_max, p.T_max));
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  const int V = p.cfg.vocab_size;
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V)
+      throw Error(
+          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V));
+    if (targets && (targets[i] >= V || targets[i] < -1))
+      throw Error(
+          fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V));
+  }
+  if (training && !targets) throw Error("a training forward needs targets");
+  p.B = B;
+  p.T = T;
+  p.trained = training;
+  cu::to_device(p.at<void>(p.off.inputs), inputs, N * sizeof(std::int32_t));
+  if (targets) cu::to_device(p.at<void>(p.off.targets), targets, N * sizeof(std::int32_t));
+  if (p.precision == DevicePrecision::Bf16)
+    p.forward<bf16>(targets != nullptr, training, dloss);
+  else
+    p.forward<float>(targets != nullptr, training, dloss);
+  if (p.profiler) p.profiler->finish(*p.profile);
+  if (!targets) return 0.0f;
+  p.host_losses.resize(N);
+  cu::to_host(p.host_losses.data(), p.at<void>(p.off.losses), N * sizeof(float));
+  double sum = 0.0;
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] < 0) continue;
+    sum += p.host_losses[i];
+    ++count;
+  }
+  return count ? static_cast<float>(sum / count) : 0.0f;
+}
+
+void DeviceGpt::backward() {
+  Impl& p = *p_;
+  TESSERA_CHECK(p.trained, "DeviceGpt::backward() needs a training forward() just before");
+  if (p.precision == DevicePrecision::Bf16)
+    p.backward<bf16>();
+  else
+    p.backward<float>();
+  p.trained = false;  // the dlogits are consumed
+  if (p.profiler) p.profiler->finish(*p.profile);
+}
+
+std::vector<float> DeviceGpt::download_logits() const {
+  const Impl& p = *p_;
+  const std::size_t n = static_cast<std::size_t>(p.B) * p.T * p.cfg.padded_vocab();
+  std::vector<float> out(n);
+  if (p.precision == DevicePrecision::Bf16) {
+    std::vector<bf16> bits(n);
+    cu::to_host(bits.data(), p.at<void>(p.off.logits), n * sizeof(bf16));
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t b = static_cast<std::uint32_t>(bits[i]) << 16;
+      std::memcpy(&out[i], &b, 4);
+    }
+  } else {
+    cu::to_host(out.data(), p.at<void>(p.off.logits), n * sizeof(float));
+  }
+  return out;
+}
+
+double DeviceGpt::grad_norm() {
+  Impl& p = *p_;
+  cu::sum_of_squares(p.at<float>(p.off.norm_out), p.grads.as<float>(),
+                     static_cast<std::int64_t>(p.layout.total()), p.at<float>(p.off.norm_ws), p.st);
+  float s = 0.0f;
+  cu::to_host(&s, p.at<void>(p.off.norm_out), sizeof(float));
+  return std::sqrt(static_cast<double>(s));
+}
+
+void DeviceGpt::adamw_step(const optim::AdamWConfig& cfg, float lr, std::int64_t step,
+                           float grad_scale) {
+  Impl& p = *p_;
+  const std::size_t n = p.layout.total();
+  float* m = p.moments.as<float>();
+  float* v = m + n;
+  bf16* p16 = p.precision == DevicePrecision::Bf16 ? p.params16.as<bf16>() : nullptr;
+  p.mark(OpFamily::Optimizer);
+  for (const auto& t : p.layout.tensors())
+    cu::adamw_update_mixed(p.P(t.offset), p16 ? p16 + t.offset : nullptr, p.G(t.offset),
+                           m + t.offset, v + t.offset, static_cast<std::int64_t>(t.numel), lr,
+                           cfg.beta1, cfg.beta2, cfg.eps, t.decay ? cfg.weight_decay : 0.0f, step,
+                           grad_scale, p.st);
+  if (p.profiler) p.profiler->finish(*p.profile);
+}
+
+void DeviceGpt::set_profile(kernels::Profile* profile) {
+  p_->profile = profile;
+  if (profile && !p_->profiler) p_->profiler = std::make_unique<cu::DeviceProfiler>(p_->st);
+  if (!profile) p_->profiler.reset();
+}
+
+void DeviceGpt::synchronize() {
+  cu::synchronize(p_->st);
+}
+
+}  // namespace tessera::model

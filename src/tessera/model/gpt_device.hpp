@@ -1,0 +1,73 @@
+// GPT-2 on one CUDA device: the forward and backward passes of model/gpt.cpp over the CUDA op
+// table (kernels/cuda/ops.hpp), with the parameters (fp32 masters), gradients (fp32), AdamW
+// moments and activations each in one device allocation, and the same ParamLayout as the CPU
+// model, so parameters and gradients move between the two as flat buffers.
+//
+// Precision::Bf16 is mixed precision: the tensors that feed GEMMs and attention (LayerNorm
+// outputs, qkv, attention output, MLP activations, logits) are bf16, read by bf16 GEMMs with fp32
+// accumulation and by the flash attention kernels, from a bf16 copy of the parameters that the
+// optimizer rewrites after each update. The residual stream and its gradient, LayerNorm
+// statistics, softmax and losses, all gradients and the optimizer state stay fp32.
+// Precision::Fp32 runs the same code with fp32 everywhere (no TF32), as the reference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/kernels/profile.hpp"
+#include "tessera/model/layout.hpp"
+#include "tessera/optim/adamw.hpp"
+
+namespace tessera::model {
+
+enum class DevicePrecision { Fp32, Bf16 };
+
+const char* precision_name(DevicePrecision p);
+
+class DeviceGpt {
+ public:
+  // Allocates everything for micro-batches of up to (B, T) on the current device; throws
+  // tessera::Error when CUDA is unavailable, when T exceeds the block size, or (Bf16) when the
+  // head size has no flash kernel. Parameters start at zero: upload_params().
+  DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T);
+  ~DeviceGpt();
+  DeviceGpt(const DeviceGpt&) = delete;
+  DeviceGpt& operator=(const DeviceGpt&) = delete;
+
+  const ParamLayout& layout() const;
+  DevicePrecision precision() const;
+  std::size_t device_bytes() const;  // everything this model allocated
+
+  void upload_params(const float* host);  // (layout.total()); refreshes the bf16 copy
+  void download_params(float* host) const;
+  void download_grads(float* host) const;
+  void zero_grads();
+
+  // inputs, targets: host (B, T) token ids with B, T within the constructor's. targets may be
+  // null (logits only; returns 0); targets < 0 are ignored. Returns the mean loss over the other
+  // targets. training: the logits are replaced by dloss * dlogits, ready for backward().
+  float forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+                bool training, float dloss);
+  // Gradients ACCUMULATE into the gradient buffer; needs a training forward() just before.
+  void backward();
+  // The logits of the last non-training forward, (B, T, Vp) in fp32.
+  std::vector<float> download_logits() const;
+
+  double grad_norm();  // L2 norm of the whole gradient buffer
+  // One AdamW update of every tensor (decay per ParamTensor::decay), gradients multiplied by
+  // grad_scale (clipping); rewrites the bf16 copy.
+  void adamw_step(const optim::AdamWConfig& cfg, float lr, std::int64_t step, float grad_scale);
+
+  // Device time per op family of the forward, backward and optimizer calls that follow, added
+  // to *profile when they finish (null: no timing, the default).
+  void set_profile(kernels::Profile* profile);
+  void synchronize();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace tessera::model
