@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/model/gpt.hpp"
@@ -22,5 +23,12 @@ EvalResult evaluate_shard(const model::ParamLayout& layout, const float* params,
                           model::Activations& acts, const std::filesystem::path& shard, int B,
                           int T, int batches, kernels::GemmLibrary gemm,
                           bool show_progress = false);
+
+// The same protocol with any model: score(x, y, B, T) returns the mean loss of one window
+// (e.g. the GPU model's evaluation forward).
+using ScoreFn =
+    std::function<float(const std::int32_t* inputs, const std::int32_t* targets, int B, int T)>;
+EvalResult evaluate_shard(int vocab_size, const std::filesystem::path& shard, int B, int T,
+                          int batches, const ScoreFn& score, bool show_progress = false);
 
 }  // namespace tessera::eval

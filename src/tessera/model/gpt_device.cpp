@@ -429,6 +429,16 @@ void DeviceGpt::download_params(float* host) const {
 void DeviceGpt::download_grads(float* host) const {
   cu::to_host(host, p_->grads.data(), p_->grads.bytes());
 }
+void DeviceGpt::upload_moments(const float* m_host, const float* v_host) {
+  const std::size_t n = p_->layout.total();
+  cu::to_device(p_->moments.as<float>(), m_host, n * sizeof(float));
+  cu::to_device(p_->moments.as<float>() + n, v_host, n * sizeof(float));
+}
+void DeviceGpt::download_moments(float* m_host, float* v_host) const {
+  const std::size_t n = p_->layout.total();
+  cu::to_host(m_host, p_->moments.as<float>(), n * sizeof(float));
+  cu::to_host(v_host, p_->moments.as<float>() + n, n * sizeof(float));
+}
 void DeviceGpt::zero_grads() {
   cu::memset_zero(p_->grads.data(), p_->grads.bytes(), p_->st);
 }

@@ -43,6 +43,9 @@ class DeviceGpt {
   void upload_params(const float* host);  // (layout.total()); refreshes the bf16 copy
   void download_params(float* host) const;
   void download_grads(float* host) const;
+  // AdamW moments m, v (layout.total() each), e.g. to checkpoint and resume a run.
+  void upload_moments(const float* m_host, const float* v_host);
+  void download_moments(float* m_host, float* v_host) const;
   void zero_grads();
 
   // inputs, targets: host (B, T) token ids with B, T within the constructor's. targets may be

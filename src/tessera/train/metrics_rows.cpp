@@ -10,6 +10,7 @@
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/kernels/cuda/device.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/parallel/pipeline.hpp"
 #include "tessera/parallel/schedule.hpp"
@@ -100,6 +101,14 @@ StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_s
 }
 
 Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
+  if (cfg.hardware.device == "cuda") {  // one process: nothing to agree on
+    if (cfg.hardware.peak_tflops > 0)
+      return {cfg.hardware.peak_tflops * 1e12, "configured hardware.peak_tflops"};
+    const double bf16 = kernels::cuda::dense_bf16_peak_tflops();
+    if (cfg.train.precision == "bf16" && bf16 > 0)
+      return {bf16 * 1e12, "dense bf16 tensor-core peak of the " + kernels::cuda::device_name()};
+    return {0, "unknown (set hardware.peak_tflops)"};
+  }
   Peak peak;
   if (lead || cfg.hardware.peak_tflops > 0)
     peak = resolve_peak(cfg.hardware.peak_tflops, kernels::GemmLibrary::OneDnn);
@@ -115,6 +124,12 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
   const auto& pc = cfg.parallel;
   const auto& tc = cfg.train;
   log_info("model: {}", model::describe(mcfg));
+  if (model.device)
+    log_info(
+        "device: {}, {} ({:.2f} GB of device memory for the model, its state and the "
+        "activations of a micro-batch)",
+        kernels::cuda::device_name(), model::precision_name(model.device->precision()),
+        model.device->device_bytes() / 1e9);
   log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", plan.grid.describe(),
            world_size, model.dp->stage(), pc.overlap ? "on" : "off",
            model.tensor ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",

@@ -56,6 +56,7 @@ void for_each_field(Config& c, F&& f) {
   f("train", "log_every", c.train.log_every);
   f("train", "out_dir", c.train.out_dir);
   f("train", "threads", c.train.threads);
+  f("train", "precision", c.train.precision);
 
   f("sample", "every", c.sample.every);
   f("sample", "tokens", c.sample.tokens);
@@ -63,6 +64,7 @@ void for_each_field(Config& c, F&& f) {
   f("sample", "temperature", c.sample.temperature);
   f("sample", "top_k", c.sample.top_k);
 
+  f("hardware", "device", c.hardware.device);
   f("hardware", "peak_tflops", c.hardware.peak_tflops);
   f("hardware", "tune_gemm", c.hardware.tune_gemm);
   f("hardware", "gemm_tuning_file", c.hardware.gemm_tuning_file);
@@ -673,6 +675,16 @@ void validate(const RunConfig& c) {
            "1.0 samples from the model's distribution; 0 is greedy");
   v.at_least("sample.top_k", s.top_k, 0, "0 turns top-k filtering off");
 
+  if (c.train.precision != "fp32" && c.train.precision != "bf16")
+    v.fail("train.precision", c.train.precision, "must be \"fp32\" or \"bf16\"",
+           "fp32 everywhere, or bf16 mixed precision (fp32 master weights)");
+  if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
+    v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
+           "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
+  if (c.train.precision == "bf16" && c.hardware.device == "cpu")
+    v.fail("train.precision", c.train.precision, "is implemented on the GPU only so far",
+           "set hardware.device = \"cuda\" on a machine with an NVIDIA GPU, or precision = "
+           "\"fp32\"");
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",

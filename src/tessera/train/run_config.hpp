@@ -61,6 +61,9 @@ struct TrainSection {
   int log_every = 1;
   std::string out_dir = "runs/demo";
   int threads = 0;  // CPU threads; 0 = all cores, at most k_max_threads
+  // "fp32", or "bf16": mixed precision (bf16 GEMM and attention inputs, fp32 master weights,
+  // gradients and optimizer state); on the GPU only so far
+  std::string precision = "fp32";
   bool operator==(const TrainSection&) const = default;
 };
 
@@ -74,6 +77,8 @@ struct SampleSection {
 };
 
 struct HardwareSection {
+  std::string device = "cpu";    // "cpu", or "cuda": the model, its gradients and optimizer
+                                 // state on the current GPU (one process, no parallel axes yet)
   double peak_tflops = 0.0;      // peak dense TFLOP/s for MFU; 0 = look up / unknown
   bool tune_gemm = false;        // tensor parallelism: GEMM layout tuning of the linears
   std::string gemm_tuning_file;  // tuner choices: loaded if present, saved after training

@@ -42,7 +42,30 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
   model.dp_comm = &rt.group(topo, {comm::Axis::DP});
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
                                                       cfg.parallel.zero, cfg.parallel.overlap);
+  if (cfg.hardware.device == "cuda")
+    model.device = std::make_unique<model::DeviceGpt>(
+        mcfg,
+        cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
+        plan.B, plan.T);
   return model;
+}
+
+void to_device(RunModel& model) {
+  if (!model.device) return;
+  const std::size_t n = model.layout->total();
+  Buffer<float> m(n), v(n);
+  model.dp->gather_moments(m.data(), v.data());
+  model.device->upload_params(model.dp->full_params());
+  model.device->upload_moments(m.data(), v.data());
+}
+
+void to_host(RunModel& model) {
+  if (!model.device) return;
+  const std::size_t n = model.layout->total();
+  Buffer<float> p(n), m(n), v(n);
+  model.device->download_params(p.data());
+  model.device->download_moments(m.data(), v.data());
+  model.dp->load(p.data(), m.data(), v.data());
 }
 
 const float* full_params(RunModel& model) {

@@ -9,6 +9,7 @@
 #include "tessera/core/buffer.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_device.hpp"
 #include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/pipeline.hpp"
 #include "tessera/parallel/tensor_model.hpp"
@@ -31,6 +32,9 @@ struct RunModel {
   comm::Communicator* dp_comm = nullptr;                 // {dp}
   std::unique_ptr<parallel::DataParallel> dp;  // works on the local layout over the dp group
   Buffer<float> whole;  // tensor parallelism: the whole model assembled from the slices
+  // hardware.device = "cuda": the model, gradients and AdamW moments live on the GPU; dp's host
+  // buffers are the staging copy, refreshed by to_host() for checkpoints and samples.
+  std::unique_ptr<model::DeviceGpt> device;
 
   // The layout of the parameters this rank stores: its slices, or the whole model.
   const model::ParamLayout& local_layout() const {
@@ -42,6 +46,11 @@ struct RunModel {
 RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                          const model::ParamLayout& layout, const RunPlan& plan,
                          const comm::Topology& topo, comm::Runtime& rt);
+
+// hardware.device = "cuda": parameters and AdamW moments from dp's host buffers to the GPU
+// (after initializing or resuming), and back (before checkpoints and samples). No-ops otherwise.
+void to_device(RunModel& model);
+void to_host(RunModel& model);
 
 // The whole model's parameters (collective under tensor parallelism and at ZeRO-3).
 const float* full_params(RunModel& model);

@@ -5,6 +5,7 @@
 #include "tessera/core/log.hpp"
 #include "tessera/core/process_memory.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/kernels/cuda/device.hpp"
 #include "tessera/parallel/pipeline.hpp"
 
 namespace tessera::train {
@@ -124,6 +125,20 @@ void check_tensor_options(const RunConfig& cfg, const RunPlan& plan) {
     log_info(
         "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
         "1); ignored");
+}
+
+void check_device_options(const RunConfig& cfg, const RunPlan& plan, int world_size) {
+  if (cfg.hardware.device != "cuda") return;
+  if (world_size != 1 || plan.grid.world_size() != 1)
+    throw Error(fmt::format("hardware.device = \"cuda\" trains in one process on one GPU so far; "
+                            "this run has {} ranks, grid {}",
+                            world_size, plan.grid.describe()),
+                "run one process with every parallel axis at 1, or train on the CPU "
+                "(hardware.device = \"cpu\") for data, tensor and pipeline parallelism");
+  if (kernels::cuda::device_count() == 0)
+    throw Error("hardware.device = \"cuda\", but there is no usable GPU: " +
+                    kernels::cuda::describe_devices(),
+                "run on a machine with an NVIDIA GPU and driver, or set hardware.device = \"cpu\"");
 }
 
 RunDirLock claim_out_dir(const fs::path& out, const TrainOptions& opt, comm::Runtime& rt) {

@@ -49,6 +49,10 @@ PredictionCluster find_prediction_cluster(const RunConfig& cfg);
 // Sequence parallelism and recomputation apply to some grids only: refused or noted.
 void check_tensor_options(const RunConfig& cfg, const RunPlan& plan);
 
+// hardware.device = "cuda": one process on one GPU for now (no parallel axes; the NCCL
+// communicator is not built yet), and a CUDA device present.
+void check_device_options(const RunConfig& cfg, const RunPlan& plan, int world_size);
+
 // Takes the lock of train.out_dir (the lead rank; every rank gets its answer), and refuses a fresh
 // run into a directory holding a run unless told to overwrite it.
 RunDirLock claim_out_dir(const std::filesystem::path& out, const TrainOptions& opt,

@@ -58,6 +58,21 @@ double run_pipeline_step(const RunConfig& cfg, const RunPlan& plan, RunModel& mo
   return loss;
 }
 
+// Forward and backward of one micro-batch on the GPU (the host waits for the forward's losses;
+// the backward is timed to its end). Returns its loss weighted as run_micro_batches sums them:
+// under goldfish (kept >= 0) the mean times the targets kept.
+double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const std::int32_t* y,
+                          int B, int T, float dloss, std::int64_t kept, StepResult& result) {
+  Timer phase;
+  const float mb = dev.forward(x, y, B, T, true, dloss);
+  result.forward_s += phase.seconds();
+  phase.reset();
+  dev.backward();
+  dev.synchronize();
+  result.backward_s += phase.seconds();
+  return kept >= 0 ? static_cast<double>(mb) * static_cast<double>(kept) : mb;
+}
+
 // Forward and backward of each micro-batch over the parallel model (or the one-process model),
 // the dp reductions overlapping the backward. Returns the loss summed as run_pipeline_step's.
 double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activations& acts,
@@ -71,6 +86,11 @@ double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activation
     const std::int32_t* xa = goldfish ? work.gx[a].data() : work.x.data();
     const std::int32_t* ya = goldfish ? work.gy[a].data() : work.y.data();
     if (!goldfish) loader.next(work.x.data(), work.y.data());
+    if (model.device) {
+      loss += device_micro_batch(*model.device, xa, ya, B, T, work.forward.dloss,
+                                 goldfish ? work.kept[a] : -1, result);
+      continue;
+    }
     dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
     Timer phase;
     const float mb = model.tensor
@@ -99,7 +119,13 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   parallel::DataParallel& dp = *model.dp;
   Timer update_timer;
   double norm = 0;
-  if (model.tensor) {
+  const float lr = optim::lr_at(step, tc.steps, tc.warmup_steps, work.adamw.lr,
+                                static_cast<float>(tc.min_lr_ratio));
+  if (model.device) {
+    norm = model.device->grad_norm();
+    model.device->adamw_step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));
+    model.device->synchronize();
+  } else if (model.tensor) {
     // Each element once: the slices this rank owns, over every rank.
     double sq = dp.grad_sumsq(model.tensor->owner_mask().data());
     rt.world().all_reduce_sum(&sq, 1);
@@ -107,9 +133,8 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   } else {
     norm = dp.grad_norm();
   }
-  float lr = optim::lr_at(step, tc.steps, tc.warmup_steps, work.adamw.lr,
-                          static_cast<float>(tc.min_lr_ratio));
-  dp.step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));  // clipping fused
+  if (!model.device)  // the clipping fused into the update, as on the device
+    dp.step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));
   result.update_s = update_timer.seconds();
   result.grad_norm = norm;
   result.lr = lr;
@@ -151,7 +176,10 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
   } else if (model.pipeline) {
     for (int a = 0; a < plan.accum; ++a) loader.next(work.gx[a].data(), work.gy[a].data());
   }
-  model.dp->begin_step();
+  if (model.device)
+    model.device->zero_grads();
+  else
+    model.dp->begin_step();
   double loss = model.pipeline
                     ? run_pipeline_step(cfg, plan, model, work, goldfish, result)
                     : run_micro_batches(plan, model, acts, loader, work, goldfish, result);

@@ -93,22 +93,34 @@ struct StepReference {
 
 void validate_at(TrainingRun& run, std::int64_t at) {
   // Every rank scores the same batches (the parameters are replicated), so the figure is the
-  // single-process one whatever the grid.
-  auto r = eval::evaluate_shard(*run.model.layout, full_params(run.model), run.acts,
-                                run.cfg.data.val, run.plan.B, run.plan.T, run.cfg.train.val_batches,
-                                kernels::GemmLibrary::OneDnn);
-  drop_full_params(run.model);
+  // single-process one whatever the grid. On the GPU, the device model scores them.
+  eval::EvalResult r;
+  if (run.model.device) {
+    model::DeviceGpt& dev = *run.model.device;
+    r = eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B,
+                             run.plan.T, run.cfg.train.val_batches,
+                             [&](const std::int32_t* x, const std::int32_t* y, int B, int T) {
+                               return dev.forward(x, y, B, T, false, 0.0f);
+                             });
+  } else {
+    r = eval::evaluate_shard(*run.model.layout, full_params(run.model), run.acts, run.cfg.data.val,
+                             run.plan.B, run.plan.T, run.cfg.train.val_batches,
+                             kernels::GemmLibrary::OneDnn);
+    drop_full_params(run.model);
+  }
   run.summary.val.emplace_back(at, static_cast<float>(r.loss));
   if (run.lead) report_validation(run.metrics, at, r);
 }
 
 void checkpoint(TrainingRun& run) {
+  to_host(run.model);  // the GPU's parameters and moments into the host copy that is saved
   const fs::path written =
       save_checkpoint(run.cfg, run.model, run.rt, run.ckpt_dir, run.progress, *run.data.train);
   if (run.lead) run.summary.last_checkpoint = written;
 }
 
 void sample_at(TrainingRun& run, std::int64_t step) {
+  if (run.model.device && run.cfg.sample.tokens > 0) to_host(run.model);
   const float* full = full_params(run.model);  // collective (ZeRO-3, tensor parallelism)
   if (run.lead) print_sample(run.cfg, *run.model.layout, full, run.progress.rng, step);
 }
@@ -215,6 +227,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   const PredictionCluster cluster = find_prediction_cluster(cfg);
   comm::Topology topo(plan.grid, rt.world_rank());
   check_tensor_options(cfg, plan);
+  check_device_options(cfg, plan, rt.world_size());
   // The run directory: checked and locked before any output; the old run's files (with
   // --overwrite) are deleted only once everything else has been checked.
   const fs::path out = tc.out_dir;
@@ -233,6 +246,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   model::Activations acts;
   TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
                                                 plan.B * plan.accum * ndp);
+  to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
   announce_start(cfg, opt, out, lead, started, progress.step);
   // Metrics: resuming continues the file from the checkpoint's step, else it starts afresh.
   MetricsLog metrics;

@@ -43,6 +43,23 @@ std::string describe_devices() {
   return s;
 }
 
+std::string device_name() {
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return p.name;
+}
+
+double dense_bf16_peak_tflops() {
+  const std::string n = device_name();
+  if (n.find("H100") != std::string::npos || n.find("H200") != std::string::npos) return 989.4;
+  if (n.find("A100") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
 struct DeviceProfiler::State {
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> pool;   // reused from step to step

@@ -13,6 +13,11 @@ bool compiled_with_cuda();
 int device_count();
 // "CUDA 13.0, 1 device(s): NVIDIA H100 ..." or the reason there is none.
 std::string describe_devices();
+// The current device's name ("" without one).
+std::string device_name();
+// Dense bf16 tensor-core peak of the current device in TFLOP/s from its name (the SXM parts:
+// H100/H200 989.4, A100 312), or 0 when unknown.
+double dense_bf16_peak_tflops();
 
 // Device time per op family on one stream: mark(f) records an event (the ops issued after it, up
 // to the next mark, count for f); finish() waits for the stream and adds the elapsed times to a

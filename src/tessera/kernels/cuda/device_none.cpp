@@ -13,6 +13,12 @@ int device_count() {
 std::string describe_devices() {
   return "built without CUDA (WITH_CUDA=OFF or no nvcc found)";
 }
+std::string device_name() {
+  return "";
+}
+double dense_bf16_peak_tflops() {
+  return 0.0;
+}
 struct DeviceProfiler::State {};
 DeviceProfiler::DeviceProfiler(void*) {
   throw Error("built without CUDA: DeviceProfiler is unavailable");

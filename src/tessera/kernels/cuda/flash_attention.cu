@@ -72,6 +72,20 @@ __device__ inline std::uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+// *p += v, four floats (p 16-byte aligned), as one vector reduction where the GPU has it.
+__device__ inline void red_add_v4(float* p, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(p, v.x);
+  atomicAdd(p + 1, v.y);
+  atomicAdd(p + 2, v.z);
+  atomicAdd(p + 3, v.w);
+#endif
+}
+
 // 2^x with the special-function unit (relative error ~2^-22; 2^-inf = 0).
 __device__ inline float ex2(float x) {
   float y;
@@ -490,16 +504,19 @@ __global__ void __launch_bounds__(k_threads, k_bwd_blocks<HS>)
         mma(dq[d + 1], a, kb[2], kb[3]);
       }
     }
+    // dq_acc += dq: on sm_90 one 16-byte vector atomic per 4 columns (lanes 2i and 2i+1 swap
+    // halves so that each holds 4 adjacent columns of one row: the even lane row g, the odd
+    // lane row g+8); elsewhere scalar atomics.
+    const bool odd = lane & 1;
+    const int q_row = q0 + 16 * warp + g + (odd ? 8 : 0);
+    float* dst = dq_acc + (static_cast<std::int64_t>(b) * T + q_row) * C + h * HS + (c & ~3);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int q = q0 + 16 * warp + g + 8 * r;
-      if (q >= T) continue;
-      float* dst = dq_acc + (static_cast<std::int64_t>(b) * T + q) * C + h * HS;
-#pragma unroll
-      for (int d = 0; d < HS / 8; ++d) {
-        atomicAdd(dst + 8 * d + c, dq[d][2 * r]);
-        atomicAdd(dst + 8 * d + c + 1, dq[d][2 * r + 1]);
-      }
+    for (int d = 0; d < HS / 8; ++d) {
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[d][0] : dq[d][2], 1);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[d][1] : dq[d][3], 1);
+      const float4 v = odd ? make_float4(r0, r1, dq[d][2], dq[d][3])
+                           : make_float4(dq[d][0], dq[d][1], r0, r1);
+      if (q_row < T) red_add_v4(dst + 8 * d, v);
     }
   }
   // dK (scaled) and dV to the k and v columns of dqkv
