@@ -39,9 +39,14 @@ std::vector<double> bounds(const std::vector<float>& ref, double rel, double abs
   return b;
 }
 
-TEST(CudaBf16Ops, LayerNormForwardBackward) {
+// C = 100: the block-per-row kernels; 96 and 768: the warp-per-row kernels (C % 8 == 0), with
+// lanes holding 1 and 3 chunks of 8 columns.
+class CudaBf16LayerNorm : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Widths, CudaBf16LayerNorm, ::testing::Values(100, 96, 768));
+
+TEST_P(CudaBf16LayerNorm, ForwardBackward) {
   REQUIRE_GPU();
-  const int N = 37, C = 100;
+  const int N = 37, C = GetParam();
   Rng rng(21);
   auto x = randn(rng, N * C, 2.0f, 0.5f), w = randn(rng, C, 0.5f, 1.0f), b = randn(rng, C, 0.1f);
   std::vector<float> ref(N * C), mean(N), rstd(N);
