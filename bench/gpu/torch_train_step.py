@@ -99,6 +99,13 @@ class Model(nn.Module):
             self.lnf = nn.RMSNorm(C, eps=1e-5)
             self.head = nn.Linear(C, Vp, bias=False)
 
+    def init_weights(self):  # GPT-2's: N(0, 0.02), zero biases (norms keep their ones)
+        for mod in self.modules():
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(mod.weight, std=0.02)
+                if getattr(mod, "bias", None) is not None:
+                    nn.init.zeros_(mod.bias)
+
     def forward(self, idx, targets):
         T = idx.shape[1]
         x = self.wte(idx)
@@ -141,6 +148,7 @@ def run(name, mode, B, T, steps, peak):
     fam, L, H, KV, C, F_, V = SHAPES[name]
     torch.manual_seed(0)
     model = Model(fam, L, H, KV, C, F_, V, T).cuda()
+    model.init_weights()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     step_model = torch.compile(model) if mode == "compile" else model
     gen = torch.Generator(device="cuda").manual_seed(1)
