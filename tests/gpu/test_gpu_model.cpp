@@ -29,6 +29,8 @@
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/optim/adamw.hpp"
 
+#include "../unit/hf_fixture.hpp"
+
 namespace {
 
 using namespace gpu_test;
@@ -37,20 +39,6 @@ using model::DeviceGpt;
 using model::DevicePrecision;
 
 constexpr double k_u16 = 0x1p-8;
-
-// Our parameter tensor in HF layout (transposed back for Conv1D weights, unpadded wte).
-std::vector<float> to_hf(const model::ParamTensor& t, const model::ModelConfig& cfg,
-                         const float* buf) {
-  const float* p = buf + t.offset;
-  if (t.name == "wte.weight")
-    return std::vector<float>(p, p + std::size_t(cfg.vocab_size) * cfg.n_embd);
-  if (!t.transposed_in_hf) return std::vector<float>(p, p + t.numel);
-  std::vector<float> out(t.numel);
-  auto rows = t.shape[0], cols = t.shape[1];
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = p[r * cols + c];
-  return out;
-}
 
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;

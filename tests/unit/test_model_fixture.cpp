@@ -20,24 +20,12 @@
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 
+#include "hf_fixture.hpp"
+
 using namespace tessera;
 
 namespace {
 const std::filesystem::path k_dir = std::filesystem::path(TESSERA_FIXTURES) / "gpt2_tiny";
-
-// Our parameter tensor in HF layout (transposed back for Conv1D weights, unpadded wte).
-std::vector<float> to_hf(const model::ParamTensor& t, const model::ModelConfig& cfg,
-                         const float* buf) {
-  const float* p = buf + t.offset;
-  if (t.name == "wte.weight")
-    return std::vector<float>(p, p + std::size_t(cfg.vocab_size) * cfg.n_embd);
-  if (!t.transposed_in_hf) return std::vector<float>(p, p + t.numel);
-  std::vector<float> out(t.numel);
-  auto rows = t.shape[0], cols = t.shape[1];
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = p[r * cols + c];
-  return out;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double atol,
                   double rtol, const std::string& what) {

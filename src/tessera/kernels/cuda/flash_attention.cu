@@ -116,6 +116,54 @@ __device__ inline void load_a_trans(std::uint32_t (&a)[4], Tile<HS>& t, int m0, 
   ldmatrix_x4_trans(a, t.row(k0 + (lane & 7) + 8 * (lane >> 4)) + m0 + 8 * ((lane >> 3) & 1));
 }
 
+// acc (16 x 64) = A (16 x HS, this warp's rows, registers) times t^T, t a 64-row tile stored
+// [row][dim]: the scores of one warp's rows against a tile (Q K^T, K Q^T, V dO^T).
+template <int HS>
+__device__ inline void rows_times_tile_t(float (&acc)[k_tile / 8][4],
+                                         const std::uint32_t (&a)[HS / 16][4], Tile<HS>& t,
+                                         int lane) {
+#pragma unroll
+  for (int j = 0; j < k_tile / 8; ++j) {
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk += 2) {
+      std::uint32_t b[4];
+      load_b_nk(b, t, 8 * j, 16 * kk, lane);
+      mma(acc[j], a[kk], b[0], b[1]);
+      mma(acc[j], a[kk + 1], b[2], b[3]);
+    }
+  }
+}
+
+// The A fragment of columns 16 kk .. 16 kk + 15 of a 16 x 64 fp32 accumulator (its C tiles 2 kk
+// and 2 kk + 1), rounded to bf16.
+__device__ inline void a_fragment(std::uint32_t (&a)[4], const float (&s)[k_tile / 8][4], int kk) {
+  a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// acc (16 x HS) += P (16 x 64, fp32 accumulator, rounded to bf16) times t (64 x HS, a tile stored
+// [row][dim]): P V, P^T dO, dS^T Q.
+template <int HS>
+__device__ inline void accumulate_times_tile(float (&acc)[HS / 8][4],
+                                             const float (&p)[k_tile / 8][4], Tile<HS>& t,
+                                             int lane) {
+#pragma unroll
+  for (int kk = 0; kk < k_tile / 16; ++kk) {
+    std::uint32_t a[4];
+    a_fragment(a, p, kk);
+#pragma unroll
+    for (int d = 0; d < HS / 8; d += 2) {
+      std::uint32_t b[4];
+      load_b_kn(b, t, 16 * kk, 8 * d, lane);
+      mma(acc[d], a, b[0], b[1]);
+      mma(acc[d + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // Starts copying rows [r0, r0+64) of one head's q, k or v (or dout) into a tile with cp.async,
 // 16 bytes a thread at a time; rows past T are zero-filled (source size 0). The copy completes
 // at the cp_async_wait that follows the matching cp_async_commit.
@@ -202,18 +250,7 @@ __global__ void __launch_bounds__(k_threads, k_fwd_blocks<HS>)
     }
     __syncthreads();  // tile kt has landed for every thread
     float s[k_tile / 8][4];
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j) {
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; kk += 2) {
-        std::uint32_t kb[4];
-        load_b_nk(kb, tk, 8 * j, 16 * kk, lane);
-        mma(s[j], qa[kk], kb[0], kb[1]);
-        mma(s[j], qa[kk + 1], kb[2], kb[3]);
-      }
-    }
+    rows_times_tile_t<HS>(s, qa, tk, lane);  // S = Q K^T for this warp's rows
     // mask (causal on the diagonal tile, keys past T on the last), running max, rescale; the
     // max is taken over raw scores and scaled once (scale > 0)
     if (kt == qt || k0 + k_tile > T) {
@@ -261,20 +298,7 @@ __global__ void __launch_bounds__(k_threads, k_fwd_blocks<HS>)
       o[d][3] *= corr[1];
     }
     // O += P V: P's C tiles 2kk, 2kk+1 are the A fragment of keys 16kk..16kk+15
-#pragma unroll
-    for (int kk = 0; kk < k_tile / 16; ++kk) {
-      std::uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int d = 0; d < HS / 8; d += 2) {
-        std::uint32_t vb[4];
-        load_b_kn(vb, tv, 16 * kk, 8 * d, lane);
-        mma(o[d], pa, vb[0], vb[1]);
-        mma(o[d + 1], pa, vb[2], vb[3]);
-      }
-    }
+    accumulate_times_tile<HS>(o, s, tv, lane);
     __syncthreads();  // every warp is done with tile kt before the next prefetch overwrites it
   }
 #pragma unroll
@@ -407,19 +431,9 @@ __global__ void __launch_bounds__(k_threads, k_bwd_blocks<HS>)
     __syncthreads();  // tiles, lse and D of qt are in place; every warp is done with dS of qt-1
     // S^T (16 keys x 64 queries) = K_w Q^T
     float s[k_tile / 8][4];
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j)
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; kk += 2) {
-        std::uint32_t qb[4];
-        load_b_nk(qb, tq, 8 * j, 16 * kk, lane);
-        mma(s[j], ka[kk], qb[0], qb[1]);
-        mma(s[j], ka[kk + 1], qb[2], qb[3]);
-      }
-      // P^T = 2^(S^T scale log2e - lse log2e) (slse holds -lse log2e), masked where query < key
-      // (the diagonal tile) or past T (the last tiles)
+    rows_times_tile_t<HS>(s, ka, tq, lane);
+    // P^T = 2^(S^T scale log2e - lse log2e) (slse holds -lse log2e), masked where query < key
+    // (the diagonal tile) or past T (the last tiles)
 #pragma unroll
     for (int j = 0; j < k_tile / 8; ++j)
 #pragma unroll
@@ -434,51 +448,20 @@ __global__ void __launch_bounds__(k_threads, k_bwd_blocks<HS>)
         }
     }
     // dV += P^T dO  (A = P^T from registers, B = dO stored [query][dim])
-#pragma unroll
-    for (int kk = 0; kk < k_tile / 16; ++kk) {
-      std::uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int d = 0; d < HS / 8; d += 2) {
-        std::uint32_t ob[4];
-        load_b_kn(ob, tdo, 16 * kk, 8 * d, lane);
-        mma(dv[d], pa, ob[0], ob[1]);
-        mma(dv[d + 1], pa, ob[2], ob[3]);
-      }
-    }
+    accumulate_times_tile<HS>(dv, s, tdo, lane);
     // dP^T (16 keys x 64 queries) = V_w dO^T, then dS^T = P^T (dP^T - D[q]) in place
     float dp[k_tile / 8][4];
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < k_tile / 8; ++j)
-#pragma unroll
-      for (int kk = 0; kk < HS / 16; kk += 2) {
-        std::uint32_t ob[4];
-        load_b_nk(ob, tdo, 8 * j, 16 * kk, lane);
-        mma(dp[j], va[kk], ob[0], ob[1]);
-        mma(dp[j], va[kk + 1], ob[2], ob[3]);
-      }
+    rows_times_tile_t<HS>(dp, va, tdo, lane);
 #pragma unroll
     for (int j = 0; j < k_tile / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = s[j][e] * (dp[j][e] - sD[8 * j + c + (e & 1)]);
-        // dK += dS^T Q (scale applied at the end); and dS^T to shared memory for dQ
+    // dK += dS^T Q (scale applied at the end); and dS^T to shared memory for dQ
+    accumulate_times_tile<HS>(dk, s, tq, lane);
 #pragma unroll
     for (int kk = 0; kk < k_tile / 16; ++kk) {
-      std::uint32_t da[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int d = 0; d < HS / 8; d += 2) {
-        std::uint32_t qb[4];
-        load_b_kn(qb, tq, 16 * kk, 8 * d, lane);
-        mma(dk[d], da, qb[0], qb[1]);
-        mma(dk[d + 1], da, qb[2], qb[3]);
-      }
+      std::uint32_t da[4];
+      a_fragment(da, s, kk);
       // rows (keys) 16w+g and 16w+g+8, columns (queries) 16kk + c.. and 16kk + 8 + c..
       __nv_bfloat16* r0 = sm.ds.row(16 * warp + g) + 16 * kk + c;
       __nv_bfloat16* r1 = sm.ds.row(16 * warp + g + 8) + 16 * kk + c;
@@ -514,8 +497,8 @@ __global__ void __launch_bounds__(k_threads, k_bwd_blocks<HS>)
     for (int d = 0; d < HS / 8; ++d) {
       const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[d][0] : dq[d][2], 1);
       const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[d][1] : dq[d][3], 1);
-      const float4 v = odd ? make_float4(r0, r1, dq[d][2], dq[d][3])
-                           : make_float4(dq[d][0], dq[d][1], r0, r1);
+      const float4 v =
+          odd ? make_float4(r0, r1, dq[d][2], dq[d][3]) : make_float4(dq[d][0], dq[d][1], r0, r1);
       if (q_row < T) red_add_v4(dst + 8 * d, v);
     }
   }

@@ -9,6 +9,7 @@
 
 #include "tessera/kernels/cuda/check.hpp"
 #include "tessera/kernels/cuda/kernel_util.cuh"
+#include "tessera/kernels/cuda/layernorm_rows.cuh"
 #include "tessera/kernels/cuda/ops.hpp"
 
 namespace tessera::kernels::cuda {
@@ -172,119 +173,19 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 }
 
 // ---------------------------------------------------------------- layernorm
-namespace {
-
-constexpr float k_layernorm_eps = 1e-5f;  // = kernels::cpu::k_layernorm_eps
-constexpr int k_row_block = 256;          // threads per row for the one-block-per-row kernels
-
-// One block per row: mean, then the variance of (x - mean) (two passes, as the CPU kernel).
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int C) {
-  __shared__ float scratch[32];
-  const std::int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  float s = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
-  const float m = block_sum(s, scratch) / C;
-  float v = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float d = x[c] - m;
-    v += d * d;
-  }
-  const float r = rsqrtf(block_sum(v, scratch) / C + k_layernorm_eps);
-  float* o = out + row * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (x[c] - m) * r * weight[c] + bias[c];
-  if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
-}
-
-// dinp: one block per row.
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
-                                               const float* weight, const float* mean,
-                                               const float* rstd, int C) {
-  __shared__ float scratch[32];
-  const std::int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  const float* g = dout + row * C;
-  const float m = mean[row], r = rstd[row];
-  float sum_dn = 0.0f, sum_dn_n = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float n = (x[c] - m) * r;
-    float dn = weight[c] * g[c];
-    sum_dn += dn;
-    sum_dn_n += dn * n;
-  }
-  const float mean_dn = block_sum(sum_dn, scratch) / C;
-  const float mean_dn_n = block_sum(sum_dn_n, scratch) / C;
-  float* dx = dinp + row * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float n = (x[c] - m) * r;
-    float dn = weight[c] * g[c];
-    dx[c] += (dn - mean_dn - n * mean_dn_n) * r;
-  }
-}
-
-// dweight, dbias: block (32, 8) covers 32 columns; blockIdx.y a slice of rows. Partial sums are
-// reduced over threadIdx.y in shared memory, then one atomicAdd per column and block.
-constexpr int k_ln_cols = 32, k_ln_rows = 8;
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* dout,
-                                                 const float* inp, const float* mean,
-                                                 const float* rstd, std::int64_t N, int C) {
-  __shared__ float sw[k_ln_rows][k_ln_cols];
-  __shared__ float sb[k_ln_rows][k_ln_cols];
-  const int c = blockIdx.x * k_ln_cols + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.y) * k_ln_rows + threadIdx.y; i < N;
-         i += static_cast<std::int64_t>(gridDim.y) * k_ln_rows) {
-      float g = dout[i * C + c];
-      float n = (inp[i * C + c] - mean[i]) * rstd[i];
-      db += g;
-      dw += n * g;
-    }
-  }
-  sw[threadIdx.y][threadIdx.x] = dw;
-  sb[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int k = 1; k < k_ln_rows; ++k) {
-      dw += sw[k][threadIdx.x];
-      db += sb[k][threadIdx.x];
-    }
-    atomicAdd(dweight + c, dw);
-    atomicAdd(dbias + c, db);
-  }
-}
-
-}  // namespace
-
+// The block-per-row kernels of layernorm_rows.cuh, on fp32 tensors.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C, void* stream) {
   if (N <= 0) return;
-  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_forward: one block per row, N < 2^31");
-  layernorm_forward_kernel<<<static_cast<unsigned>(N), k_row_block, 0, as_stream(stream)>>>(
-      out, mean, rstd, inp, weight, bias, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_layernorm_forward_rows(out, mean, rstd, inp, weight, bias, N, C, as_stream(stream));
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         std::int64_t N, int C, void* stream) {
   if (N <= 0) return;
-  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_backward: one block per row, N < 2^31");
-  auto s = as_stream(stream);
-  layernorm_backward_dinp_kernel<<<static_cast<unsigned>(N), k_row_block, 0, s>>>(
-      dinp, dout, inp, weight, mean, rstd, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
-  // ~ 2 blocks of rows per SM for each column tile; at most 256 atomics per column.
-  const unsigned col_blocks = static_cast<unsigned>((C + k_ln_cols - 1) / k_ln_cols);
-  const std::int64_t row_tiles = (N + k_ln_rows - 1) / k_ln_rows;
-  const unsigned row_blocks = static_cast<unsigned>(std::min<std::int64_t>(row_tiles, 256));
-  layernorm_backward_params_kernel<<<dim3(col_blocks, row_blocks), dim3(k_ln_cols, k_ln_rows), 0,
-                                     s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_layernorm_backward_rows(dinp, static_cast<float*>(nullptr), dweight, dbias, dout, inp,
+                                 weight, mean, rstd, N, C, as_stream(stream));
 }
 
 // ---------------------------------------------------------------- gelu
@@ -329,6 +230,8 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
 // ---------------------------------------------------------------- cross-entropy
 namespace {
 
+constexpr int k_ce_threads = 512;  // threads per row
+
 // One block per row: max over the real vocabulary, sum of exp, loss = lse - logit[target];
 // with dlogits (may alias logits) writes dloss * (softmax - onehot), padded columns zeroed.
 __global__ void cross_entropy_kernel(float* losses, const float* logits, float* dlogits,
@@ -368,7 +271,7 @@ void cross_entropy_forward(float* losses, const float* logits, const std::int32_
                            std::int64_t N, int V, int Vp, void* stream) {
   if (N <= 0) return;
   TESSERA_CUDA_REQUIRE(N <= 0x7fffffff && V <= Vp, "cross_entropy_forward: N < 2^31, V <= Vp");
-  cross_entropy_kernel<<<static_cast<unsigned>(N), k_row_block * 2, 0, as_stream(stream)>>>(
+  cross_entropy_kernel<<<static_cast<unsigned>(N), k_ce_threads, 0, as_stream(stream)>>>(
       losses, logits, nullptr, targets, V, Vp, 0.0f);
   TESSERA_CUDA_CHECK_LAUNCH();
 }
@@ -378,7 +281,7 @@ void cross_entropy_forward_backward(float* losses, float* logits, const std::int
   if (N <= 0) return;
   TESSERA_CUDA_REQUIRE(N <= 0x7fffffff && V <= Vp,
                        "cross_entropy_forward_backward: N < 2^31, V <= Vp");
-  cross_entropy_kernel<<<static_cast<unsigned>(N), k_row_block * 2, 0, as_stream(stream)>>>(
+  cross_entropy_kernel<<<static_cast<unsigned>(N), k_ce_threads, 0, as_stream(stream)>>>(
       losses, logits, logits, targets, V, Vp, dloss);
   TESSERA_CUDA_CHECK_LAUNCH();
 }

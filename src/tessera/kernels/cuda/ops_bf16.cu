@@ -11,6 +11,7 @@
 
 #include "tessera/kernels/cuda/check.hpp"
 #include "tessera/kernels/cuda/kernel_util.cuh"
+#include "tessera/kernels/cuda/layernorm_rows.cuh"
 #include "tessera/kernels/cuda/ops.hpp"
 
 namespace tessera::kernels::cuda {
@@ -19,129 +20,14 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ inline const bf16* as_bf16(const std::uint16_t* p) {
+__host__ __device__ inline const bf16* as_bf16(const std::uint16_t* p) {
   return reinterpret_cast<const bf16*>(p);
 }
-__device__ inline bf16* as_bf16(std::uint16_t* p) {
+__host__ __device__ inline bf16* as_bf16(std::uint16_t* p) {
   return reinterpret_cast<bf16*>(p);
 }
 
-constexpr float k_layernorm_eps = 1e-5f;             // = kernels::cpu::k_layernorm_eps
 constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr int k_row_threads = 256;
-
-// ---------------------------------------------------------------- layernorm
-// One block per row, as the fp32 kernel (two passes over the row for the variance); the row is
-// read from fp32 and written as bf16.
-__global__ void layernorm_forward_bf16_kernel(std::uint16_t* out_, float* mean, float* rstd,
-                                              const float* inp, const float* weight,
-                                              const float* bias, int C) {
-  __shared__ float scratch[32];
-  bf16* out = as_bf16(out_);
-  const std::int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  float s = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
-  const float m = block_sum(s, scratch) / C;
-  float v = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = x[c] - m;
-    v += d * d;
-  }
-  const float r = rsqrtf(block_sum(v, scratch) / C + k_layernorm_eps);
-  bf16* o = out + row * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    o[c] = __float2bfloat16((x[c] - m) * r * weight[c] + bias[c]);
-  if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
-}
-
-// dinp (fp32) += ...; and, if dinp_bf16, its updated value rounded to bf16 (the next GEMM's
-// input). One block per row.
-__global__ void layernorm_backward_bf16_dinp_kernel(float* dinp, std::uint16_t* dinp_bf16_,
-                                                    const std::uint16_t* dout_, const float* inp,
-                                                    const float* weight, const float* mean,
-                                                    const float* rstd, int C) {
-  __shared__ float scratch[32];
-  const bf16* dout = as_bf16(dout_);
-  const std::int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  const bf16* g = dout + row * C;
-  const float m = mean[row], r = rstd[row];
-  float sum_dn = 0.0f, sum_dn_n = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float n = (x[c] - m) * r;
-    const float dn = weight[c] * __bfloat162float(g[c]);
-    sum_dn += dn;
-    sum_dn_n += dn * n;
-  }
-  const float mean_dn = block_sum(sum_dn, scratch) / C;
-  const float mean_dn_n = block_sum(sum_dn_n, scratch) / C;
-  float* dx = dinp + row * C;
-  bf16* dxb = dinp_bf16_ ? as_bf16(dinp_bf16_) + row * C : nullptr;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float n = (x[c] - m) * r;
-    const float dn = weight[c] * __bfloat162float(g[c]);
-    const float v = dx[c] + (dn - mean_dn - n * mean_dn_n) * r;
-    dx[c] = v;
-    if (dxb) dxb[c] = __float2bfloat16(v);
-  }
-}
-
-// Column sums over rows (32 columns x 8 row-threads per block, a slice of rows per blockIdx.y,
-// one atomicAdd per column and block): dbias += sum_i dout[i][c] and, with inp, the LayerNorm
-// weight gradient dweight += sum_i dout[i][c] * (inp[i][c] - mean[i]) * rstd[i].
-constexpr int k_cols = 32, k_rows = 8;
-__device__ inline float to_float(float x) {
-  return x;
-}
-__device__ inline float to_float(bf16 x) {
-  return __bfloat162float(x);
-}
-template <class T>
-__global__ void column_sums_kernel(float* dweight, float* dbias, const T* dout, const float* inp,
-                                   const float* mean, const float* rstd, std::int64_t N, int C) {
-  __shared__ float sw[k_rows][k_cols];
-  __shared__ float sb[k_rows][k_cols];
-  const int c = blockIdx.x * k_cols + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.y) * k_rows + threadIdx.y; i < N;
-         i += static_cast<std::int64_t>(gridDim.y) * k_rows) {
-      const float g = to_float(dout[i * C + c]);
-      db += g;
-      if (inp) dw += (inp[i * C + c] - mean[i]) * rstd[i] * g;
-    }
-  }
-  sw[threadIdx.y][threadIdx.x] = dw;
-  sb[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int k = 1; k < k_rows; ++k) {
-      dw += sw[k][threadIdx.x];
-      db += sb[k][threadIdx.x];
-    }
-    if (dweight) atomicAdd(dweight + c, dw);
-    atomicAdd(dbias + c, db);
-  }
-}
-
-template <class T>
-void launch_column_sums(float* dweight, float* dbias, const T* dout, const float* inp,
-                        const float* mean, const float* rstd, std::int64_t N, int C,
-                        cudaStream_t s) {
-  const unsigned col_blocks = static_cast<unsigned>((C + k_cols - 1) / k_cols);
-  const std::int64_t row_tiles = (N + k_rows - 1) / k_rows;
-  // about 8192 blocks in all (several waves on any current GPU), at most 256 atomics per column
-  const std::int64_t want = std::max<std::int64_t>(1, 8192 / col_blocks);
-  const unsigned row_blocks = static_cast<unsigned>(
-      std::clamp<std::int64_t>(row_tiles, 1, std::min<std::int64_t>(want, 256)));
-  column_sums_kernel<T><<<dim3(col_blocks, row_blocks), dim3(k_cols, k_rows), 0, s>>>(
-      dweight, dbias, dout, inp, mean, rstd, N, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
-}
 
 // ---------------------------------------------------------------- layernorm, a warp per row
 // For C % 8 == 0 and C <= 8 * 32 * k_ln_max_cpl: each lane holds chunks of 8 columns (lane,
@@ -159,7 +45,8 @@ unsigned layernorm_blocks(std::int64_t N) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const std::int64_t want = std::max(1, sms) * 8;  // several waves of 8-warp blocks
-  return static_cast<unsigned>(std::clamp<std::int64_t>((N + k_ln_warps - 1) / k_ln_warps, 1, want));
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>((N + k_ln_warps - 1) / k_ln_warps, 1, want));
 }
 
 __device__ inline void load8(float (&f)[8], const float* p) {
@@ -297,8 +184,8 @@ __global__ void __launch_bounds__(32 * k_ln_warps)
 template <int CPL>
 void launch_layernorm_warp(bool forward, std::uint16_t* out, float* mean, float* rstd,
                            const float* inp, const float* weight, const float* bias, float* dinp,
-                           float* dweight, float* dbias, const std::uint16_t* dout,
-                           std::int64_t N, int C, cudaStream_t s) {
+                           float* dweight, float* dbias, const std::uint16_t* dout, std::int64_t N,
+                           int C, cudaStream_t s) {
   if (C > 8 * 32 * CPL) {  // the fewest chunks per lane that hold the row
     if constexpr (CPL < k_ln_max_cpl)
       launch_layernorm_warp<CPL + 1>(forward, out, mean, rstd, inp, weight, bias, dinp, dweight,
@@ -511,10 +398,8 @@ void layernorm_forward_bf16(std::uint16_t* out, float* mean, float* rstd, const 
                              nullptr, N, C, as_stream(stream));
     return;
   }
-  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_forward_bf16: one block per row, N < 2^31");
-  layernorm_forward_bf16_kernel<<<static_cast<unsigned>(N), k_row_threads, 0, as_stream(stream)>>>(
-      out, mean, rstd, inp, weight, bias, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_layernorm_forward_rows(as_bf16(out), mean, rstd, inp, weight, bias, N, C,
+                                as_stream(stream));
 }
 
 void layernorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight, float* dbias,
@@ -528,11 +413,8 @@ void layernorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweig
                              inp, weight, nullptr, dinp, dweight, dbias, dout, N, C, s);
     return;
   }
-  TESSERA_CUDA_REQUIRE(N <= 0x7fffffff, "layernorm_backward_bf16: one block per row, N < 2^31");
-  layernorm_backward_bf16_dinp_kernel<<<static_cast<unsigned>(N), k_row_threads, 0, s>>>(
-      dinp, dinp_bf16, dout, inp, weight, mean, rstd, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
-  launch_column_sums(dweight, dbias, reinterpret_cast<const bf16*>(dout), inp, mean, rstd, N, C, s);
+  launch_layernorm_backward_rows(dinp, dinp_bf16 ? as_bf16(dinp_bf16) : nullptr, dweight, dbias,
+                                 as_bf16(dout), inp, weight, mean, rstd, N, C, s);
 }
 
 void bias_backward_bf16(float* dbias, const std::uint16_t* dout, std::int64_t N, int OC,
