@@ -2,16 +2,114 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/kernels/cpu/vec_math.hpp"
+#include "tessera/model/gpt_block.hpp"
 
 namespace tessera::model {
 
 namespace k = kernels::cpu;
+
+namespace {
+
+// The op table of model/gpt_block.hpp on the CPU kernels (fp32; the residual add is a copy and an
+// accumulating GEMM, the GELU a kernel of its own).
+class CpuOps {
+ public:
+  using A = float;
+  using W = float;
+  CpuOps(kernels::GemmLibrary lib, kernels::Profile* profile, ParamStore* store = nullptr)
+      : lib_(lib), profile_(profile), store_(store) {}
+  ~CpuOps() { finish(); }
+
+  void mark(kernels::OpFamily f) {
+    if (!profile_) return;
+    finish();
+    current_ = f;
+    t0_ = std::chrono::steady_clock::now();
+  }
+  void finish() {
+    if (!profile_ || current_ == kernels::OpFamily::Count) return;
+    (*profile_)[current_] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    current_ = kernels::OpFamily::Count;
+  }
+  void progress() {
+    if (store_) store_->progress();
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, std::int64_t N, int C) {
+    k::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* /*dinp_a: dinp itself*/, float* dw, float* db,
+                          const float* dout, const float* inp, const float* w, const float* mean,
+                          const float* rstd, std::int64_t N, int C) {
+    k::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
+              int OC) {
+    k::linear_forward(lib_, out, inp, w, b, N, IC, OC);
+  }
+  void linear_residual(float* out, const float* residual, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int IC, int OC) {
+    k::copy(out, residual, N * OC);
+    k::linear_forward(lib_, out, inp, w, b, N, IC, OC, true);
+  }
+  void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
+                   std::int64_t N, int IC, int OC) {
+    k::linear_forward(lib_, pre, inp, w, b, N, IC, OC);
+    k::gelu_forward(out, pre, N * OC);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const float* w, std::int64_t N, int IC, int OC) {
+    k::linear_backward(lib_, dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void linear_backward_input_dgelu(float* dinp, const float* dout, const float* w, const float* pre,
+                                   std::int64_t N, int IC, int OC) {
+    k::linear_backward_input(lib_, dinp, dout, w, N, IC, OC);
+    k::gelu_backward(dinp, pre, dinp, N * IC);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    k::attention_forward(lib_, out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int B, int T, int C, int NH) {
+    k::attention_backward(lib_, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  }
+
+ private:
+  kernels::GemmLibrary lib_;
+  kernels::Profile* profile_;
+  ParamStore* store_;
+  kernels::OpFamily current_ = kernels::OpFamily::Count;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// A layer's parameters (a block from the store, laid out from `w.begin`) and activations.
+BlockWeights<float> block_weights(const LayerOffsets& w, const float* blk) {
+  auto P = [&](std::size_t off) { return blk + (off - w.begin); };
+  return {P(w.ln1_w), P(w.ln1_b), P(w.qkv_w), P(w.qkv_b), P(w.attproj_w), P(w.attproj_b),
+          P(w.ln2_w), P(w.ln2_b), P(w.fc_w),  P(w.fc_b),  P(w.fcproj_w),  P(w.fcproj_b)};
+}
+BlockGrads block_grads(const LayerOffsets& w, float* gblk) {
+  auto G = [&](std::size_t off) { return gblk + (off - w.begin); };
+  return {G(w.ln1_w), G(w.ln1_b), G(w.qkv_w), G(w.qkv_b), G(w.attproj_w), G(w.attproj_b),
+          G(w.ln2_w), G(w.ln2_b), G(w.fc_w),  G(w.fc_b),  G(w.fcproj_w),  G(w.fcproj_b)};
+}
+BlockActs<float> block_acts(Activations& a, int l) {
+  const auto& s = a.layers[l];
+  return {a.at(s.ln1),     a.at(s.ln1_mean), a.at(s.ln1_rstd), a.at(s.qkv),      a.at(s.atty),
+          a.at(s.att_lse), a.at(s.res2),     a.at(s.ln2),      a.at(s.ln2_mean), a.at(s.ln2_rstd),
+          a.at(s.fch),     a.at(s.fch_gelu), a.at(s.res3)};
+}
+
+}  // namespace
 
 void init_params(const ParamLayout& layout, float* params, std::uint64_t seed) {
   const auto& cfg = layout.config();
@@ -118,57 +216,12 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
     k::embedding_forward(a.at(a.encoded), inputs, PE(layout.wte), PE(layout.wpe), B, T, C);
   }
   const float* residual = a.at(a.encoded);
+  const BlockShape shape{B, T, C, NH};
   for (int l = 0; l < cfg.n_layer; ++l) {
-    const auto& w = layout.layers[l];
-    auto& s = a.layers[l];
-    const float* blk = store.params(l + 1);
-    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_forward(a.at(s.ln1), a.at(s.ln1_mean), a.at(s.ln1_rstd), residual, PL(w.ln1_w),
-                           PL(w.ln1_b), N, C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.qkv), a.at(s.ln1), PL(w.qkv_w), PL(w.qkv_b), N, C, 3 * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
-      k::attention_forward(lib, a.at(s.atty), a.at(s.att_lse), a.at(s.qkv), B, T, C, NH);
-    }
-    // res2 = residual + atty @ Wproj^T + b  (residual add fused into the GEMM's beta)
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Elementwise);
-      k::copy(a.at(s.res2), residual, N * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.res2), a.at(s.atty), PL(w.attproj_w), PL(w.attproj_b), N, C, C,
-                        true);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_forward(a.at(s.ln2), a.at(s.ln2_mean), a.at(s.ln2_rstd), a.at(s.res2),
-                           PL(w.ln2_w), PL(w.ln2_b), N, C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.fch), a.at(s.ln2), PL(w.fc_w), PL(w.fc_b), N, C, 4 * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
-      k::gelu_forward(a.at(s.fch_gelu), a.at(s.fch), N * 4 * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Elementwise);
-      k::copy(a.at(s.res3), a.at(s.res2), N * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_forward(lib, a.at(s.res3), a.at(s.fch_gelu), PL(w.fcproj_w), PL(w.fcproj_b), N,
-                        4 * C, C, true);
-    }
-    residual = a.at(s.res3);
+    CpuOps ops(lib, PROF);
+    block_forward(ops, block_weights(layout.layers[l], store.params(l + 1)), block_acts(a, l),
+                  residual, shape);
+    residual = a.at(a.layers[l].res3);
     store.release(l + 1);
   }
   const float* F = store.params(cfg.n_layer + 1);
@@ -211,7 +264,6 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
 void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib,
               kernels::Profile* PROF) {
-  auto progress = [&] { store.progress(); };
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
@@ -246,62 +298,15 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
 
   store.grads_done(LB);  // ln_f
   store.release(LB);
+  const BlockShape shape{B, T, C, NH};
+  const BlockScratch<float> scratch{d_res,          d_res,         d_ln,
+                                    a.at(a.d_atty), a.at(a.d_qkv), a.at(a.d_fch)};
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
-    const auto& w = layout.layers[l];
-    auto& s = a.layers[l];
-    const float* blk = store.params(l + 1);
-    float* gblk = store.grads(l + 1);
-    auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-    auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
-    const float* residual = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
-    float* d_fch = a.at(a.d_fch);
-    // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_fch, GL(w.fcproj_w), GL(w.fcproj_b), d_res, a.at(s.fch_gelu),
-                         PL(w.fcproj_w), N, 4 * C, C);
-    }
-    progress();
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gelu);
-      k::gelu_backward(d_fch, a.at(s.fch), d_fch, N * 4 * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_ln, GL(w.fc_w), GL(w.fc_b), d_fch, a.at(s.ln2), PL(w.fc_w), N, C,
-                         4 * C);
-    }
-    progress();
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_backward(d_res, GL(w.ln2_w), GL(w.ln2_b), d_ln, a.at(s.res2), PL(w.ln2_w),
-                            a.at(s.ln2_mean), a.at(s.ln2_rstd), N, C);
-    }
-    // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
-    float* d_atty = a.at(a.d_atty);
-    float* d_qkv = a.at(a.d_qkv);
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_atty, GL(w.attproj_w), GL(w.attproj_b), d_res, a.at(s.atty),
-                         PL(w.attproj_w), N, C, C);
-    }
-    progress();
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Attention);
-      k::attention_backward(lib, d_qkv, d_atty, a.at(s.qkv), a.at(s.atty), a.at(s.att_lse), B, T, C,
-                            NH);
-    }
-    progress();
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-      k::linear_backward(lib, d_ln, GL(w.qkv_w), GL(w.qkv_b), d_qkv, a.at(s.ln1), PL(w.qkv_w), N, C,
-                         3 * C);
-    }
-    {
-      kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-      k::layernorm_backward(d_res, GL(w.ln1_w), GL(w.ln1_b), d_ln, residual, PL(w.ln1_w),
-                            a.at(s.ln1_mean), a.at(s.ln1_rstd), N, C);
-    }
+    const float* x = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
+    CpuOps ops(lib, PROF, &store);
+    block_backward(ops, block_weights(layout.layers[l], store.params(l + 1)),
+                   block_grads(layout.layers[l], store.grads(l + 1)), block_acts(a, l), scratch, x,
+                   shape);
     store.grads_done(l + 1);  // this layer's gradients are final
     store.release(l + 1);
   }

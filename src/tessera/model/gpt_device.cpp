@@ -7,6 +7,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cuda/device.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
+#include "tessera/model/gpt_block.hpp"
 
 namespace tessera::model {
 
@@ -230,6 +231,63 @@ struct ActOffsets {
   }
 };
 
+// The op table of model/gpt_block.hpp on the CUDA kernels, in fp32 (A = float) or bf16 mixed
+// precision (A = bf16 bits: the GEMM weights are the optimizer's bf16 copy, W = A).
+template <class Act>
+class DeviceOps {
+ public:
+  using A = Act;
+  using W = Act;
+  DeviceOps(cu::DeviceProfiler* profiler, void* stream, float* attention_workspace)
+      : profiler_(profiler), st_(stream), attn_ws_(attention_workspace) {}
+  void mark(OpFamily f) {
+    if (profiler_) profiler_->mark(f);
+  }
+  void finish() {}    // an interval of the device profiler ends at the next mark
+  void progress() {}  // no communication to drive
+
+  void layernorm_forward(A* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, std::int64_t N, int C) {
+    model::layernorm_forward(out, mean, rstd, inp, w, b, N, C, st_);
+  }
+  void layernorm_backward(float* dinp, A* dinp_a, float* dw, float* db, const A* dout,
+                          const float* inp, const float* w, const float* mean, const float* rstd,
+                          std::int64_t N, int C) {
+    model::layernorm_backward(dinp, dinp_a, dw, db, dout, inp, w, mean, rstd, N, C, st_);
+  }
+  void linear(A* out, const A* inp, const W* w, const W* b, std::int64_t N, int IC, int OC) {
+    model::linear(out, inp, w, b, N, IC, OC, st_);
+  }
+  void linear_residual(float* out, const float* residual, const A* inp, const W* w, const float* b,
+                       std::int64_t N, int IC, int OC) {
+    model::linear(out, inp, w, b, N, IC, OC, st_, residual);
+  }
+  void linear_gelu(A* out, A* pre, const A* inp, const W* w, const W* b, std::int64_t N, int IC,
+                   int OC) {
+    model::linear_gelu(out, pre, inp, w, b, N, IC, OC, st_);
+  }
+  void linear_backward(A* dinp, float* dw, float* db, const A* dout, const A* inp, const W* w,
+                       std::int64_t N, int IC, int OC) {
+    model::linear_backward<A>(dinp, dw, db, dout, inp, w, N, IC, OC, st_);
+  }
+  void linear_backward_input_dgelu(A* dinp, const A* dout, const W* w, const A* pre, std::int64_t N,
+                                   int IC, int OC) {
+    model::linear_backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_);
+  }
+  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int C, int NH) {
+    model::attention_forward(out, lse, qkv, B, T, C, NH, st_);
+  }
+  void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const float* lse,
+                          int B, int T, int C, int NH) {
+    model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, C, NH, st_);
+  }
+
+ private:
+  cu::DeviceProfiler* profiler_;
+  void* st_;
+  float* attn_ws_;
+};
+
 }  // namespace
 
 struct DeviceGpt::Impl {
@@ -273,6 +331,30 @@ struct DeviceGpt::Impl {
   }
 
   template <class A>
+  BlockWeights<A> block_weights(int l) const {
+    const auto& w = layout.layers[l];
+    return {P(w.ln1_w), P(w.ln1_b), W<A>(w.qkv_w), W<A>(w.qkv_b), W<A>(w.attproj_w), P(w.attproj_b),
+            P(w.ln2_w), P(w.ln2_b), W<A>(w.fc_w),  W<A>(w.fc_b),  W<A>(w.fcproj_w),  P(w.fcproj_b)};
+  }
+  BlockGrads block_grads(int l) const {
+    const auto& w = layout.layers[l];
+    return {G(w.ln1_w), G(w.ln1_b), G(w.qkv_w), G(w.qkv_b), G(w.attproj_w), G(w.attproj_b),
+            G(w.ln2_w), G(w.ln2_b), G(w.fc_w),  G(w.fc_b),  G(w.fcproj_w),  G(w.fcproj_b)};
+  }
+  template <class A>
+  BlockActs<A> block_acts(int l) const {
+    const auto& s = off.layers[l];
+    return {at<A>(s.ln1),          at<float>(s.ln1_mean), at<float>(s.ln1_rstd), at<A>(s.qkv),
+            at<A>(s.atty),         at<float>(s.lse),      at<float>(s.res2),     at<A>(s.ln2),
+            at<float>(s.ln2_mean), at<float>(s.ln2_rstd), at<A>(s.fch),          at<A>(s.fch_gelu),
+            at<float>(s.res3)};
+  }
+  template <class A>
+  DeviceOps<A> ops() const {
+    return DeviceOps<A>(profiler.get(), st, at<float>(off.attn_ws));
+  }
+
+  template <class A>
   void forward(bool with_targets, bool training, float dloss);
   template <class A>
   void backward();
@@ -286,29 +368,11 @@ void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
   mark(OpFamily::Embedding);
   cu::embedding_forward(at<float>(off.encoded), inp, P(layout.wte), P(layout.wpe), B, T, C, st);
   const float* residual = at<float>(off.encoded);
+  const BlockShape shape{B, T, C, NH};
+  auto block_ops = ops<A>();
   for (int l = 0; l < cfg.n_layer; ++l) {
-    const auto& w = layout.layers[l];
-    const auto& s = off.layers[l];
-    mark(OpFamily::LayerNorm);
-    layernorm_forward(at<A>(s.ln1), at<float>(s.ln1_mean), at<float>(s.ln1_rstd), residual,
-                      P(w.ln1_w), P(w.ln1_b), N, C, st);
-    mark(OpFamily::Gemm);
-    linear(at<A>(s.qkv), at<A>(s.ln1), W<A>(w.qkv_w), W<A>(w.qkv_b), N, C, 3 * C, st);
-    mark(OpFamily::Attention);
-    attention_forward(at<A>(s.atty), at<float>(s.lse), at<A>(s.qkv), B, T, C, NH, st);
-    // res2 = residual + atty @ Wproj^T + b (the residual read by the GEMM's epilogue)
-    mark(OpFamily::Gemm);
-    linear(at<float>(s.res2), at<A>(s.atty), W<A>(w.attproj_w), P(w.attproj_b), N, C, C, st,
-           residual);
-    mark(OpFamily::LayerNorm);
-    layernorm_forward(at<A>(s.ln2), at<float>(s.ln2_mean), at<float>(s.ln2_rstd), at<float>(s.res2),
-                      P(w.ln2_w), P(w.ln2_b), N, C, st);
-    mark(OpFamily::Gemm);  // with the GELU (bf16: in the GEMM's epilogue)
-    linear_gelu(at<A>(s.fch_gelu), at<A>(s.fch), at<A>(s.ln2), W<A>(w.fc_w), W<A>(w.fc_b), N, C,
-                4 * C, st);
-    linear(at<float>(s.res3), at<A>(s.fch_gelu), W<A>(w.fcproj_w), P(w.fcproj_b), N, 4 * C, C, st,
-           at<float>(s.res2));
-    residual = at<float>(s.res3);
+    block_forward(block_ops, block_weights<A>(l), block_acts<A>(l), residual, shape);
+    residual = at<float>(off.layers[l].res3);
   }
   mark(OpFamily::LayerNorm);
   layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
@@ -341,36 +405,14 @@ void DeviceGpt::Impl::backward() {
   mark(OpFamily::LayerNorm);
   layernorm_backward(d_res, d_res_a, G(layout.lnf_w), G(layout.lnf_b), d_ln, last, P(layout.lnf_w),
                      at<float>(off.lnf_mean), at<float>(off.lnf_rstd), N, C, st);
+  const BlockShape shape{B, T, C, NH};
+  const BlockScratch<A> scratch{d_res,           d_res_a, d_ln, at<A>(off.d_atty), at<A>(off.d_qkv),
+                                at<A>(off.d_fch)};
+  auto block_ops = ops<A>();
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
-    const auto& w = layout.layers[l];
-    const auto& s = off.layers[l];
-    const float* residual = l == 0 ? at<float>(off.encoded) : at<float>(off.layers[l - 1].res3);
-    A* d_fch = at<A>(off.d_fch);
-    // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-    mark(OpFamily::Gemm);  // with the GELU backward (bf16: in the GEMM's epilogue)
-    linear_backward_input_dgelu(d_fch, d_res_a, W<A>(w.fcproj_w), at<A>(s.fch), N, 4 * C, C, st);
-    linear_backward<A>(nullptr, G(w.fcproj_w), G(w.fcproj_b), d_res_a, at<A>(s.fch_gelu),
-                       W<A>(w.fcproj_w), N, 4 * C, C, st);
-    linear_backward<A>(d_ln, G(w.fc_w), G(w.fc_b), d_fch, at<A>(s.ln2), W<A>(w.fc_w), N, C, 4 * C,
-                       st);
-    mark(OpFamily::LayerNorm);
-    layernorm_backward(d_res, d_res_a, G(w.ln2_w), G(w.ln2_b), d_ln, at<float>(s.res2), P(w.ln2_w),
-                       at<float>(s.ln2_mean), at<float>(s.ln2_rstd), N, C, st);
-    // d_res is now the gradient w.r.t. res2 = residual + attproj(attention(qkv(ln1(residual))))
-    A* d_atty = at<A>(off.d_atty);
-    A* d_qkv = at<A>(off.d_qkv);
-    mark(OpFamily::Gemm);
-    linear_backward<A>(d_atty, G(w.attproj_w), G(w.attproj_b), d_res_a, at<A>(s.atty),
-                       W<A>(w.attproj_w), N, C, C, st);
-    mark(OpFamily::Attention);
-    attention_backward(d_qkv, d_atty, at<A>(s.qkv), at<A>(s.atty), at<float>(s.lse),
-                       at<float>(off.attn_ws), B, T, C, NH, st);
-    mark(OpFamily::Gemm);
-    linear_backward<A>(d_ln, G(w.qkv_w), G(w.qkv_b), d_qkv, at<A>(s.ln1), W<A>(w.qkv_w), N, C,
-                       3 * C, st);
-    mark(OpFamily::LayerNorm);
-    layernorm_backward(d_res, d_res_a, G(w.ln1_w), G(w.ln1_b), d_ln, residual, P(w.ln1_w),
-                       at<float>(s.ln1_mean), at<float>(s.ln1_rstd), N, C, st);
+    const float* x = l == 0 ? at<float>(off.encoded) : at<float>(off.layers[l - 1].res3);
+    block_backward(block_ops, block_weights<A>(l), block_grads(l), block_acts<A>(l), scratch, x,
+                   shape);
   }
   mark(OpFamily::Embedding);
   cu::embedding_backward(G(layout.wte), G(layout.wpe), d_res, at<std::int32_t>(off.inputs), B, T, C,

@@ -134,9 +134,14 @@ void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* 
   }
 }
 
+void linear_backward_input(GemmLibrary lib, float* dinp, const float* dout, const float* weight,
+                           std::int64_t N, int IC, int OC) {
+  gemm(lib, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+}
+
 void linear_backward(GemmLibrary lib, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, std::int64_t N, int IC, int OC) {
-  if (dinp) gemm(lib, false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+  if (dinp) linear_backward_input(lib, dinp, dout, weight, N, IC, OC);
   // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
   gemm(lib, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias) {

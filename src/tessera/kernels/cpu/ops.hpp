@@ -35,6 +35,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // accumulate_out: out += (used to fuse the residual add); bias may be null.
 void linear_forward(GemmLibrary lib, float* out, const float* inp, const float* weight, const float* bias,
                     std::int64_t N, int IC, int OC, bool accumulate_out = false);
+// dinp (N,IC) = dout (N,OC) @ weight (OC,IC) (overwrite): the input gradient alone
+void linear_backward_input(GemmLibrary lib, float* dinp, const float* dout, const float* weight,
+                           std::int64_t N, int IC, int OC);
 // dinp (N,IC) = dout @ weight (overwrite; skipped if null); dweight (OC,IC) +=; dbias (OC) += (if non-null)
 void linear_backward(GemmLibrary lib, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, std::int64_t N, int IC, int OC);
