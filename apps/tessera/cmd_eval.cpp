@@ -15,6 +15,7 @@
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/eval/memorization.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/quantize.hpp"
 
 namespace tessera::app {
@@ -133,6 +134,7 @@ void add_eval_command(CLI::App& root) {
     int batches = 0;
     bool json = false;
     std::string protocol, reference;
+    std::string device = "cpu", precision = "fp32";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
@@ -149,14 +151,26 @@ void add_eval_command(CLI::App& root) {
   cmd->add_option("--batches", a->batches, "windows to score (0 = the whole shard)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print the result as JSON");
+  cmd->add_option("--device", a->device, "cpu, or cuda (the current NVIDIA GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--precision", a->precision, "with --device cuda: fp32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   auto* mem = add_memorization_command(*cmd);
   cmd->callback([a, mem] {
     if (mem->parsed()) return;
     if (a->model.empty()) throw Error("eval needs --model");
     if (a->batch <= 0) throw Error("--batch must be positive");
     if (a->seq < 0 || a->batches < 0) throw Error("--seq and --batches must be >= 0");
+    if (a->precision == "bf16" && a->device != "cuda")
+      throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
     auto any = quant::load_any_model(resolve_model_path(a->model));
-    if (!a->protocol.empty() || !a->reference.empty() || any.act.mode != quant::ActMode::None) {
+    const bool quantized = any.act.mode != quant::ActMode::None;
+    if (a->device == "cuda" && (!a->protocol.empty() || !a->reference.empty() || quantized))
+      throw Error("--device cuda evaluates unquantized models with the plain windows protocol only",
+                  "drop --protocol / --reference, or evaluate on the CPU");
+    if (!a->protocol.empty() || !a->reference.empty() || quantized) {
       eval_protocols(any,
                      {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches, a->json});
       return;
@@ -167,9 +181,24 @@ void add_eval_command(CLI::App& root) {
     if (T > loaded.config.block_size)
       throw Error(
           fmt::format("--seq {} exceeds the model's block_size {}", T, loaded.config.block_size));
-    model::Activations acts;
-    auto r = eval::evaluate_shard(layout, loaded.params.data(), acts, a->data, a->batch, T,
-                                  a->batches, kernels::GemmLibrary::OneDnn, true);
+    eval::EvalResult r;
+    if (a->device == "cuda") {
+      model::DeviceGpt dev(
+          loaded.config,
+          a->precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
+          a->batch, T);
+      dev.upload_params(loaded.params.data());
+      r = eval::evaluate_shard(
+          loaded.config.vocab_size, a->data, a->batch, T, a->batches,
+          [&](const std::int32_t* x, const std::int32_t* y, int B, int t) {
+            return dev.forward(x, y, B, t, false, 0.0f);
+          },
+          true);
+    } else {
+      model::Activations acts;
+      r = eval::evaluate_shard(layout, loaded.params.data(), acts, a->data, a->batch, T, a->batches,
+                               kernels::GemmLibrary::OneDnn, true);
+    }
     if (a->json)
       std::printf(
           "{\"loss\": %.6f, \"perplexity\": %.4f, \"tokens\": %lld, \"protocol\": "

@@ -2,6 +2,8 @@
 // training resumes bit-exactly; a kill during a checkpoint save never corrupts the newest one.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <csignal>
 #include <thread>
 
@@ -10,6 +12,7 @@
 #include "tessera/data/shard.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/kernels/cuda/device.hpp"
 
 using cli::fs::path;
 namespace fs = std::filesystem;
@@ -176,6 +179,25 @@ TEST_F(Cli, SampleAndEvalWork) {
                     " --seq 16 --json");
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_NE(e.out.find("\"perplexity\""), std::string::npos) << e.out;
+}
+
+// --device cuda: without a GPU, one error line naming why; with one, the same loss as the CPU
+// (fp32: reordered sums, 1e-5 relative) and, in bf16, within 8 bf16 roundings (3.1e-2).
+TEST_F(Cli, EvalOnTheGpuOrAClearErrorWithoutOne) {
+  const std::string args = "eval --model " + model_.string() + " --data " +
+                           (data_ / "val.bin").string() + " --seq 16 --json";
+  if (tessera::kernels::cuda::device_count() == 0) {
+    expect_clean_error(cli::run(args + " --device cuda"), "CUDA");
+    expect_clean_error(cli::run(args + " --precision bf16"), "GPU only");
+    return;
+  }
+  auto loss = [](const cli::Result& r) {
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false).value("loss", -1.0);
+  };
+  const double cpu = loss(cli::run(args));
+  EXPECT_NEAR(loss(cli::run(args + " --device cuda")), cpu, 1e-5 * cpu);
+  EXPECT_NEAR(loss(cli::run(args + " --device cuda --precision bf16")), cpu, 0x1p-8 * 8 * cpu);
 }
 
 namespace {

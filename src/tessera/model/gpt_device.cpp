@@ -422,7 +422,7 @@ void DeviceGpt::Impl::backward() {
 DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T) {
   if (cu::device_count() == 0)
     throw Error("no CUDA device: " + cu::describe_devices(),
-                "run on a machine with an NVIDIA GPU, or use the CPU (hardware.device = \"cpu\")");
+                "run on a machine with an NVIDIA GPU and its driver, or on the CPU");
   if (B <= 0 || T <= 0 || T > cfg.block_size)
     throw Error(fmt::format("micro-batch ({}, {}) does not fit the model (block_size {})", B, T,
                             cfg.block_size));
