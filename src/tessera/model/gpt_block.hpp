@@ -21,8 +21,8 @@
 //                      db +=, dout A, inp, w, mean, rstd, N, C)
 //   linear(out A, inp A, w W, b W, N, IC, OC)                          out = inp w^T + b
 //   linear_residual(out f32, residual f32, inp A, w W, b f32, ...)    out = residual + inp w^T + b
-//   linear_gelu(out A, pre A, inp A, w W, b W, ...)                   pre = inp w^T + b; out = gelu(pre)
-//   linear_backward(dinp A or null, dw +=, db += or null, dout A, inp A, w W, N, IC, OC)
+//   linear_gelu(out A, pre A, inp A, w W, b W, ...)                   pre = inp w^T + b; out =
+//   gelu(pre) linear_backward(dinp A or null, dw +=, db += or null, dout A, inp A, w W, N, IC, OC)
 //   linear_backward_input_dgelu(dinp A, dout A, w W, pre A, N, IC, OC)  dinp = (dout w) gelu'(pre)
 //   attention_forward(out A, lse f32, qkv A, B, T, C, NH)
 //   attention_backward(dqkv A, dout A, qkv A, out A, lse, B, T, C, NH)
@@ -42,14 +42,14 @@ struct BlockShape {
 // A block's parameters as the ops read them.
 template <class W>
 struct BlockWeights {
-  const float *ln1_w, *ln1_b;   // (C)
-  const W *qkv_w, *qkv_b;       // (3C, C), (3C)
-  const W* attproj_w;           // (C, C)
-  const float* attproj_b;       // (C)
-  const float *ln2_w, *ln2_b;   // (C)
-  const W *fc_w, *fc_b;         // (4C, C), (4C)
-  const W* fcproj_w;            // (C, 4C)
-  const float* fcproj_b;        // (C)
+  const float *ln1_w, *ln1_b;  // (C)
+  const W *qkv_w, *qkv_b;      // (3C, C), (3C)
+  const W* attproj_w;          // (C, C)
+  const float* attproj_b;      // (C)
+  const float *ln2_w, *ln2_b;  // (C)
+  const W *fc_w, *fc_b;        // (4C, C), (4C)
+  const W* fcproj_w;           // (C, 4C)
+  const float* fcproj_b;       // (C)
 };
 
 // Where a block's parameter gradients accumulate (same shapes as BlockWeights).
@@ -61,16 +61,16 @@ struct BlockGrads {
 // The activations of one block for one micro-batch, kept from forward for backward.
 template <class A>
 struct BlockActs {
-  A* ln1;                       // (N, C)
-  float *ln1_mean, *ln1_rstd;   // (N)
-  A* qkv;                       // (N, 3C)
-  A* atty;                      // (N, C) attention output before the projection
-  float* lse;                   // (B, NH, T)
-  float* res2;                  // (N, C) residual after attention
-  A* ln2;                       // (N, C)
-  float *ln2_mean, *ln2_rstd;   // (N)
-  A *fch, *fch_gelu;            // (N, 4C)
-  float* res3;                  // (N, C) the block's output
+  A* ln1;                      // (N, C)
+  float *ln1_mean, *ln1_rstd;  // (N)
+  A* qkv;                      // (N, 3C)
+  A* atty;                     // (N, C) attention output before the projection
+  float* lse;                  // (B, NH, T)
+  float* res2;                 // (N, C) residual after attention
+  A* ln2;                      // (N, C)
+  float *ln2_mean, *ln2_rstd;  // (N)
+  A *fch, *fch_gelu;           // (N, 4C)
+  float* res3;                 // (N, C) the block's output
 };
 
 // Backward scratch shared by every block. d_res holds the gradient w.r.t. the block's output on
@@ -118,18 +118,17 @@ void block_backward(Ops& ops, const BlockWeights<typename Ops::W>& w, const Bloc
   // d_res is the gradient w.r.t. res3 = res2 + fcproj(gelu(fc(ln2(res2))))
   ops.mark(OpFamily::Gemm);
   ops.linear_backward_input_dgelu(d.d_fch, d.d_res_a, w.fcproj_w, s.fch, N, 4 * C, C);
-  ops.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, d.d_res_a, s.fch_gelu, w.fcproj_w, N,
-                      4 * C, C);
+  ops.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, d.d_res_a, s.fch_gelu, w.fcproj_w, N, 4 * C,
+                      C);
   ops.progress();
   ops.linear_backward(d.d_ln, g.fc_w, g.fc_b, d.d_fch, s.ln2, w.fc_w, N, C, 4 * C);
   ops.progress();
   ops.mark(OpFamily::LayerNorm);
-  ops.layernorm_backward(d.d_res, d.d_res_a, g.ln2_w, g.ln2_b, d.d_ln, s.res2, w.ln2_w,
-                         s.ln2_mean, s.ln2_rstd, N, C);
+  ops.layernorm_backward(d.d_res, d.d_res_a, g.ln2_w, g.ln2_b, d.d_ln, s.res2, w.ln2_w, s.ln2_mean,
+                         s.ln2_rstd, N, C);
   // d_res is now the gradient w.r.t. res2 = x + attproj(attention(qkv(ln1(x))))
   ops.mark(OpFamily::Gemm);
-  ops.linear_backward(d.d_atty, g.attproj_w, g.attproj_b, d.d_res_a, s.atty, w.attproj_w, N, C,
-                      C);
+  ops.linear_backward(d.d_atty, g.attproj_w, g.attproj_b, d.d_res_a, s.atty, w.attproj_w, N, C, C);
   ops.progress();
   ops.mark(OpFamily::Attention);
   ops.attention_backward(d.d_qkv, d.d_atty, s.qkv, s.atty, s.lse, sh.B, sh.T, C, sh.NH);
