@@ -1,4 +1,5 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
+//                [--device cpu|cuda] [--precision fp32|bf16]
 #include <cmath>
 #include <cstdio>
 
@@ -9,6 +10,7 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/generate.hpp"
 #include "tessera/quant/quantize.hpp"
 
@@ -39,6 +41,7 @@ void add_sample_command(CLI::App& root) {
     std::uint64_t seed = 42;
     bool ids = false;
     bool stop_at_eot = false;
+    std::string device = "cpu", precision = "fp32";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option(
@@ -55,14 +58,27 @@ void add_sample_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_flag("--ids", a->ids, "print token ids instead of text");
   cmd->add_flag("--stop-at-eot", a->stop_at_eot, "stop at <|endoftext|>");
+  cmd->add_option("--device", a->device,
+                  "cpu (KV-cache decoding), or cuda: the current NVIDIA GPU (each token recomputes "
+                  "the context)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--precision", a->precision, "with --device cuda: fp32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
     if (!std::isfinite(a->temperature) || a->temperature < 0)
       throw Error(fmt::format("--temperature must be a number >= 0, got {}", a->temperature),
                   "0 means greedy; 1 samples from the model's distribution");
     if (a->top_k < 0) throw Error("--top-k must be >= 0");
+    if (a->precision == "bf16" && a->device != "cuda")
+      throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
     auto path = resolve_model_path(a->model);
     auto any = quant::load_any_model(path);  // tessera quantized files too (dequantized)
+    if (a->device == "cuda" && any.act.mode != quant::ActMode::None)
+      throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
+                  "sample this model on the CPU");
     auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
     auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
@@ -87,10 +103,26 @@ void add_sample_command(CLI::App& root) {
       std::fflush(stdout);
     };
     // W8A8 / LLM.int8() files: simulate their activation quantization (full recompute per token)
-    if (any.act.mode != quant::ActMode::None)
+    if (a->device == "cuda") {
+      const auto& cfg = loaded.config;
+      model::DeviceGpt dev(
+          cfg, a->precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
+          1, cfg.block_size);
+      dev.upload_params(loaded.params.data());
+      std::vector<float> row(cfg.padded_vocab());
+      eval::generate_recompute(
+          cfg.vocab_size, cfg.block_size, prompt, so, rng,
+          [&](const std::int32_t* context, int T) {
+            dev.forward(context, nullptr, 1, T, false, 0.0f);
+            dev.download_logits_row(T - 1, row.data());
+            return row.data();
+          },
+          print);
+    } else if (any.act.mode != quant::ActMode::None) {
       quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
-    else
+    } else {
       eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
+    }
     std::fputc('\n', stdout);
   });
 }

@@ -200,6 +200,25 @@ TEST_F(Cli, EvalOnTheGpuOrAClearErrorWithoutOne) {
   EXPECT_NEAR(loss(cli::run(args + " --device cuda --precision bf16")), cpu, 0x1p-8 * 8 * cpu);
 }
 
+// sample --device cuda: without a GPU, one error line; with one, text after the prompt in fp32
+// and bf16 (greedy decoding is not compared with the CPU's: near-ties of the two precisions and
+// summation orders may pick different tokens).
+TEST_F(Cli, SampleOnTheGpuOrAClearErrorWithoutOne) {
+  const std::string args =
+      "sample --model " + model_.string() + " --prompt 'The quick' --tokens 8 --temperature 0";
+  if (tessera::kernels::cuda::device_count() == 0) {
+    expect_clean_error(cli::run(args + " --device cuda"), "CUDA");
+    expect_clean_error(cli::run(args + " --precision bf16"), "GPU only");
+    return;
+  }
+  for (const char* p : {"fp32", "bf16"}) {
+    auto r = cli::run(args + " --device cuda --precision " + p);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.rfind("The quick", 0), 0u) << r.out;
+    EXPECT_GT(r.out.size(), std::string("The quick").size() + 1) << r.out;
+  }
+}
+
 namespace {
 std::vector<std::string> loss_lines(const path& metrics) {
   std::vector<std::string> out;

@@ -68,4 +68,27 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
   return out;
 }
 
+std::vector<std::int32_t> generate_recompute(int vocab_size, int block_size,
+                                             const std::vector<std::int32_t>& prompt,
+                                             const SampleOptions& opt, Rng& rng,
+                                             const NextLogitsFn& next_logits,
+                                             const std::function<void(std::int32_t)>& on_token) {
+  if (prompt.empty()) throw Error("the prompt is empty", "give at least one token");
+  const int ctx = block_size;
+  std::vector<std::int32_t> window(prompt.end() - std::min<std::ptrdiff_t>(prompt.size(), ctx),
+                                   prompt.end());
+  std::vector<std::int32_t> out;
+  for (int i = 0; i < opt.max_new_tokens; ++i) {
+    const int T = static_cast<int>(window.size());
+    const float* logits = next_logits(window.data(), T);
+    std::int32_t next = pick_token(logits, vocab_size, opt.temperature, opt.top_k, rng);
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (next == opt.stop_token) break;
+    if (T == ctx) window.erase(window.begin(), window.end() - (ctx / 2 - 1));
+    window.push_back(next);
+  }
+  return out;
+}
+
 }  // namespace tessera::eval

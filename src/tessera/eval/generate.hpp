@@ -29,4 +29,15 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
                                    const SampleOptions& opt, Rng& rng,
                                    const std::function<void(std::int32_t)>& on_token = {});
 
+// Generation where each token recomputes the whole context: next_logits(context, T) returns the
+// logits (V real entries) that follow the T tokens of `context`. For models without an
+// incremental decoder (simulated activation quantization, the GPU model). Same choices as
+// generate(): the context is the last block_size tokens; when it is full the model continues on
+// the most recent half window. O(context) forward per token: for sampling, not serving.
+using NextLogitsFn = std::function<const float*(const std::int32_t* context, int T)>;
+std::vector<std::int32_t> generate_recompute(
+    int vocab_size, int block_size, const std::vector<std::int32_t>& prompt,
+    const SampleOptions& opt, Rng& rng, const NextLogitsFn& next_logits,
+    const std::function<void(std::int32_t)>& on_token = {});
+
 }  // namespace tessera::eval

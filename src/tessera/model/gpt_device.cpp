@@ -536,6 +536,15 @@ void DeviceGpt::backward() {
   if (p.profiler) p.profiler->finish(*p.profile);
 }
 
+namespace {
+void bf16_bits_to_float(const std::uint16_t* bits, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t b = static_cast<std::uint32_t>(bits[i]) << 16;
+    std::memcpy(&out[i], &b, 4);
+  }
+}
+}  // namespace
+
 std::vector<float> DeviceGpt::download_logits() const {
   const Impl& p = *p_;
   const std::size_t n = static_cast<std::size_t>(p.B) * p.T * p.cfg.padded_vocab();
@@ -543,14 +552,24 @@ std::vector<float> DeviceGpt::download_logits() const {
   if (p.precision == DevicePrecision::Bf16) {
     std::vector<bf16> bits(n);
     cu::to_host(bits.data(), p.at<void>(p.off.logits), n * sizeof(bf16));
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t b = static_cast<std::uint32_t>(bits[i]) << 16;
-      std::memcpy(&out[i], &b, 4);
-    }
+    bf16_bits_to_float(bits.data(), out.data(), n);
   } else {
     cu::to_host(out.data(), p.at<void>(p.off.logits), n * sizeof(float));
   }
   return out;
+}
+
+void DeviceGpt::download_logits_row(std::int64_t row, float* host) const {
+  const Impl& p = *p_;
+  TESSERA_CHECK(row >= 0 && row < static_cast<std::int64_t>(p.B) * p.T, "logits row out of range");
+  const std::size_t Vp = p.cfg.padded_vocab(), at = static_cast<std::size_t>(row) * Vp;
+  if (p.precision == DevicePrecision::Bf16) {
+    std::vector<bf16> bits(Vp);
+    cu::to_host(bits.data(), p.at<bf16>(p.off.logits) + at, Vp * sizeof(bf16));
+    bf16_bits_to_float(bits.data(), host, Vp);
+  } else {
+    cu::to_host(host, p.at<float>(p.off.logits) + at, Vp * sizeof(float));
+  }
 }
 
 double DeviceGpt::grad_norm() {

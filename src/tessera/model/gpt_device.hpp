@@ -55,8 +55,9 @@ class DeviceGpt {
                 bool training, float dloss);
   // Gradients ACCUMULATE into the gradient buffer; needs a training forward() just before.
   void backward();
-  // The logits of the last non-training forward, (B, T, Vp) in fp32.
+  // The logits of the last non-training forward, (B, T, Vp) in fp32; or one row of them (Vp).
   std::vector<float> download_logits() const;
+  void download_logits_row(std::int64_t row, float* host) const;
 
   double grad_norm();  // L2 norm of the whole gradient buffer
   // One AdamW update of every tensor (decay per ParamTensor::decay), gradients multiplied by

@@ -1,8 +1,6 @@
 // Text generation from a model with simulated activation quantization (W8A8, LLM.int8()): the
 // KV-cache decoder of model/ has no hooks, so each token recomputes the whole context with the
-// quantization Runner (O(context) forward per token; fine for sampling, not a serving path).
-// Same choices as eval::generate: the context is the last block_size tokens; when it is full
-// the model continues on the most recent half window.
+// quantization Runner (eval::generate_recompute).
 #pragma once
 
 #include <cstdint>
