@@ -267,90 +267,130 @@ std::string infeasible_reason(const Workload& w, const PlanPoint& p, const Clust
   return {};
 }
 
-Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
-                   const ModelOptions& o) {
-  if (auto why = infeasible_reason(w, p, c); !why.empty())
-    throw Error(fmt::format("configuration {} cannot run: {}", p.describe(), why));
+namespace {
+
+// What every phase of predict() reads: the point, its cluster and the shapes derived from them.
+struct PredictContext {
+  const Workload& w;
+  const PlanPoint& p;
+  const ClusterSpec& c;
+  const ModelOptions& o;
+  const comm::GridShape& g;
+  const model::ModelConfig& cfg;
+  double h, s, V, e, peak, membw, tx, ty, tz, t;
+  int v, m;  // chunks per stage, micro-batches per step
+  double n;  // rows of a micro-batch per device (b*s/tz)
+  Strides st;
+  LayerCost lc;
+  int layers_per_chunk;
+};
+
+PredictContext make_context(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                            const ModelOptions& o) {
   const auto& g = p.grid;
   const auto& cfg = w.cfg;
-  const double h = cfg.n_embd, s = w.seq, V = cfg.padded_vocab();
-  const double e = elt_bytes(o.dtype);
   const double peak = c.peak_tflops(o.dtype) * 1e12;
   if (!(peak > 0))
     throw Error(fmt::format("{} has no {} peak", c.name, dtype_name(o.dtype)),
                 "add peak_tflops_" + std::string(dtype_name(o.dtype)) + " to the cluster file");
-  const double membw = c.memory_bw_gbps * 1e9;
-  const double tx = g.tx, ty = g.ty, tz = g.tz, t = tx * ty;
   const int v = p.schedule == ScheduleKind::Interleaved ? p.v : 1;
-  const int m = static_cast<int>(w.global_batch / (static_cast<long>(g.dp) * p.micro_batch));
-  const double n = static_cast<double>(p.micro_batch) * s / tz;
-  const Strides st = strides_of(g);
+  return PredictContext{
+      w,
+      p,
+      c,
+      o,
+      g,
+      cfg,
+      static_cast<double>(cfg.n_embd),
+      static_cast<double>(w.seq),
+      static_cast<double>(cfg.padded_vocab()),
+      elt_bytes(o.dtype),
+      peak,
+      c.memory_bw_gbps * 1e9,
+      static_cast<double>(g.tx),
+      static_cast<double>(g.ty),
+      static_cast<double>(g.tz),
+      static_cast<double>(g.tx) * g.ty,
+      v,
+      static_cast<int>(w.global_batch / (static_cast<long>(g.dp) * p.micro_batch)),
+      static_cast<double>(p.micro_batch) * w.seq / g.tz,
+      strides_of(g),
+      layer_cost(w, p, c, o),
+      cfg.n_layer / (g.pp * v)};
+}
 
-  Prediction r;
-  r.point = p;
-  r.micro_batches = m;
-  const LayerCost lc = layer_cost(w, p, c, o);
-  const int layers_per_chunk = cfg.n_layer / (g.pp * v);
+// The embedding (first chunk) and the LM head with the loss (last chunk), forward and backward.
+struct EndCosts {
+  double embed_f, embed_b, head_f, head_b;
+};
 
-  // embedding (first chunk) and LM head + loss (last chunk), as parallel/vocab_parallel.hpp
-  // runs them: the rank's vocabulary block (V/t rows, all h channels) is all-gathered over tz
-  // before each use and its gradient reduce-scattered over tz after; the lookup's partial rows
-  // are reduce-scattered over tx and all-reduced over ty; the head gathers its input over tx and
-  // reduce-scatters the input gradient back. Blocking calls: exposed.
-  const GroupLink lx = group_link(c, st.s[ax(Axis::TX)], g.tx);
-  const GroupLink ly = group_link(c, st.s[ax(Axis::TY)], g.ty);
-  const GroupLink lz = group_link(c, st.s[ax(Axis::TZ)], g.tz);
-  const double vblock = V / t * h * e;  // bytes of the vocabulary block
+EndCosts end_costs(const PredictContext& x) {
+  const auto& g = x.g;
+  const double n = x.n, h = x.h, e = x.e, tx = x.tx, t = x.t;
+  // as parallel/vocab_parallel.hpp runs them: the rank's vocabulary block (V/t rows, all h
+  // channels) is all-gathered over tz before each use and its gradient reduce-scattered over tz
+  // after; the lookup's partial rows are reduce-scattered over tx and all-reduced over ty; the
+  // head gathers its input over tx and reduce-scatters the input gradient back. Blocking calls:
+  // exposed.
+  const GroupLink lx = group_link(x.c, x.st.s[ax(Axis::TX)], g.tx);
+  const GroupLink ly = group_link(x.c, x.st.s[ax(Axis::TY)], g.ty);
+  const GroupLink lz = group_link(x.c, x.st.s[ax(Axis::TZ)], g.tz);
+  const double vblock = x.V / t * h * e;  // bytes of the vocabulary block
   const double z_block = all_gather_time(lz, g.tz, vblock);
   const double z_block_rs = reduce_scatter_time(lz, g.tz, vblock);
   // the block's gradient is zeroed, filled, reduced and added to the shard: ~3 passes over it
-  const double block_traffic = 3 * vblock / membw;
-  const double embed_f = 3 * n * h / tx * e / membw + z_block +
-                         reduce_scatter_time(lx, g.tx, n * h * e) +
-                         all_reduce_time(ly, g.ty, n * h / tx * e);
-  const double embed_b = 2 * 3 * n * h / tx * e / membw + all_gather_time(lx, g.tx, n * h * e) +
-                         z_block_rs + block_traffic +
-                         all_reduce_time(lz, g.tz, static_cast<double>(s) * h / tx * e);
-  const double head_f = gemm_time(c, peak, e, {n, V / t, h}) +
-                        all_gather_time(lx, g.tx, n * h * e) + z_block +
-                        k_loss_traffic / 2 * n * V / t * 4 / membw;
-  const double head_b = gemm_time(c, peak, e, {n, h, V / t}) +
-                        gemm_time(c, peak, e, {V / t, h, n}) +
-                        reduce_scatter_time(lx, g.tx, n * h * e) + z_block_rs + block_traffic +
-                        k_loss_traffic / 2 * n * V / t * 4 / membw;
+  const double block_traffic = 3 * vblock / x.membw;
+  EndCosts r;
+  r.embed_f = 3 * n * h / tx * e / x.membw + z_block + reduce_scatter_time(lx, g.tx, n * h * e) +
+              all_reduce_time(ly, g.ty, n * h / tx * e);
+  r.embed_b = 2 * 3 * n * h / tx * e / x.membw + all_gather_time(lx, g.tx, n * h * e) + z_block_rs +
+              block_traffic + all_reduce_time(lz, g.tz, x.s * h / tx * e);
+  r.head_f = gemm_time(x.c, x.peak, e, {n, x.V / t, h}) + all_gather_time(lx, g.tx, n * h * e) +
+             z_block + k_loss_traffic / 2 * n * x.V / t * 4 / x.membw;
+  r.head_b = gemm_time(x.c, x.peak, e, {n, h, x.V / t}) +
+             gemm_time(x.c, x.peak, e, {x.V / t, h, n}) + reduce_scatter_time(lx, g.tx, n * h * e) +
+             z_block_rs + block_traffic + k_loss_traffic / 2 * n * x.V / t * 4 / x.membw;
+  return r;
+}
 
-  // pipeline messages: one activation (n, h) per boundary, scatter-gathered over the tensor axes
-  double p2p = 0;
-  if (g.pp > 1) {
-    const GroupLink lp = group_link(c, st.s[ax(Axis::PP)], 2);
-    const double bytes = n * h * e / (o.pp_scatter_gather ? t : tx);
-    p2p = p2p_time(lp, bytes);
-    if (o.pp_scatter_gather) {
-      const GroupLink lt = group_link(c, 1, static_cast<long>(t));
-      p2p += all_gather_time(lt, static_cast<long>(t), n * h * e / tx);
-    }
-    r.comm[ax(Axis::PP)].bytes = 2.0 * m * v * bytes;
+// Pipeline messages: one activation (n, h) per boundary, scatter-gathered over the tensor axes.
+double p2p_message(const PredictContext& x, Prediction& r) {
+  const auto& g = x.g;
+  if (g.pp == 1) return 0;
+  const GroupLink lp = group_link(x.c, x.st.s[ax(Axis::PP)], 2);
+  const double bytes = x.n * x.h * x.e / (x.o.pp_scatter_gather ? x.t : x.tx);
+  double p2p = p2p_time(lp, bytes);
+  if (x.o.pp_scatter_gather) {
+    const GroupLink lt = group_link(x.c, 1, static_cast<long>(x.t));
+    p2p += all_gather_time(lt, static_cast<long>(x.t), x.n * x.h * x.e / x.tx);
   }
-  r.p2p_s = p2p;
+  r.comm[ax(Axis::PP)].bytes = 2.0 * x.m * x.v * bytes;
+  return p2p;
+}
 
-  // chunk costs
+// Each chunk's costs, the schedule's time with its fill and drain, and the busy time of the
+// fullest stage. Returns that stage.
+int pipeline_time(const PredictContext& x, const EndCosts& ends, double p2p, Prediction& r) {
+  const auto& g = x.g;
+  const int v = x.v, m = x.m;
+  const LayerCost& lc = x.lc;
   r.chunk_cost.assign(g.pp, std::vector<ChunkCost>(v));
   std::vector<double> stage_T(g.pp, 0), stage_compute(g.pp, 0);
   for (int stg = 0; stg < g.pp; ++stg)
     for (int ch = 0; ch < v; ++ch) {
       const int gc = ch * g.pp + stg;
       ChunkCost cc;
-      cc.fwd_compute = layers_per_chunk * lc.fwd_compute;
-      cc.fwd_comm = layers_per_chunk * lc.fwd_exposed;
-      cc.bwd_compute = layers_per_chunk * (lc.bwd_compute + lc.recompute);
-      cc.bwd_comm = layers_per_chunk * (lc.bwd_exposed + lc.rec_exposed);
+      cc.fwd_compute = x.layers_per_chunk * lc.fwd_compute;
+      cc.fwd_comm = x.layers_per_chunk * lc.fwd_exposed;
+      cc.bwd_compute = x.layers_per_chunk * (lc.bwd_compute + lc.recompute);
+      cc.bwd_comm = x.layers_per_chunk * (lc.bwd_exposed + lc.rec_exposed);
       if (gc == 0) {
-        cc.fwd_compute += embed_f;
-        cc.bwd_compute += embed_b;
+        cc.fwd_compute += ends.embed_f;
+        cc.bwd_compute += ends.embed_b;
       }
       if (gc == g.pp * v - 1) {
-        cc.fwd_compute += head_f;
-        cc.bwd_compute += head_b;
+        cc.fwd_compute += ends.head_f;
+        cc.bwd_compute += ends.head_b;
       }
       r.chunk_cost[stg][ch] = cc;
       const double msgs = (gc > 0 ? 1 : 0) + (gc < g.pp * v - 1 ? 1 : 0);
@@ -373,20 +413,24 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   // the every-device-busy rate; a stage whose neighbours idle in the fill and drain takes their
   // cores. Then the step is the longer of the schedule at the full-speed rate and the node's
   // work over its cores (every stage holds the same number of ranks: the mean stage's work).
-  r.compute_share = compute_share(c, g.world_size());
+  r.compute_share = compute_share(x.c, g.world_size());
   if (const double share = r.compute_share; share < 1 && g.pp > 1) {
     const double work = m * T_sum / g.pp;
     r.pipeline_s = std::max(share * r.pipeline_s, work);
   }
   r.compute_s = m * stage_compute[worst];
   r.bubble_s = std::max(0.0, r.pipeline_s - m * T_max);
+  return worst;
+}
 
-  // tensor-parallel communication totals per device and step
-  const double mult = static_cast<double>(m) * cfg.n_layer / g.pp;  // layer passes per device
+// Tensor-parallel communication totals per device and step, and their exposed share.
+void tensor_comm_totals(const PredictContext& x, double p2p, Prediction& r) {
+  const double mult = static_cast<double>(x.m) * x.cfg.n_layer / x.g.pp;  // layer passes
+  const LayerCost& lc = x.lc;
   for (int i = 0; i < 3; ++i) {
     const Axis a = i == 0 ? Axis::TX : i == 1 ? Axis::TY : Axis::TZ;
     r.comm[ax(a)].seconds = mult * (lc.fwd_comm[i] + lc.bwd_comm[i] + lc.rec_comm[i]);
-    const double rec = i < 2 && p.recompute == Recompute::Full ? 2.0 : 1.0;
+    const double rec = i < 2 && x.p.recompute == Recompute::Full ? 2.0 : 1.0;
     r.comm[ax(a)].bytes = mult * (rec * lc.fwd_bytes[i] + lc.bwd_bytes[i]);
   }
   r.comm[ax(Axis::TX)].exposed = 0;  // TP exposure is reported together below
@@ -397,28 +441,36 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
     for (Axis a : {Axis::TX, Axis::TY, Axis::TZ})
       r.comm[ax(a)].exposed = total > 0 ? exposed * r.comm[ax(a)].seconds / total : 0;
   }
-  r.comm[ax(Axis::PP)].seconds = 2.0 * m * v * p2p;
+  r.comm[ax(Axis::PP)].seconds = 2.0 * x.m * x.v * p2p;
   r.comm[ax(Axis::PP)].exposed = r.comm[ax(Axis::PP)].seconds;
+}
 
-  // parameters per device per stage (worst of first and last stage; the LM head is tied to the
-  // embedding and held by both ends of the pipeline)
-  const double layer_params = (12 * h * h) / (t * tz) + 13 * h / tx;
-  auto stage_params = [&](int stg) {
-    double P = layer_params * cfg.n_layer / g.pp;
-    if (stg == 0) P += V * h / (t * tz) + s * h / tx;
-    if (stg == g.pp - 1 && g.pp > 1) P += V * h / (t * tz);
-    if (stg == g.pp - 1) P += 2 * h / tx;  // final LayerNorm
-    return P;
-  };
+// Parameters of one layer per device, and of a pipeline stage (worst of first and last stage;
+// the LM head is tied to the embedding and held by both ends of the pipeline).
+double layer_params(const PredictContext& x) {
+  return (12 * x.h * x.h) / (x.t * x.tz) + 13 * x.h / x.tx;
+}
+double stage_params(const PredictContext& x, int stg) {
+  const auto& g = x.g;
+  double P = layer_params(x) * x.cfg.n_layer / g.pp;
+  if (stg == 0) P += x.V * x.h / (x.t * x.tz) + x.s * x.h / x.tx;
+  if (stg == g.pp - 1 && g.pp > 1) P += x.V * x.h / (x.t * x.tz);
+  if (stg == g.pp - 1) P += 2 * x.h / x.tx;  // final LayerNorm
+  return P;
+}
 
-  // data-parallel gradient reduction and the optimizer, per stage
-  const GroupLink ld = group_link(c, st.s[ax(Axis::DP)], g.dp);
+// The data-parallel gradient reduction (exposed part) and the optimizer, per stage; the step's
+// are those of the stage where their sum is largest.
+void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
+  const auto& g = x.g;
+  const auto& p = x.p;
+  const GroupLink ld = group_link(x.c, x.st.s[ax(Axis::DP)], g.dp);
   r.dp_s.assign(g.pp, 0);
   double dp_exposed = 0, opt_s = 0;
-  const bool mixed = o.dtype != DType::FP32;
+  const bool mixed = x.o.dtype != DType::FP32;
   const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
   for (int stg = 0; stg < g.pp; ++stg) {
-    const double P = stage_params(stg);
+    const double P = stage_params(x, stg);
     double t_dp = 0, bytes = 0;
     if (g.dp > 1) {
       if (p.zero == 0) {
@@ -429,13 +481,13 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
         bytes = P * (gbytes + pbytes);
       }
       if (p.zero == 3) {  // parameters gathered forward and backward, every micro-batch
-        t_dp += 2.0 * m * all_gather_time(ld, g.dp, P * pbytes);
-        bytes += 2.0 * m * P * pbytes;
+        t_dp += 2.0 * x.m * all_gather_time(ld, g.dp, P * pbytes);
+        bytes += 2.0 * x.m * P * pbytes;
       }
     }
     // the gradient reduction can run during the last micro-batch's backward on this stage
     double hide = 0;
-    if (o.dp_overlap && t_dp > 0) {
+    if (x.o.dp_overlap && t_dp > 0) {
       double last_bwd = 0;
       for (const auto& cc : r.chunk_cost[stg]) last_bwd += cc.bwd_compute;
       hide = p.zero == 3 ? r.compute_s : last_bwd;
@@ -443,15 +495,16 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
         hide = std::min(hide, reduce_scatter_time(ld, g.dp, P * gbytes));
     }
     // (the reduction's requests are tested at every layer boundary: the polled overlap)
-    const double exposed = t_dp - c.overlap_polled * std::min(t_dp, hide);
+    const double exposed = t_dp - x.c.overlap_polled * std::min(t_dp, hide);
     r.dp_s[stg] = exposed;
     const double opt_params = P / (p.zero >= 1 ? g.dp : 1);
     // AdamW and the gradient norm before it; a model-parallel rank also reads one owner byte
     // per element (each element counted once over the replicas, parallel/tensor_model.hpp)
-    const double model_parallel = g.pp * t * tz > 1 ? 1 : 0;
+    const double model_parallel = g.pp * x.t * x.tz > 1 ? 1 : 0;
     const double t_opt =
         opt_params *
-        ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + k_norm_bytes + model_parallel) / membw;
+        ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + k_norm_bytes + model_parallel) /
+        x.membw;
     if (exposed + t_opt > dp_exposed + opt_s) {
       dp_exposed = exposed;
       opt_s = t_opt;
@@ -466,65 +519,90 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   r.optimizer_s = opt_s;
   // The tied embedding: the first and the last stage exchange their wte gradient shards before
   // the data-parallel reduction (parallel/pipeline.hpp), both directions at once.
-  double& tied_s = r.tied_s;
   if (g.pp > 1) {
-    const GroupLink le = group_link(c, st.s[ax(Axis::PP)] * (g.pp - 1), 2);
-    tied_s = p2p_time(le, V * h / (t * tz) * (mixed ? 2 : 4));
-    r.comm[ax(Axis::PP)].seconds += tied_s;
-    r.comm[ax(Axis::PP)].exposed += tied_s;
+    const GroupLink le = group_link(x.c, x.st.s[ax(Axis::PP)] * (g.pp - 1), 2);
+    r.tied_s = p2p_time(le, x.V * x.h / (x.t * x.tz) * (mixed ? 2 : 4));
+    r.comm[ax(Axis::PP)].seconds += r.tied_s;
+    r.comm[ax(Axis::PP)].exposed += r.tied_s;
   }
-  r.step_s = r.pipeline_s + dp_exposed + opt_s + tied_s;
-  r.bubble_fraction = r.bubble_s / r.step_s;
+}
 
-  // FLOPs
-  r.hw_flops = step_flops(cfg, w.seq, w.global_batch, p.recompute);
-  r.model_flops = step_flops(cfg, w.seq, w.global_batch, Recompute::None);
-  const double N = g.world_size();
-  r.tflops_per_device = r.hw_flops / (r.step_s * N) / 1e12;
-  r.mfu = r.model_flops / (r.step_s * N) / peak;
-  r.hfu = r.hw_flops / (r.step_s * N) / peak;
-
-  // memory: the fullest stage (stage 0 holds the most in-flight micro-batches; the last stage
-  // holds the logits)
-  const parallel::ScheduleSpec spec{p.schedule, g.pp, m, v};
-  const double act_layer = layer_activation_bytes(cfg, w.seq, p.micro_batch, g, p.recompute,
-                                                  p.seq_parallel, o.flash_attention, o.dtype);
-  const double act_full = layer_activation_bytes(cfg, w.seq, p.micro_batch, g, Recompute::None,
-                                                 p.seq_parallel, o.flash_attention, o.dtype);
+// Memory per device of the fullest stage (stage 0 holds the most in-flight micro-batches; the
+// last stage holds the logits).
+Memory step_memory(const PredictContext& x) {
+  const auto& g = x.g;
+  const auto& p = x.p;
+  const double n = x.n, h = x.h, e = x.e, t = x.t, tx = x.tx, tz = x.tz;
+  const bool mixed = x.o.dtype != DType::FP32;
+  const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
+  const parallel::ScheduleSpec spec{p.schedule, g.pp, x.m, x.v};
+  const double act_layer = layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, p.recompute,
+                                                  p.seq_parallel, x.o.flash_attention, x.o.dtype);
+  const double act_full = layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, Recompute::None,
+                                                 p.seq_parallel, x.o.flash_attention, x.o.dtype);
   Memory best;
   for (int stg : {0, g.pp - 1}) {
     Memory mem;
-    const auto ms = model_state_bytes(stage_params(stg), g.dp, p.zero, o.dtype);
+    const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, x.o.dtype);
     mem.params = ms[0];
     mem.grads = ms[1];
     mem.optimizer = ms[2];
     const int inflight = parallel::in_flight_formula(spec, stg);
-    mem.activations = static_cast<double>(inflight) * layers_per_chunk * act_layer;
+    mem.activations = static_cast<double>(inflight) * x.layers_per_chunk * act_layer;
     if (p.recompute == Recompute::Full) mem.activations += act_full;  // the layer being redone
     // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them
-    if (stg == g.pp - 1) mem.logits = n * V / t * 4;
+    if (stg == g.pp - 1) mem.logits = n * x.V / t * 4;
     // backward scratch (residual, LayerNorm, attention-output, qkv and MLP gradients of one
     // layer), the embedding output / final LayerNorm, point-to-point staging
     mem.buffers = (10 / t + 2 / tx) * n * h * e + (g.pp > 1 ? 2 * n * h / tx * e : 0);
     // mixed precision: the fp32 copy of the gradient the optimizer updates from (Megatron's
     // main_grad; tessera accumulates gradients in fp32), over the optimizer's shard
-    if (o.dtype != DType::FP32) mem.buffers += 4 * stage_params(stg) / (p.zero >= 1 ? g.dp : 1);
+    if (mixed) mem.buffers += 4 * stage_params(x, stg) / (p.zero >= 1 ? g.dp : 1);
     if (g.tz > 1) mem.buffers += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
     // ZeRO-2/3 staging over dp (parallel/data_parallel.hpp): the embedding block whole, and a
     // pool of two layers, for gradients (2, 3) and gathered parameters (3)
-    const double embed_block = stg == 0 ? V * h / (t * tz) + s * h / tx : 0;
-    const double staged = embed_block + 2 * layer_params;
+    const double embed_block = stg == 0 ? x.V * h / (t * tz) + x.s * h / tx : 0;
+    const double staged = embed_block + 2 * layer_params(x);
     if (p.zero >= 2) mem.buffers += staged * gbytes;
     if (p.zero == 3) mem.buffers += staged * pbytes;
     // the data-parallel reduction in flight: a staging copy of the largest reduction block (the
     // embedding on the first stage, a layer elsewhere; MPI's non-blocking collectives copy it)
-    if (g.dp > 1) mem.buffers += std::max(embed_block, layer_params) * gbytes;
-    mem.reserved = c.reserved_gib * 1073741824.0;
+    if (g.dp > 1) mem.buffers += std::max(embed_block, layer_params(x)) * gbytes;
+    mem.reserved = x.c.reserved_gib * 1073741824.0;
     if (mem.total() > best.total()) best = mem;
   }
-  r.memory = best;
+  return best;
+}
+
+}  // namespace
+
+Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                   const ModelOptions& o) {
+  if (auto why = infeasible_reason(w, p, c); !why.empty())
+    throw Error(fmt::format("configuration {} cannot run: {}", p.describe(), why));
+  const PredictContext x = make_context(w, p, c, o);
+  Prediction r;
+  r.point = p;
+  r.micro_batches = x.m;
+  const EndCosts ends = end_costs(x);
+  r.p2p_s = p2p_message(x, r);
+  const int worst = pipeline_time(x, ends, r.p2p_s, r);
+  tensor_comm_totals(x, r.p2p_s, r);
+  dp_and_optimizer(x, worst, r);
+  r.step_s = r.pipeline_s + r.dp_exposed_s + r.optimizer_s + r.tied_s;
+  r.bubble_fraction = r.bubble_s / r.step_s;
+
+  // FLOPs
+  r.hw_flops = step_flops(w.cfg, w.seq, w.global_batch, p.recompute);
+  r.model_flops = step_flops(w.cfg, w.seq, w.global_batch, Recompute::None);
+  const double N = p.grid.world_size();
+  r.tflops_per_device = r.hw_flops / (r.step_s * N) / 1e12;
+  r.mfu = r.model_flops / (r.step_s * N) / x.peak;
+  r.hfu = r.hw_flops / (r.step_s * N) / x.peak;
+
+  r.memory = step_memory(x);
   r.capacity = c.memory_gib * 1073741824.0;
-  r.fits = best.total() <= r.capacity;
+  r.fits = r.memory.total() <= r.capacity;
   return r;
 }
 
