@@ -147,13 +147,11 @@ double fit_gemm_curve(const std::vector<GemmSample>& s, ClusterSpec& c) {
   return std::sqrt(err / kept.size());
 }
 
-ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
-  ProbeResult r;
-  const int reps = std::max(1, o.reps);
-  // what the process holds before any work (binary, libraries, MPI): not usable by a model
-  const double baseline_gib = static_cast<double>(resident_bytes()) / 1073741824.0;
-  // GEMM shapes: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch:
-  // 512, 1024, 4096), forward (tokens x out x in) and the weight gradient's (out x in x tokens)
+namespace {
+
+// The GEMM rates: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch:
+// 512, 1024, 4096), forward (tokens x out x in) and the weight gradient's (out x in x tokens).
+std::vector<GemmSample> probe_gemms(const ProbeOptions& o, int reps) {
   std::vector<std::array<long, 3>> shapes =
       o.quick ? std::vector<std::array<long, 3>>{{128, 128, 128},
                                                  {256, 256, 256},
@@ -172,146 +170,177 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
     Timer warm;
     while (warm.seconds() < (o.quick ? 0.02 : 0.2)) time_gemm(512, 512, 512, 1);
   }
-  for (const auto& sh : shapes) r.gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
-  r.memory_bw_gbps = stream_triad_gbps(reps);
+  std::vector<GemmSample> gemm;
+  for (const auto& sh : shapes) gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
+  return gemm;
+}
 
-  auto& world = rt.world();
+// All-reduce over every rank at several sizes, and (full probe) as inside a training step.
+void probe_all_reduce(comm::Communicator& world, const ProbeOptions& o, int reps, ProbeResult& r) {
   const int p = world.size();
-  if (p > 1) {
-    std::vector<double> sizes = o.quick
-                                    ? std::vector<double>{4096, 1 << 20}
-                                    : std::vector<double>{4096, 65536, 1 << 20, 1 << 24, 1 << 26};
-    for (double bytes : sizes) {
-      const std::size_t n = static_cast<std::size_t>(bytes / 4);
-      std::vector<float> buf(n, 1.f);
-      world.all_reduce_sum(buf.data(), n);  // warm-up
-      std::vector<double> t;
-      for (int i = 0; i < reps; ++i) {
-        world.barrier();
-        Timer tm;
-        world.all_reduce_sum(buf.data(), n);
-        double dt = tm.seconds();
-        double mx = dt;
-        world.all_reduce_max(&mx, 1);
-        t.push_back(mx);
-      }
-      const double sec = median(t);
-      r.collectives.push_back({"all_reduce", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
-    }
-    // Inside a training step a collective follows a GEMM on every rank: its buffer is out of
-    // the caches (the GEMM's operands took them). The tensor-parallel messages' sizes, each
-    // after a GEMM of a micro-batch's layer (512 x 768 x 768) and a barrier (how far apart the
-    // ranks arrive is the compute's business, not the link's).
-    if (!o.quick) {
-      const long M = 512, K = 768;
-      std::vector<float> A(M * K, 0.5f), B(K * K, 0.25f), C(M * K, 0.f);
-      for (double bytes : {double(1 << 20), double(1 << 21), double(1 << 22)}) {
-        const std::size_t n = static_cast<std::size_t>(bytes / 4);
-        std::vector<float> buf(n, 1.f);
-        world.all_reduce_sum(buf.data(), n);  // warm-up
-        std::vector<double> t;
-        for (int i = 0; i < 2 * reps; ++i) {
-          kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, K, K, 1.f, A.data(), K,
-                        B.data(), K, 0.f, C.data(), K);
-          world.barrier();
-          Timer tm;
-          world.all_reduce_sum(buf.data(), n);
-          t.push_back(tm.seconds());
-        }
-        std::vector<double> mx = t;  // the slowest rank's time per repetition
-        world.all_reduce_max(mx.data(), mx.size());
-        const double sec = median(mx);
-        r.collectives.push_back(
-            {"all_reduce_in_step", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
-      }
-    }
-  }
-
-  // All-gather and reduce-scatter (the non-blocking calls with counts that tessera makes) at the
-  // size of the largest all-reduce sample: their bus bandwidth relative to the all-reduce's.
-  if (p > 1 && !r.collectives.empty()) {
-    CollectiveSample ar;  // the largest all-reduce of the all-ranks loop
-    for (const auto& c : r.collectives)
-      if (c.op == "all_reduce") ar = c;
-    const std::size_t n = static_cast<std::size_t>(ar.bytes / 4) / p * p, per = n / p;
-    std::vector<float> full(n, 1.f), part(per, 1.f);
-    const std::vector<std::size_t> counts(p, per);
-    auto timed = [&](auto&& fn) {
-      fn();  // warm-up
-      std::vector<double> t;
-      for (int i = 0; i < reps; ++i) {
-        world.barrier();
-        Timer tm;
-        fn();
-        double dt = tm.seconds();
-        world.all_reduce_max(&dt, 1);
-        t.push_back(dt);
-      }
-      return median(t);
-    };
-    const double bytes = static_cast<double>(n) * 4, ring = (p - 1.0) / p * bytes;
-    const double t_ag = timed([&] { world.iall_gather(part.data(), full.data(), counts).wait(); });
-    const double t_rs =
-        timed([&] { world.ireduce_scatter_sum(full.data(), part.data(), counts).wait(); });
-    r.collectives.push_back({"all_gather", p, bytes, t_ag, ring / t_ag / 1e9});
-    r.collectives.push_back({"reduce_scatter", p, bytes, t_rs, ring / t_rs / 1e9});
-    r.all_gather_factor = std::clamp(ring / t_ag / 1e9 / ar.bus_gbps, 0.05, 4.0);
-    r.reduce_scatter_factor = std::clamp(ring / t_rs / 1e9 / ar.bus_gbps, 0.05, 4.0);
-  }
-  // Overlap: a GEMM and a non-blocking all-reduce of similar length, alone and together (the
-  // all-reduce posted, the GEMM run, then the wait); the fraction of the shorter one that the
-  // pair hides. Open MPI without a progress thread moves little data while the GEMM runs.
-  if (p > 1) {
-    const long M = 768;
-    std::vector<float> A(M * M, 0.5f), B(M * M, 0.25f), C(M * M, 0.f);
-    const std::size_t n = std::size_t{1} << 22;  // 16 MiB
+  std::vector<double> sizes = o.quick ? std::vector<double>{4096, 1 << 20}
+                                      : std::vector<double>{4096, 65536, 1 << 20, 1 << 24, 1 << 26};
+  for (double bytes : sizes) {
+    const std::size_t n = static_cast<std::size_t>(bytes / 4);
     std::vector<float> buf(n, 1.f);
-    auto gemm = [&] {
-      kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, M, M, 1.f, A.data(), M, B.data(),
-                    M, 0.f, C.data(), M);
-    };
-    auto timed = [&](auto&& fn) {
-      std::vector<double> t;
-      for (int i = 0; i < reps + 1; ++i) {
-        world.barrier();
-        Timer tm;
-        fn();
-        double dt = tm.seconds();
-        world.all_reduce_max(&dt, 1);
-        if (i > 0) t.push_back(dt);
-      }
-      return median(t);
-    };
-    const double t_gemm = timed(gemm);
-    const double t_comm = timed([&] { world.iall_reduce_sum(buf.data(), n).wait(); });
-    const double t_both = timed([&] {
-      auto req = world.iall_reduce_sum(buf.data(), n);
-      gemm();
-      req.wait();
-    });
-    r.overlap = std::clamp((t_gemm + t_comm - t_both) / std::min(t_gemm, t_comm), 0.0, 1.0);
-    r.overlap_times = {t_gemm, t_comm, t_both};
-    // polled: the GEMM in 8 row slices, the request tested between them
-    constexpr long k_slices = 8;
-    auto slices = [&](comm::Request* req) {
-      for (long s = 0; s < k_slices; ++s) {
-        const long m0 = s * M / k_slices, m1 = (s + 1) * M / k_slices;
-        kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, m1 - m0, M, M, 1.f,
-                      A.data() + m0 * M, M, B.data(), M, 0.f, C.data() + m0 * M, M);
-        if (req) req->test();
-      }
-    };
-    const double t_sliced = timed([&] { slices(nullptr); });
-    const double t_polled = timed([&] {
-      auto req = world.iall_reduce_sum(buf.data(), n);
-      slices(&req);
-      req.wait();
-    });
-    r.overlap_polled =
-        std::clamp((t_sliced + t_comm - t_polled) / std::min(t_sliced, t_comm), 0.0, 1.0);
-    r.overlap_polled_times = {t_sliced, t_comm, t_polled};
+    world.all_reduce_sum(buf.data(), n);  // warm-up
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      world.barrier();
+      Timer tm;
+      world.all_reduce_sum(buf.data(), n);
+      double dt = tm.seconds();
+      double mx = dt;
+      world.all_reduce_max(&mx, 1);
+      t.push_back(mx);
+    }
+    const double sec = median(t);
+    r.collectives.push_back({"all_reduce", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
   }
-  // The spec: one rank = one device; all ranks on this node.
+  // Inside a training step a collective follows a GEMM on every rank: its buffer is out of
+  // the caches (the GEMM's operands took them). The tensor-parallel messages' sizes, each
+  // after a GEMM of a micro-batch's layer (512 x 768 x 768) and a barrier (how far apart the
+  // ranks arrive is the compute's business, not the link's).
+  if (o.quick) return;
+  const long M = 512, K = 768;
+  std::vector<float> A(M * K, 0.5f), B(K * K, 0.25f), C(M * K, 0.f);
+  for (double bytes : {double(1 << 20), double(1 << 21), double(1 << 22)}) {
+    const std::size_t n = static_cast<std::size_t>(bytes / 4);
+    std::vector<float> buf(n, 1.f);
+    world.all_reduce_sum(buf.data(), n);  // warm-up
+    std::vector<double> t;
+    for (int i = 0; i < 2 * reps; ++i) {
+      kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, K, K, 1.f, A.data(), K, B.data(),
+                    K, 0.f, C.data(), K);
+      world.barrier();
+      Timer tm;
+      world.all_reduce_sum(buf.data(), n);
+      t.push_back(tm.seconds());
+    }
+    std::vector<double> mx = t;  // the slowest rank's time per repetition
+    world.all_reduce_max(mx.data(), mx.size());
+    const double sec = median(mx);
+    r.collectives.push_back(
+        {"all_reduce_in_step", p, bytes, sec, 2.0 * (p - 1) / p * bytes / sec / 1e9});
+  }
+}
+
+// All-gather and reduce-scatter (the non-blocking calls with counts that tessera makes) at the
+// size of the largest all-reduce sample: their bus bandwidth relative to the all-reduce's.
+void probe_gather_scatter(comm::Communicator& world, int reps, ProbeResult& r) {
+  const int p = world.size();
+  CollectiveSample ar;  // the largest all-reduce of the all-ranks loop
+  for (const auto& c : r.collectives)
+    if (c.op == "all_reduce") ar = c;
+  const std::size_t n = static_cast<std::size_t>(ar.bytes / 4) / p * p, per = n / p;
+  std::vector<float> full(n, 1.f), part(per, 1.f);
+  const std::vector<std::size_t> counts(p, per);
+  auto timed = [&](auto&& fn) {
+    fn();  // warm-up
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      world.barrier();
+      Timer tm;
+      fn();
+      double dt = tm.seconds();
+      world.all_reduce_max(&dt, 1);
+      t.push_back(dt);
+    }
+    return median(t);
+  };
+  const double bytes = static_cast<double>(n) * 4, ring = (p - 1.0) / p * bytes;
+  const double t_ag = timed([&] { world.iall_gather(part.data(), full.data(), counts).wait(); });
+  const double t_rs =
+      timed([&] { world.ireduce_scatter_sum(full.data(), part.data(), counts).wait(); });
+  r.collectives.push_back({"all_gather", p, bytes, t_ag, ring / t_ag / 1e9});
+  r.collectives.push_back({"reduce_scatter", p, bytes, t_rs, ring / t_rs / 1e9});
+  r.all_gather_factor = std::clamp(ring / t_ag / 1e9 / ar.bus_gbps, 0.05, 4.0);
+  r.reduce_scatter_factor = std::clamp(ring / t_rs / 1e9 / ar.bus_gbps, 0.05, 4.0);
+}
+
+// Overlap: a GEMM and a non-blocking all-reduce of similar length, alone and together (the
+// all-reduce posted, the GEMM run, then the wait); the fraction of the shorter one that the
+// pair hides. Open MPI without a progress thread moves little data while the GEMM runs.
+void probe_overlap(comm::Communicator& world, int reps, ProbeResult& r) {
+  const long M = 768;
+  std::vector<float> A(M * M, 0.5f), B(M * M, 0.25f), C(M * M, 0.f);
+  const std::size_t n = std::size_t{1} << 22;  // 16 MiB
+  std::vector<float> buf(n, 1.f);
+  auto gemm = [&] {
+    kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, M, M, 1.f, A.data(), M, B.data(), M,
+                  0.f, C.data(), M);
+  };
+  auto timed = [&](auto&& fn) {
+    std::vector<double> t;
+    for (int i = 0; i < reps + 1; ++i) {
+      world.barrier();
+      Timer tm;
+      fn();
+      double dt = tm.seconds();
+      world.all_reduce_max(&dt, 1);
+      if (i > 0) t.push_back(dt);
+    }
+    return median(t);
+  };
+  const double t_gemm = timed(gemm);
+  const double t_comm = timed([&] { world.iall_reduce_sum(buf.data(), n).wait(); });
+  const double t_both = timed([&] {
+    auto req = world.iall_reduce_sum(buf.data(), n);
+    gemm();
+    req.wait();
+  });
+  r.overlap = std::clamp((t_gemm + t_comm - t_both) / std::min(t_gemm, t_comm), 0.0, 1.0);
+  r.overlap_times = {t_gemm, t_comm, t_both};
+  // polled: the GEMM in 8 row slices, the request tested between them
+  constexpr long k_slices = 8;
+  auto slices = [&](comm::Request* req) {
+    for (long s = 0; s < k_slices; ++s) {
+      const long m0 = s * M / k_slices, m1 = (s + 1) * M / k_slices;
+      kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, m1 - m0, M, M, 1.f,
+                    A.data() + m0 * M, M, B.data(), M, 0.f, C.data() + m0 * M, M);
+      if (req) req->test();
+    }
+  };
+  const double t_sliced = timed([&] { slices(nullptr); });
+  const double t_polled = timed([&] {
+    auto req = world.iall_reduce_sum(buf.data(), n);
+    slices(&req);
+    req.wait();
+  });
+  r.overlap_polled =
+      std::clamp((t_sliced + t_comm - t_polled) / std::min(t_sliced, t_comm), 0.0, 1.0);
+  r.overlap_polled_times = {t_sliced, t_comm, t_polled};
+}
+
+// The shared-memory link of p ranks on this node, from the all-reduce samples.
+LinkLevel node_link(const ProbeResult& r, int p) {
+  LinkLevel l;
+  l.name = "shared-memory";
+  l.group = p;
+  // The median bus bandwidth of the all-reduces measured as inside a step (after a GEMM, the
+  // ranks arriving apart); with --quick, of the all-ranks loop's of 1 MiB and more.
+  std::vector<double> bws;
+  for (const auto& s : r.collectives)
+    if (s.op == "all_reduce_in_step") bws.push_back(s.bus_gbps);
+  if (bws.empty())  // --quick: the all-ranks loop's
+    for (const auto& s : r.collectives)
+      if (s.op == "all_reduce" && s.bytes >= (1 << 20)) bws.push_back(s.bus_gbps);
+  if (bws.empty())
+    for (const auto& s : r.collectives)
+      if (s.op == "all_reduce") bws.push_back(s.bus_gbps);
+  const double bw = median(bws);
+  l.bw_gbps = bw;
+  l.efficiency = 1.0;
+  // latency per ring step from the smallest message, after its bandwidth term
+  const auto& small = r.collectives.front();  // the smallest all-reduce
+  const double steps = 2.0 * (p - 1);
+  l.latency_us =
+      std::max(0.0, (small.seconds - 2.0 * (p - 1) / p * small.bytes / (bw * 1e9)) / steps * 1e6);
+  return l;
+}
+
+// The cluster spec of the measurements: one rank = one device; all ranks on this node.
+void fill_spec(ProbeResult& r, const ProbeOptions& o, int p, double baseline_gib) {
   ClusterSpec& c = r.spec;
   c.name = o.name;
   c.description = fmt::format("measured by tessera probe: {} rank(s), {} thread(s) each", p,
@@ -331,33 +360,28 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   c.all_gather_factor = r.all_gather_factor;
   c.reduce_scatter_factor = r.reduce_scatter_factor;
   c.max_nodes = 1;
-  if (p > 1) {
-    LinkLevel l;
-    l.name = "shared-memory";
-    l.group = p;
-    // The median bus bandwidth of the all-reduces measured as inside a step (after a GEMM, the
-    // ranks arriving apart); with --quick, of the all-ranks loop's of 1 MiB and more.
-    std::vector<double> bws;
-    for (const auto& s : r.collectives)
-      if (s.op == "all_reduce_in_step") bws.push_back(s.bus_gbps);
-    if (bws.empty())  // --quick: the all-ranks loop's
-      for (const auto& s : r.collectives)
-        if (s.op == "all_reduce" && s.bytes >= (1 << 20)) bws.push_back(s.bus_gbps);
-    if (bws.empty())
-      for (const auto& s : r.collectives)
-        if (s.op == "all_reduce") bws.push_back(s.bus_gbps);
-    const double bw = median(bws);
-    l.bw_gbps = bw;
-    l.efficiency = 1.0;
-    // latency per ring step from the smallest message, after its bandwidth term
-    const auto& small = r.collectives.front();  // the smallest all-reduce
-    const double steps = 2.0 * (p - 1);
-    l.latency_us =
-        std::max(0.0, (small.seconds - 2.0 * (p - 1) / p * small.bytes / (bw * 1e9)) / steps * 1e6);
-    c.links.push_back(l);
-  }
+  if (p > 1) c.links.push_back(node_link(r, p));
   c.injection_gbps = 0;
   validate(c);
+}
+
+}  // namespace
+
+ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
+  ProbeResult r;
+  const int reps = std::max(1, o.reps);
+  // what the process holds before any work (binary, libraries, MPI): not usable by a model
+  const double baseline_gib = static_cast<double>(resident_bytes()) / 1073741824.0;
+  r.gemm = probe_gemms(o, reps);
+  r.memory_bw_gbps = stream_triad_gbps(reps);
+  auto& world = rt.world();
+  const int p = world.size();
+  if (p > 1) {
+    probe_all_reduce(world, o, reps, r);
+    probe_gather_scatter(world, reps, r);
+    probe_overlap(world, reps, r);
+  }
+  fill_spec(r, o, p, baseline_gib);
   return r;
 }
 
