@@ -120,6 +120,210 @@ void log(const QuantizeOptions& opt, const std::string& msg) {
 
 }  // namespace
 
+namespace {
+
+// What each method's quantization reads and writes: the model being quantized (its parameters
+// copied into qm.params, which the methods fold scales into and overwrite with the dequantized
+// weights) and the options.
+struct QuantContext {
+  const model::ParamLayout& layout;
+  const model::ModelConfig& cfg;
+  const float* params;  // the original parameters (calibration captures run on these)
+  float* P;             // qm.params
+  QuantizedModel& qm;
+  const QuantizeOptions& opt;
+  const CalibSet* calib;
+  int L, C;
+  float* W(int l, Lin k) const { return P + lin_weight_offset(layout, l, k); }
+  // writes the dequantized weight (in the folded coordinates) into the parameters
+  void finish(QLinear&& ql) const {
+    ql.q.dequantize(W(ql.layer, ql.kind));
+    qm.linears.push_back(std::move(ql));
+  }
+};
+
+void quantize_rtn(const QuantContext& x) {
+  const int L = x.L;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      auto ql = make_qlinear(l, kind);
+      ql.q = rtn(x.W(l, kind), lin_rows(x.cfg, kind), lin_cols(x.cfg, kind), x.opt.wq);
+      x.finish(std::move(ql));
+    }
+}
+
+void quantize_int8(const QuantContext& x) {
+  const int L = x.L;
+  x.qm.act.mode = x.opt.method == Method::Int8 ? ActMode::Int8Mixed : x.opt.act;
+  x.qm.act.threshold = x.opt.int8_threshold;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      auto ql = make_qlinear(l, kind);
+      ql.q = int8_rows(x.W(l, kind), lin_rows(x.cfg, kind), lin_cols(x.cfg, kind));
+      x.finish(std::move(ql));
+    }
+}
+
+void quantize_smoothquant(const QuantContext& x) {
+  const int L = x.L, C = x.C;
+  x.qm.act.mode = x.opt.act;
+  auto cap = capture(x.layout, x.params, *x.calib, false, x.opt.micro_batch);
+  for (int l = 0; l < L; ++l) {
+    const auto& lw = x.layout.layers[l];
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      auto ql = make_qlinear(l, kind);
+      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+      if (kind == Lin::Qkv || kind == Lin::Fc) {  // LayerNorm -> linear sites
+        auto s =
+            smooth_scales(cap.layers[l][k].stats.maxabs, x.W(l, kind), rows, cols, x.opt.alpha);
+        std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
+        std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
+        for (int j = 0; j < C; ++j) {
+          x.P[lnw + j] /= s[j];
+          x.P[lnb + j] /= s[j];
+        }
+        scale_cols(x.W(l, kind), rows, cols, s, false);
+        ql.in_fold = s;
+      }
+      ql.q = int8_rows(x.W(l, kind), rows, cols);
+      x.finish(std::move(ql));
+    }
+  }
+  x.qm.info["alpha"] = fmt::format("{}", x.opt.alpha);
+}
+
+void quantize_awq(const QuantContext& x) {
+  const int L = x.L, C = x.C;
+  auto cap = capture(x.layout, x.params, *x.calib, true, x.opt.micro_batch);
+  for (int l = 0; l < L; ++l) {
+    const auto& lw = x.layout.layers[l];
+    std::array<QLinear, k_num_lin> qls;
+    std::array<std::vector<double>, k_num_lin> S;
+    for (int k = 0; k < k_num_lin; ++k) {
+      qls[k] = make_qlinear(l, static_cast<Lin>(k));
+      S[k] = cap.layers[l][k].hessian.mean_xtx();
+    }
+    auto mean_abs = [&](int k) {
+      const auto& st = cap.layers[l][k].stats;
+      std::vector<double> m(st.cols);
+      for (int j = 0; j < st.cols; ++j) m[j] = st.mean_abs(j);
+      return m;
+    };
+    // 1. scale search for every site on the unscaled inputs, then fold
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+      float alpha = 0;
+      auto s = awq_search_scales(x.W(l, kind), rows, cols, mean_abs(k), S[k], x.opt.wq,
+                                 x.opt.awq_grid, &alpha);
+      qls[k].alpha = alpha;
+      scale_cols(x.W(l, kind), rows, cols, s, false);
+      S[k] = scale_moment(S[k], s);
+      if (kind == Lin::Qkv || kind == Lin::Fc) {
+        std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
+        std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
+        for (int j = 0; j < C; ++j) {
+          x.P[lnw + j] /= s[j];
+          x.P[lnb + j] /= s[j];
+        }
+        qls[k].in_fold = s;
+      } else if (kind == Lin::AttnProj) {
+        // previous op: the v rows of c_attn (attention output is linear in v)
+        float* wq = x.W(l, Lin::Qkv);
+        float* bq = x.P + lw.qkv_b;
+        auto& of = qls[static_cast<int>(Lin::Qkv)].out_fold;
+        of.assign(3 * C, 1.0f);
+        for (int r = 0; r < C; ++r) {
+          for (int c = 0; c < C; ++c) wq[static_cast<std::size_t>(2 * C + r) * C + c] /= s[r];
+          bq[2 * C + r] /= s[r];
+          of[2 * C + r] = s[r];
+        }
+        qls[k].in_fold = s;
+      } else {
+        // after GELU nothing can absorb the scales: llm-awq's ScaledActivation, kept as a
+        // per-input-column divisor of the quantized weight
+        qls[k].q.in_scale = s;
+      }
+      log(x.opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
+    }
+    // 2. clip search (not for q and k: only the v rows of c_attn), 3. quantize
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+      if (x.opt.awq_clip) {
+        if (kind == Lin::Qkv)
+          awq_clip(x.W(l, kind) + static_cast<std::size_t>(2 * C) * C, C, cols, S[k], x.opt.wq);
+        else
+          awq_clip(x.W(l, kind), rows, cols, S[k], x.opt.wq);
+      }
+      auto in_scale = std::move(qls[k].q.in_scale);
+      qls[k].q = rtn(x.W(l, kind), rows, cols, x.opt.wq);
+      qls[k].q.in_scale = std::move(in_scale);
+      x.finish(std::move(qls[k]));
+    }
+  }
+  x.qm.info["grid"] = std::to_string(x.opt.awq_grid);
+}
+
+void quantize_gptq(const QuantContext& x) {
+  const int L = x.L, C = x.C;
+  const int T = x.calib->seqlen, n = x.calib->n();
+  Runner run(x.layout);
+  std::vector<float> xs(static_cast<std::size_t>(n) * T * C);  // residual stream (n, T, C)
+  for (int s = 0; s < n; s += x.opt.micro_batch) {
+    int B = std::min(x.opt.micro_batch, n - s);
+    run.embed(x.P, x.calib->tokens.data() + static_cast<std::size_t>(s) * T, B, T,
+              xs.data() + static_cast<std::size_t>(s) * T * C);
+  }
+  std::vector<float> scratch(static_cast<std::size_t>(x.opt.micro_batch) * T * C);
+  GptqOptions go;
+  go.spec = x.opt.wq;
+  go.percdamp = x.opt.damp;
+  go.blocksize = x.opt.blocksize;
+  go.act_order = x.opt.act_order;
+  go.static_groups = x.opt.static_groups;
+  for (int l = 0; l < L; ++l) {
+    // true-sequential inside the block: each linear sees the already-quantized ones
+    for (int k = 0; k < k_num_lin; ++k) {
+      Lin kind = static_cast<Lin>(k);
+      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+      Hessian H;
+      H.init(cols);
+      Hooks hooks;
+      hooks.stop_after = k;
+      hooks.capture = [&](int, Lin kk, const float* x, std::int64_t N, int) {
+        if (kk == kind) H.add(x, N, kernels::GemmLibrary::OneDnn);
+      };
+      for (int s = 0; s < n; s += x.opt.micro_batch) {
+        int B = std::min(x.opt.micro_batch, n - s);
+        std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
+                    sizeof(float) * B * T * C);
+        run.block(x.P, l, scratch.data(), B, T, hooks);
+      }
+      auto r = gptq(x.W(l, kind), rows, cols, H.xtx, go);
+      auto ql = make_qlinear(l, kind);
+      ql.q = std::move(r.q);
+      ql.gptq_loss = r.loss;
+      ql.damp = r.damp;
+      log(x.opt, fmt::format("gptq {}: loss {:.4g} damp {:.2f}", ql.name, r.loss, r.damp));
+      x.finish(std::move(ql));
+    }
+    // the next block's inputs: this block's outputs with its quantized weights
+    Hooks none;
+    for (int s = 0; s < n; s += x.opt.micro_batch) {
+      int B = std::min(x.opt.micro_batch, n - s);
+      run.block(x.P, l, xs.data() + static_cast<std::size_t>(s) * T * C, B, T, none);
+    }
+  }
+  x.qm.info["damp"] = fmt::format("{}", x.opt.damp);
+  x.qm.info["act_order"] = x.opt.act_order ? "true" : "false";
+}
+
+}  // namespace
+
 QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
                               const QuantizeOptions& opt, const CalibSet* calib) {
   const auto& cfg = layout.config();
@@ -129,7 +333,6 @@ QuantizedModel quantize_model(const model::ParamLayout& layout, const float* par
   qm.method = method_name(opt.method);
   qm.params.resize(layout.total());
   std::copy(params, params + layout.total(), qm.params.data());
-  float* P = qm.params.data();
   const bool weight_only =
       opt.method == Method::Rtn || opt.method == Method::Gptq || opt.method == Method::Awq;
   if (weight_only) validate(opt.wq, {C, 4 * C});
@@ -142,192 +345,24 @@ QuantizedModel quantize_model(const model::ParamLayout& layout, const float* par
                               calib->seqlen, cfg.block_size));
     qm.info["calibration"] = calib->describe();
   }
-  auto W = [&](int l, Lin k) { return P + lin_weight_offset(layout, l, k); };
-  auto finish = [&](QLinear&& ql) {
-    // write the dequantized weight (in the folded coordinates) into the parameters
-    ql.q.dequantize(W(ql.layer, ql.kind));
-    qm.linears.push_back(std::move(ql));
-  };
-
+  const QuantContext x{layout, cfg, params, qm.params.data(), qm, opt, calib, L, C};
   switch (opt.method) {
     case Method::Rtn:
-      for (int l = 0; l < L; ++l)
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          auto ql = make_qlinear(l, kind);
-          ql.q = rtn(W(l, kind), lin_rows(cfg, kind), lin_cols(cfg, kind), opt.wq);
-          finish(std::move(ql));
-        }
+      quantize_rtn(x);
       break;
-
     case Method::W8A8:
     case Method::Int8:
-      qm.act.mode = opt.method == Method::Int8 ? ActMode::Int8Mixed : opt.act;
-      qm.act.threshold = opt.int8_threshold;
-      for (int l = 0; l < L; ++l)
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          auto ql = make_qlinear(l, kind);
-          ql.q = int8_rows(W(l, kind), lin_rows(cfg, kind), lin_cols(cfg, kind));
-          finish(std::move(ql));
-        }
+      quantize_int8(x);
       break;
-
-    case Method::SmoothQuant: {
-      qm.act.mode = opt.act;
-      auto cap = capture(layout, params, *calib, false, opt.micro_batch);
-      for (int l = 0; l < L; ++l) {
-        const auto& lw = layout.layers[l];
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          auto ql = make_qlinear(l, kind);
-          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
-          if (kind == Lin::Qkv || kind == Lin::Fc) {  // LayerNorm -> linear sites
-            auto s =
-                smooth_scales(cap.layers[l][k].stats.maxabs, W(l, kind), rows, cols, opt.alpha);
-            std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
-            std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
-            for (int j = 0; j < C; ++j) {
-              P[lnw + j] /= s[j];
-              P[lnb + j] /= s[j];
-            }
-            scale_cols(W(l, kind), rows, cols, s, false);
-            ql.in_fold = s;
-          }
-          ql.q = int8_rows(W(l, kind), rows, cols);
-          finish(std::move(ql));
-        }
-      }
-      qm.info["alpha"] = fmt::format("{}", opt.alpha);
+    case Method::SmoothQuant:
+      quantize_smoothquant(x);
       break;
-    }
-
-    case Method::Awq: {
-      auto cap = capture(layout, params, *calib, true, opt.micro_batch);
-      for (int l = 0; l < L; ++l) {
-        const auto& lw = layout.layers[l];
-        std::array<QLinear, k_num_lin> qls;
-        std::array<std::vector<double>, k_num_lin> S;
-        for (int k = 0; k < k_num_lin; ++k) {
-          qls[k] = make_qlinear(l, static_cast<Lin>(k));
-          S[k] = cap.layers[l][k].hessian.mean_xtx();
-        }
-        auto mean_abs = [&](int k) {
-          const auto& st = cap.layers[l][k].stats;
-          std::vector<double> m(st.cols);
-          for (int j = 0; j < st.cols; ++j) m[j] = st.mean_abs(j);
-          return m;
-        };
-        // 1. scale search for every site on the unscaled inputs, then fold
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
-          float alpha = 0;
-          auto s = awq_search_scales(W(l, kind), rows, cols, mean_abs(k), S[k], opt.wq,
-                                     opt.awq_grid, &alpha);
-          qls[k].alpha = alpha;
-          scale_cols(W(l, kind), rows, cols, s, false);
-          S[k] = scale_moment(S[k], s);
-          if (kind == Lin::Qkv || kind == Lin::Fc) {
-            std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
-            std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
-            for (int j = 0; j < C; ++j) {
-              P[lnw + j] /= s[j];
-              P[lnb + j] /= s[j];
-            }
-            qls[k].in_fold = s;
-          } else if (kind == Lin::AttnProj) {
-            // previous op: the v rows of c_attn (attention output is linear in v)
-            float* wq = W(l, Lin::Qkv);
-            float* bq = P + lw.qkv_b;
-            auto& of = qls[static_cast<int>(Lin::Qkv)].out_fold;
-            of.assign(3 * C, 1.0f);
-            for (int r = 0; r < C; ++r) {
-              for (int c = 0; c < C; ++c) wq[static_cast<std::size_t>(2 * C + r) * C + c] /= s[r];
-              bq[2 * C + r] /= s[r];
-              of[2 * C + r] = s[r];
-            }
-            qls[k].in_fold = s;
-          } else {
-            // after GELU nothing can absorb the scales: llm-awq's ScaledActivation, kept as a
-            // per-input-column divisor of the quantized weight
-            qls[k].q.in_scale = s;
-          }
-          log(opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
-        }
-        // 2. clip search (not for q and k: only the v rows of c_attn), 3. quantize
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
-          if (opt.awq_clip) {
-            if (kind == Lin::Qkv)
-              awq_clip(W(l, kind) + static_cast<std::size_t>(2 * C) * C, C, cols, S[k], opt.wq);
-            else
-              awq_clip(W(l, kind), rows, cols, S[k], opt.wq);
-          }
-          auto in_scale = std::move(qls[k].q.in_scale);
-          qls[k].q = rtn(W(l, kind), rows, cols, opt.wq);
-          qls[k].q.in_scale = std::move(in_scale);
-          finish(std::move(qls[k]));
-        }
-      }
-      qm.info["grid"] = std::to_string(opt.awq_grid);
+    case Method::Awq:
+      quantize_awq(x);
       break;
-    }
-
-    case Method::Gptq: {
-      const int T = calib->seqlen, n = calib->n();
-      Runner run(layout);
-      std::vector<float> xs(static_cast<std::size_t>(n) * T * C);  // residual stream (n, T, C)
-      for (int s = 0; s < n; s += opt.micro_batch) {
-        int B = std::min(opt.micro_batch, n - s);
-        run.embed(P, calib->tokens.data() + static_cast<std::size_t>(s) * T, B, T,
-                  xs.data() + static_cast<std::size_t>(s) * T * C);
-      }
-      std::vector<float> scratch(static_cast<std::size_t>(opt.micro_batch) * T * C);
-      GptqOptions go;
-      go.spec = opt.wq;
-      go.percdamp = opt.damp;
-      go.blocksize = opt.blocksize;
-      go.act_order = opt.act_order;
-      go.static_groups = opt.static_groups;
-      for (int l = 0; l < L; ++l) {
-        // true-sequential inside the block: each linear sees the already-quantized ones
-        for (int k = 0; k < k_num_lin; ++k) {
-          Lin kind = static_cast<Lin>(k);
-          const int rows = lin_rows(cfg, kind), cols = lin_cols(cfg, kind);
-          Hessian H;
-          H.init(cols);
-          Hooks hooks;
-          hooks.stop_after = k;
-          hooks.capture = [&](int, Lin kk, const float* x, std::int64_t N, int) {
-            if (kk == kind) H.add(x, N, kernels::GemmLibrary::OneDnn);
-          };
-          for (int s = 0; s < n; s += opt.micro_batch) {
-            int B = std::min(opt.micro_batch, n - s);
-            std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
-                        sizeof(float) * B * T * C);
-            run.block(P, l, scratch.data(), B, T, hooks);
-          }
-          auto r = gptq(W(l, kind), rows, cols, H.xtx, go);
-          auto ql = make_qlinear(l, kind);
-          ql.q = std::move(r.q);
-          ql.gptq_loss = r.loss;
-          ql.damp = r.damp;
-          log(opt, fmt::format("gptq {}: loss {:.4g} damp {:.2f}", ql.name, r.loss, r.damp));
-          finish(std::move(ql));
-        }
-        // the next block's inputs: this block's outputs with its quantized weights
-        Hooks none;
-        for (int s = 0; s < n; s += opt.micro_batch) {
-          int B = std::min(opt.micro_batch, n - s);
-          run.block(P, l, xs.data() + static_cast<std::size_t>(s) * T * C, B, T, none);
-        }
-      }
-      qm.info["damp"] = fmt::format("{}", opt.damp);
-      qm.info["act_order"] = opt.act_order ? "true" : "false";
+    case Method::Gptq:
+      quantize_gptq(x);
       break;
-    }
   }
   return qm;
 }
