@@ -310,6 +310,197 @@ const char* op_long_name(OpKind k) {
 
 }  // namespace
 
+namespace {
+
+// What the checks of one schedule share: the problems found, and the sends and receives of
+// every message key (counted by the per-stage scan, used by the matching and deadlock checks).
+struct Checker {
+  const Schedule& s;
+  ScheduleCheck& r;
+  int pp, m, v, last;
+  std::vector<int> sends, recvs;
+  std::vector<std::pair<int, int>> send_at;  // (stage, index) of a message's first send
+
+  Checker(const Schedule& sched, ScheduleCheck& result)
+      : s(sched),
+        r(result),
+        pp(sched.spec.pp),
+        m(sched.spec.m),
+        v(sched.spec.v),
+        last(sched.spec.pp * sched.spec.v - 1),
+        sends(2 * pp * v * m, 0),
+        recvs(2 * pp * v * m, 0),
+        send_at(2 * pp * v * m, {-1, -1}) {}
+  std::string at(int st, std::size_t i) const {
+    return fmt::format("stage {}, instruction {} ({})", st, i, describe(s.ranks[st][i]));
+  }
+  void add(std::string p) { r.problems.push_back(std::move(p)); }
+};
+
+// Per stage: the first position and the count of each op of each (micro-batch, local chunk).
+constexpr int k_ops = 6;  // Forward .. RecvGrad
+struct Slot {
+  int first[k_ops] = {-1, -1, -1, -1, -1, -1};
+  int count[k_ops] = {};
+};
+
+// One stage's list, instruction by instruction: the optimizer step last and once, ranges,
+// message peers, duplicates; fills the stage's slots and the message counts.
+void scan_instructions(Checker& c, int st, std::vector<Slot>& slots) {
+  const auto& list = c.s.ranks[st];
+  int opts = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const Instr& in = list[i];
+    if (in.op == OpKind::OptimizerStep) {
+      if (++opts > 1)
+        c.add(c.at(st, i) + ": a second OptimizerStep");
+      else if (i + 1 != list.size())
+        c.add(c.at(st, i) + ": OptimizerStep is not the last instruction");
+      continue;
+    }
+    if (static_cast<int>(in.op) >= k_ops) {
+      c.add(c.at(st, i) + ": unknown op");
+      continue;
+    }
+    if (in.mb < 0 || in.mb >= c.m) {
+      c.add(c.at(st, i) + fmt::format(": micro-batch out of range 0..{}", c.m - 1));
+      continue;
+    }
+    if (in.chunk < 0 || in.chunk >= c.v) {
+      c.add(c.at(st, i) + fmt::format(": chunk out of range 0..{}", c.v - 1));
+      continue;
+    }
+    const int g = c.s.global_chunk(st, in.chunk);
+    if (is_send(in.op) || is_recv(in.op)) {
+      const int k = message_key(c.s, st, in);
+      if (k < 0) {
+        c.add(c.at(st, i) +
+              (in.op == OpKind::SendAct    ? ": the last global chunk sends no activation"
+               : in.op == OpKind::RecvAct  ? ": the first global chunk receives no activation"
+               : in.op == OpKind::SendGrad ? ": the first global chunk sends no gradient"
+                                           : ": the last global chunk receives no gradient "
+                                             "(it starts from the loss)"));
+        continue;
+      }
+      const bool towards_next = in.op == OpKind::SendAct || in.op == OpKind::RecvGrad;
+      const int other = towards_next ? g + 1 : g - 1;
+      if (in.peer != other % c.pp)
+        c.add(c.at(st, i) + fmt::format(": peer should be stage {} (it holds global chunk {})",
+                                        other % c.pp, other));
+      if (is_send(in.op)) {
+        if (c.sends[k]++ == 0) c.send_at[k] = {st, static_cast<int>(i)};
+      } else {
+        ++c.recvs[k];
+      }
+    }
+    Slot& sl = slots[static_cast<std::size_t>(in.mb) * c.v + in.chunk];
+    const int o = static_cast<int>(in.op);
+    if (sl.count[o]++ == 0)
+      sl.first[o] = static_cast<int>(i);
+    else
+      c.add(c.at(st, i) + fmt::format(": a second {} of micro-batch {} chunk {} (first at "
+                                      "instruction {})",
+                                      op_long_name(in.op), in.mb, in.chunk, sl.first[o]));
+  }
+  if (opts == 0) c.add(fmt::format("stage {}: no OptimizerStep at the end of the list", st));
+}
+
+// One stage's order: every (micro-batch, chunk) has its forward and backward, the backward after
+// the forward, receives before and sends after the op they feed.
+void check_order(Checker& c, int st, const std::vector<Slot>& slots) {
+  const int pp = c.pp, last = c.last;
+  for (int mb = 0; mb < c.m; ++mb)
+    for (int ch = 0; ch < c.v; ++ch) {
+      const Slot& sl = slots[static_cast<std::size_t>(mb) * c.v + ch];
+      const int g = c.s.global_chunk(st, ch);
+      auto first = [&](OpKind k) { return sl.first[static_cast<int>(k)]; };
+      const int f = first(OpKind::Forward), b = first(OpKind::Backward);
+      if (f < 0) c.add(fmt::format("stage {}: no Forward of micro-batch {} chunk {}", st, mb, ch));
+      if (b < 0) c.add(fmt::format("stage {}: no Backward of micro-batch {} chunk {}", st, mb, ch));
+      if (f >= 0 && b >= 0 && b < f)
+        c.add(c.at(st, b) + fmt::format(": Backward before its Forward (instruction {})", f));
+      if (f >= 0) {
+        const int ra = first(OpKind::RecvAct), sa = first(OpKind::SendAct);
+        if (g > 0 && ra < 0)
+          c.add(c.at(st, f) + fmt::format(": no RecvAct from stage {} before it", (g - 1) % pp));
+        if (g > 0 && ra > f)
+          c.add(c.at(st, ra) + fmt::format(": RecvAct after its Forward (instruction {})", f));
+        if (g < last && sa < 0)
+          c.add(c.at(st, f) + fmt::format(": no SendAct to stage {} after it", (g + 1) % pp));
+        if (g < last && sa >= 0 && sa < f)
+          c.add(c.at(st, sa) + fmt::format(": SendAct before its Forward (instruction {})", f));
+      }
+      if (b >= 0) {
+        const int rg = first(OpKind::RecvGrad), sg = first(OpKind::SendGrad);
+        if (g < last && rg < 0)
+          c.add(c.at(st, b) + fmt::format(": no RecvGrad from stage {} before it", (g + 1) % pp));
+        if (g < last && rg > b)
+          c.add(c.at(st, rg) + fmt::format(": RecvGrad after its Backward (instruction {})", b));
+        if (g > 0 && sg < 0)
+          c.add(c.at(st, b) + fmt::format(": no SendGrad to stage {} after it", (g - 1) % pp));
+        if (g > 0 && sg >= 0 && sg < b)
+          c.add(c.at(st, sg) + fmt::format(": SendGrad before its Backward (instruction {})", b));
+      }
+    }
+}
+
+// Every send has a receive and every receive a send. (Several of either for one message come
+// from one (stage, chunk) and were reported as duplicates by the scan.)
+void check_matching(Checker& c) {
+  const auto& s = c.s;
+  for (int st = 0; st < c.pp; ++st) {
+    const auto& list = s.ranks[st];
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Instr& in = list[i];
+      const int k = message_key(s, st, in);
+      if (k < 0) continue;
+      const int g = s.global_chunk(st, in.chunk);
+      const bool grad = in.op == OpKind::SendGrad || in.op == OpKind::RecvGrad;
+      if (is_send(in.op) && c.recvs[k] == 0) {
+        const int to = grad ? g - 1 : g + 1;
+        const Instr want{grad ? OpKind::RecvGrad : OpKind::RecvAct, in.mb, to / c.pp, st};
+        c.add(c.at(st, i) +
+              fmt::format(": no matching receive (stage {} has no {})", to % c.pp, describe(want)));
+      }
+      if (is_recv(in.op) && c.sends[k] == 0) {
+        const int from = grad ? g + 1 : g - 1;
+        const Instr want{grad ? OpKind::SendGrad : OpKind::SendAct, in.mb, from / c.pp, st};
+        c.add(c.at(st, i) +
+              fmt::format(": no matching send (stage {} has no {})", from % c.pp, describe(want)));
+      }
+    }
+  }
+}
+
+// Deadlock freedom: replay and report where each unfinished stage is stuck.
+void check_deadlock(Checker& c) {
+  const auto& s = c.s;
+  const Replayed rep = replay_lists(s, 1, 1);
+  for (int st = 0; st < c.pp; ++st) {
+    const std::size_t i = rep.pc[st];
+    if (i == s.ranks[st].size()) continue;
+    const int k = message_key(s, st, s.ranks[st][i]);
+    if (k < 0 || c.sends[k] == 0) {
+      c.add(c.at(st, i) + ": blocked for ever, nothing sends it");
+      continue;
+    }
+    const auto [ps, j] = c.send_at[k];
+    const std::string send = describe(s.ranks[ps][j]);
+    if (rep.pc[ps] > static_cast<std::size_t>(j))
+      c.add(c.at(st, i) +
+            fmt::format(": blocked, its send {} (stage {}, instruction {}) was taken by "
+                        "another receive",
+                        send, ps, j));
+    else
+      c.add(c.at(st, i) +
+            fmt::format(": blocked (deadlock), waits for {} at stage {} instruction {}, "
+                        "which stage {} never reaches (it blocks at instruction {})",
+                        send, ps, j, ps, rep.pc[ps]));
+  }
+}
+
+}  // namespace
+
 ScheduleCheck check_schedule(const Schedule& s) {
   ScheduleCheck r;
   const auto& sp = s.spec;
@@ -326,161 +517,14 @@ ScheduleCheck check_schedule(const Schedule& s) {
     r.problems.push_back(fmt::format("spec: {} stage lists for pp={}", s.ranks.size(), sp.pp));
     return done();
   }
-  const int pp = sp.pp, m = sp.m, v = sp.v, last = pp * v - 1;
-  const int nkeys = 2 * pp * v * m;
-  auto at = [&](int st, std::size_t i) {
-    return fmt::format("stage {}, instruction {} ({})", st, i, describe(s.ranks[st][i]));
-  };
-  auto add = [&](std::string p) { r.problems.push_back(std::move(p)); };
-
-  // Per stage: the first position and the count of each op of each (micro-batch, local chunk).
-  constexpr int k_ops = 6;  // Forward .. RecvGrad
-  struct Slot {
-    int first[k_ops] = {-1, -1, -1, -1, -1, -1};
-    int count[k_ops] = {};
-  };
-  std::vector<int> sends(nkeys, 0), recvs(nkeys, 0);
-  std::vector<std::pair<int, int>> send_at(nkeys, {-1, -1});  // (stage, index) of the send
-  for (int st = 0; st < pp; ++st) {
-    const auto& list = s.ranks[st];
-    std::vector<Slot> slots(static_cast<std::size_t>(m) * v);
-    int opts = 0;
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const Instr& in = list[i];
-      if (in.op == OpKind::OptimizerStep) {
-        if (++opts > 1)
-          add(at(st, i) + ": a second OptimizerStep");
-        else if (i + 1 != list.size())
-          add(at(st, i) + ": OptimizerStep is not the last instruction");
-        continue;
-      }
-      if (static_cast<int>(in.op) >= k_ops) {
-        add(at(st, i) + ": unknown op");
-        continue;
-      }
-      if (in.mb < 0 || in.mb >= m) {
-        add(at(st, i) + fmt::format(": micro-batch out of range 0..{}", m - 1));
-        continue;
-      }
-      if (in.chunk < 0 || in.chunk >= v) {
-        add(at(st, i) + fmt::format(": chunk out of range 0..{}", v - 1));
-        continue;
-      }
-      const int g = s.global_chunk(st, in.chunk);
-      if (is_send(in.op) || is_recv(in.op)) {
-        const int k = message_key(s, st, in);
-        if (k < 0) {
-          add(at(st, i) +
-              (in.op == OpKind::SendAct    ? ": the last global chunk sends no activation"
-               : in.op == OpKind::RecvAct  ? ": the first global chunk receives no activation"
-               : in.op == OpKind::SendGrad ? ": the first global chunk sends no gradient"
-                                           : ": the last global chunk receives no gradient "
-                                             "(it starts from the loss)"));
-          continue;
-        }
-        const bool towards_next = in.op == OpKind::SendAct || in.op == OpKind::RecvGrad;
-        const int other = towards_next ? g + 1 : g - 1;
-        if (in.peer != other % pp)
-          add(at(st, i) + fmt::format(": peer should be stage {} (it holds global chunk {})",
-                                      other % pp, other));
-        if (is_send(in.op)) {
-          if (sends[k]++ == 0) send_at[k] = {st, static_cast<int>(i)};
-        } else {
-          ++recvs[k];
-        }
-      }
-      Slot& sl = slots[static_cast<std::size_t>(in.mb) * v + in.chunk];
-      const int o = static_cast<int>(in.op);
-      if (sl.count[o]++ == 0)
-        sl.first[o] = static_cast<int>(i);
-      else
-        add(at(st, i) + fmt::format(": a second {} of micro-batch {} chunk {} (first at "
-                                    "instruction {})",
-                                    op_long_name(in.op), in.mb, in.chunk, sl.first[o]));
-    }
-    if (opts == 0) add(fmt::format("stage {}: no OptimizerStep at the end of the list", st));
-
-    for (int mb = 0; mb < m; ++mb)
-      for (int c = 0; c < v; ++c) {
-        const Slot& sl = slots[static_cast<std::size_t>(mb) * v + c];
-        const int g = s.global_chunk(st, c);
-        auto first = [&](OpKind k) { return sl.first[static_cast<int>(k)]; };
-        const int f = first(OpKind::Forward), b = first(OpKind::Backward);
-        if (f < 0) add(fmt::format("stage {}: no Forward of micro-batch {} chunk {}", st, mb, c));
-        if (b < 0) add(fmt::format("stage {}: no Backward of micro-batch {} chunk {}", st, mb, c));
-        if (f >= 0 && b >= 0 && b < f)
-          add(at(st, b) + fmt::format(": Backward before its Forward (instruction {})", f));
-        if (f >= 0) {
-          const int ra = first(OpKind::RecvAct), sa = first(OpKind::SendAct);
-          if (g > 0 && ra < 0)
-            add(at(st, f) + fmt::format(": no RecvAct from stage {} before it", (g - 1) % pp));
-          if (g > 0 && ra > f)
-            add(at(st, ra) + fmt::format(": RecvAct after its Forward (instruction {})", f));
-          if (g < last && sa < 0)
-            add(at(st, f) + fmt::format(": no SendAct to stage {} after it", (g + 1) % pp));
-          if (g < last && sa >= 0 && sa < f)
-            add(at(st, sa) + fmt::format(": SendAct before its Forward (instruction {})", f));
-        }
-        if (b >= 0) {
-          const int rg = first(OpKind::RecvGrad), sg = first(OpKind::SendGrad);
-          if (g < last && rg < 0)
-            add(at(st, b) + fmt::format(": no RecvGrad from stage {} before it", (g + 1) % pp));
-          if (g < last && rg > b)
-            add(at(st, rg) + fmt::format(": RecvGrad after its Backward (instruction {})", b));
-          if (g > 0 && sg < 0)
-            add(at(st, b) + fmt::format(": no SendGrad to stage {} after it", (g - 1) % pp));
-          if (g > 0 && sg >= 0 && sg < b)
-            add(at(st, sg) + fmt::format(": SendGrad before its Backward (instruction {})", b));
-        }
-      }
+  Checker c(s, r);
+  for (int st = 0; st < sp.pp; ++st) {
+    std::vector<Slot> slots(static_cast<std::size_t>(sp.m) * sp.v);
+    scan_instructions(c, st, slots);
+    check_order(c, st, slots);
   }
-
-  // Every send has a receive and every receive a send. (Several of either for one message come
-  // from one (stage, chunk) and were reported as duplicates above.)
-  for (int st = 0; st < pp; ++st) {
-    const auto& list = s.ranks[st];
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const Instr& in = list[i];
-      const int k = message_key(s, st, in);
-      if (k < 0) continue;
-      const int g = s.global_chunk(st, in.chunk);
-      const bool grad = in.op == OpKind::SendGrad || in.op == OpKind::RecvGrad;
-      if (is_send(in.op) && recvs[k] == 0) {
-        const int to = grad ? g - 1 : g + 1;
-        const Instr want{grad ? OpKind::RecvGrad : OpKind::RecvAct, in.mb, to / pp, st};
-        add(at(st, i) +
-            fmt::format(": no matching receive (stage {} has no {})", to % pp, describe(want)));
-      }
-      if (is_recv(in.op) && sends[k] == 0) {
-        const int from = grad ? g + 1 : g - 1;
-        const Instr want{grad ? OpKind::SendGrad : OpKind::SendAct, in.mb, from / pp, st};
-        add(at(st, i) +
-            fmt::format(": no matching send (stage {} has no {})", from % pp, describe(want)));
-      }
-    }
-  }
-
-  // Deadlock freedom: replay and report where each unfinished stage is stuck.
-  const Replayed rep = replay_lists(s, 1, 1);
-  for (int st = 0; st < pp; ++st) {
-    const std::size_t i = rep.pc[st];
-    if (i == s.ranks[st].size()) continue;
-    const int k = message_key(s, st, s.ranks[st][i]);
-    if (k < 0 || sends[k] == 0) {
-      add(at(st, i) + ": blocked for ever, nothing sends it");
-      continue;
-    }
-    const auto [ps, j] = send_at[k];
-    const std::string send = describe(s.ranks[ps][j]);
-    if (rep.pc[ps] > static_cast<std::size_t>(j))
-      add(at(st, i) + fmt::format(": blocked, its send {} (stage {}, instruction {}) was taken by "
-                                  "another receive",
-                                  send, ps, j));
-    else
-      add(at(st, i) + fmt::format(": blocked (deadlock), waits for {} at stage {} instruction {}, "
-                                  "which stage {} never reaches (it blocks at instruction {})",
-                                  send, ps, j, ps, rep.pc[ps]));
-  }
+  check_matching(c);
+  check_deadlock(c);
   return done();
 }
 
