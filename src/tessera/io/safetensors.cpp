@@ -181,25 +181,13 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, std::filesystem::
   return parse(FileBytes::own(std::move(bytes)), std::move(name));
 }
 
-SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> storage,
-                                       std::filesystem::path path) {
-  using nlohmann::json;
-  const std::size_t size = storage->size();
-  const std::byte* base = storage->data();
-  if (size < 8)
-    fail_invalid(path,
-                 fmt::format("the file is {} bytes, shorter than the 8-byte header length", size));
-  const std::uint64_t n = load<std::uint64_t>(base);
-  if (n > k_max_header_bytes)
-    fail_invalid(path, fmt::format("header length {} is larger than the {} byte limit", n,
-                                   k_max_header_bytes));
-  if (n > size - 8)
-    fail_invalid(path,
-                 fmt::format("header length {} runs past the end of the file ({} bytes)", n, size));
-  if (n < 2) fail_invalid(path, fmt::format("header length {} is too short for a JSON object", n));
+namespace {
 
-  // Parse the header, noting duplicate top-level keys (the JSON library keeps the last one).
-  const char* hbegin = reinterpret_cast<const char*>(base + 8);
+// The JSON header of n bytes at hbegin, an object without duplicate top-level keys (the JSON
+// library would keep the last one).
+nlohmann::json parse_header(const char* hbegin, std::uint64_t n,
+                            const std::filesystem::path& path) {
+  using nlohmann::json;
   std::set<std::string> seen;
   std::string duplicate;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
@@ -223,98 +211,94 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> storage,
     fail_invalid(
         path, fmt::format("the header is a JSON {}, expected an object", json_type_name(header)));
   if (!duplicate.empty()) fail_invalid(path, fmt::format("the header names '{}' twice", duplicate));
+  return header;
+}
 
-  SafetensorsFile f;
-  f.path_ = std::move(path);
-  f.data_ = base + 8 + n;
-  f.data_size_ = size - 8 - static_cast<std::size_t>(n);
-  const auto& p = f.path_;
-
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      if (!v.is_object())
-        fail_invalid(p, fmt::format("__metadata__ is a JSON {}, expected an object of strings",
-                                    json_type_name(v)));
-      for (const auto& [mk, mv] : v.items()) {
-        if (!mv.is_string())
-          fail_invalid(p, fmt::format("__metadata__ value for '{}' is a JSON {}, expected a string",
-                                      mk, json_type_name(mv)));
-        f.metadata_[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    if (!v.is_object())
-      fail_invalid(p, fmt::format("entry '{}' is a JSON {}, expected an object with dtype, shape "
-                                  "and data_offsets",
-                                  name, json_type_name(v)));
-    for (const char* field : {"dtype", "shape", "data_offsets"})
-      if (!v.contains(field)) fail_invalid(p, fmt::format("tensor '{}' has no {}", name, field));
-    TensorInfo t;
-    t.name = name;
-    const auto& jd = v["dtype"];
-    if (!jd.is_string())
-      fail_invalid(p, fmt::format("dtype of tensor '{}' is a JSON {}, expected a string", name,
-                                  json_type_name(jd)));
-    if (!parse_dtype(jd.get_ref<const std::string&>(), t.dtype))
-      fail_invalid(p, fmt::format("tensor '{}' has unknown dtype {}", name, short_json(jd)));
-
-    const auto& js = v["shape"];
-    if (!js.is_array())
-      fail_invalid(p, fmt::format("shape of tensor '{}' is a JSON {}, expected an array", name,
-                                  json_type_name(js)));
-    std::uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : js) {
-      std::uint64_t dim = 0;
-      if (!as_count(d, dim))
-        fail_invalid(p, fmt::format("shape of tensor '{}' has dimension {}, expected a "
-                                    "non-negative integer",
-                                    name, short_json(d)));
-      t.shape.push_back(static_cast<std::int64_t>(dim));
-      if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
-    }
-    const std::size_t esize = dtype_size(t.dtype);
-    std::uint64_t nbytes = 0;
-    // A zero dimension makes numel 0 even if an earlier product overflowed.
-    if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) {
-      overflow = false;
-      numel = 0;
-    }
-    if (overflow || numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-        __builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &nbytes))
-      fail_invalid(p, fmt::format("shape {} of tensor '{}' is too large (element count overflows)",
-                                  shape_str(t.shape), name));
-
-    const auto& jo = v["data_offsets"];
-    std::uint64_t b = 0, e = 0;
-    if (!jo.is_array() || jo.size() != 2 || !as_count(jo[0], b) || !as_count(jo[1], e))
-      fail_invalid(p, fmt::format("data_offsets of tensor '{}' is {}, expected [begin, end] with "
-                                  "non-negative integers",
-                                  name, short_json(jo)));
-    if (b > e)
-      fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}]: begin is after end",
-                                  name, b, e));
-    if (e > f.data_size_)
-      fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}], outside the data "
-                                  "region of {} bytes (is the file truncated?)",
-                                  name, b, e, f.data_size_));
-    if (e - b != nbytes)
-      fail_invalid(p, fmt::format("tensor '{}' has {} bytes of data but dtype {} and shape {} need "
-                                  "{}",
-                                  name, e - b, dtype_name(t.dtype), shape_str(t.shape), nbytes));
-    t.begin = static_cast<std::size_t>(b);
-    t.end = static_cast<std::size_t>(e);
-    f.tensors_.push_back(std::move(t));
+// The element count and byte size of a tensor's shape, refusing overflow.
+std::uint64_t tensor_bytes(const TensorInfo& t, const std::filesystem::path& p, bool overflow,
+                           std::uint64_t numel) {
+  const std::size_t esize = dtype_size(t.dtype);
+  std::uint64_t nbytes = 0;
+  // A zero dimension makes numel 0 even if an earlier product overflowed.
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) {
+    overflow = false;
+    numel = 0;
   }
+  if (overflow || numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+      __builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &nbytes))
+    fail_invalid(p, fmt::format("shape {} of tensor '{}' is too large (element count overflows)",
+                                shape_str(t.shape), t.name));
+  return nbytes;
+}
 
-  // File order = order in the data region. The tensors must tile it exactly, as the reference
-  // implementation requires: no overlaps, no holes, nothing after the last tensor.
-  std::sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+// One tensor entry of the header: dtype, shape, and data offsets inside a data region of
+// data_size bytes that match the dtype and shape.
+TensorInfo read_tensor_entry(const std::string& name, const nlohmann::json& v,
+                             std::size_t data_size, const std::filesystem::path& p) {
+  if (!v.is_object())
+    fail_invalid(p, fmt::format("entry '{}' is a JSON {}, expected an object with dtype, shape "
+                                "and data_offsets",
+                                name, json_type_name(v)));
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(field)) fail_invalid(p, fmt::format("tensor '{}' has no {}", name, field));
+  TensorInfo t;
+  t.name = name;
+  const auto& jd = v["dtype"];
+  if (!jd.is_string())
+    fail_invalid(p, fmt::format("dtype of tensor '{}' is a JSON {}, expected a string", name,
+                                json_type_name(jd)));
+  if (!parse_dtype(jd.get_ref<const std::string&>(), t.dtype))
+    fail_invalid(p, fmt::format("tensor '{}' has unknown dtype {}", name, short_json(jd)));
+
+  const auto& js = v["shape"];
+  if (!js.is_array())
+    fail_invalid(p, fmt::format("shape of tensor '{}' is a JSON {}, expected an array", name,
+                                json_type_name(js)));
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : js) {
+    std::uint64_t dim = 0;
+    if (!as_count(d, dim))
+      fail_invalid(p, fmt::format("shape of tensor '{}' has dimension {}, expected a "
+                                  "non-negative integer",
+                                  name, short_json(d)));
+    t.shape.push_back(static_cast<std::int64_t>(dim));
+    if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
+  }
+  const std::uint64_t nbytes = tensor_bytes(t, p, overflow, numel);
+
+  const auto& jo = v["data_offsets"];
+  std::uint64_t b = 0, e = 0;
+  if (!jo.is_array() || jo.size() != 2 || !as_count(jo[0], b) || !as_count(jo[1], e))
+    fail_invalid(p, fmt::format("data_offsets of tensor '{}' is {}, expected [begin, end] with "
+                                "non-negative integers",
+                                name, short_json(jo)));
+  if (b > e)
+    fail_invalid(
+        p, fmt::format("data_offsets of tensor '{}' are [{}, {}]: begin is after end", name, b, e));
+  if (e > data_size)
+    fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}], outside the data "
+                                "region of {} bytes (is the file truncated?)",
+                                name, b, e, data_size));
+  if (e - b != nbytes)
+    fail_invalid(p, fmt::format("tensor '{}' has {} bytes of data but dtype {} and shape {} need "
+                                "{}",
+                                name, e - b, dtype_name(t.dtype), shape_str(t.shape), nbytes));
+  t.begin = static_cast<std::size_t>(b);
+  t.end = static_cast<std::size_t>(e);
+  return t;
+}
+
+// File order = order in the data region. The tensors must tile it exactly, as the reference
+// implementation requires: no overlaps, no holes, nothing after the last tensor.
+void check_tiling(std::vector<TensorInfo>& tensors, std::size_t data_size,
+                  const std::filesystem::path& p) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   std::size_t expect = 0;
   const TensorInfo* prev = nullptr;
-  for (const auto& t : f.tensors_) {
+  for (const auto& t : tensors) {
     if (t.begin < expect)
       fail_invalid(
           p, fmt::format("tensors '{}' and '{}' overlap in the data region", prev->name, t.name));
@@ -325,10 +309,51 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> storage,
     expect = t.end;
     prev = &t;
   }
-  if (expect != f.data_size_)
+  if (expect != data_size)
     fail_invalid(p, fmt::format("the data region has {} bytes but the tensors cover only {}",
-                                f.data_size_, expect));
+                                data_size, expect));
+}
 
+}  // namespace
+
+SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const FileBytes> storage,
+                                       std::filesystem::path path) {
+  const std::size_t size = storage->size();
+  const std::byte* base = storage->data();
+  if (size < 8)
+    fail_invalid(path,
+                 fmt::format("the file is {} bytes, shorter than the 8-byte header length", size));
+  const std::uint64_t n = load<std::uint64_t>(base);
+  if (n > k_max_header_bytes)
+    fail_invalid(path, fmt::format("header length {} is larger than the {} byte limit", n,
+                                   k_max_header_bytes));
+  if (n > size - 8)
+    fail_invalid(path,
+                 fmt::format("header length {} runs past the end of the file ({} bytes)", n, size));
+  if (n < 2) fail_invalid(path, fmt::format("header length {} is too short for a JSON object", n));
+  const nlohmann::json header = parse_header(reinterpret_cast<const char*>(base + 8), n, path);
+
+  SafetensorsFile f;
+  f.path_ = std::move(path);
+  f.data_ = base + 8 + n;
+  f.data_size_ = size - 8 - static_cast<std::size_t>(n);
+  const auto& p = f.path_;
+  for (const auto& [name, v] : header.items()) {
+    if (name != "__metadata__") {
+      f.tensors_.push_back(read_tensor_entry(name, v, f.data_size_, p));
+      continue;
+    }
+    if (!v.is_object())
+      fail_invalid(p, fmt::format("__metadata__ is a JSON {}, expected an object of strings",
+                                  json_type_name(v)));
+    for (const auto& [mk, mv] : v.items()) {
+      if (!mv.is_string())
+        fail_invalid(p, fmt::format("__metadata__ value for '{}' is a JSON {}, expected a string",
+                                    mk, json_type_name(mv)));
+      f.metadata_[mk] = mv.get<std::string>();
+    }
+  }
+  check_tiling(f.tensors_, f.data_size_, p);
   for (std::size_t i = 0; i < f.tensors_.size(); ++i) f.index_.emplace(f.tensors_[i].name, i);
   f.storage_ = std::move(storage);
   return f;
