@@ -131,6 +131,10 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
     ::unlink(tmp.c_str());
     throw Error(fmt::format("cannot flush {}: {}", tmp.string(), std::strerror(errno)));
   }
+  commit_temp_file(tmp, path);
+}
+
+void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());

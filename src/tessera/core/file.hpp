@@ -56,6 +56,9 @@ class FileBytes {
 // Writes `data` to `path` atomically: the bytes go to "<path>.tmp.<pid>", are flushed to disk,
 // and the temporary is renamed over `path`. A crash leaves either the old file or the new one.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+// The last step of an atomic write: renames the written and flushed temporary file `tmp` to
+// `path` (removing tmp if that fails) and flushes the directory entry.
+void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path);
 
 // fsync a file or directory by path (best effort on directories).
 void fsync_path(const std::filesystem::path& path);

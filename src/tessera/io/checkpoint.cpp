@@ -33,15 +33,6 @@ std::vector<std::int64_t> hf_shape(const model::ParamTensor& t, const model::Mod
   return t.shape;
 }
 
-json hf_config_json(const model::ModelConfig& c) {
-  return json{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
-              {"n_layer", c.n_layer},       {"n_head", c.n_head},
-              {"n_embd", c.n_embd},         {"n_positions", c.block_size},
-              {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
-              {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
-              {"tie_word_embeddings", true}};
-}
-
 std::int64_t step_of(const fs::path& dir) {
   std::string name = dir.filename().string();
   if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
@@ -70,9 +61,9 @@ void save_model(const fs::path& dir, const model::ParamLayout& layout, const flo
     }
   }
   w.set_metadata("format", "pt");
-  w.set_metadata("tessera_config", hf_config_json(cfg).dump());
+  w.set_metadata("tessera_config", hf_config_text(cfg));
   w.write(dir / "model.safetensors");
-  write_file_atomic(dir / "config.json", hf_config_json(cfg).dump(2) + "\n");
+  write_file_atomic(dir / "config.json", hf_config_text(cfg, 2) + "\n");
 }
 
 model::ModelConfig read_hf_config(const fs::path& path) {
@@ -532,6 +523,16 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
 TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout, float* params,
                            float* adam_m, float* adam_v) {
   return load_checkpoint(dir, layout, params, 0, layout.total(), adam_m, adam_v);
+}
+
+std::string hf_config_text(const model::ModelConfig& c, int indent) {
+  const json j{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+               {"n_layer", c.n_layer},       {"n_head", c.n_head},
+               {"n_embd", c.n_embd},         {"n_positions", c.block_size},
+               {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
+               {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
+               {"tie_word_embeddings", true}};
+  return j.dump(indent);
 }
 
 }  // namespace tessera::io

@@ -39,6 +39,9 @@ struct LoadedModel {
 // and a tied lm_head.weight are ignored.
 LoadedModel load_model(const std::filesystem::path& path);
 model::ModelConfig read_hf_config(const std::filesystem::path& config_json);
+// The Hugging Face GPT2Config of a model shape, as config.json and the safetensors metadata hold
+// it.
+std::string hf_config_text(const model::ModelConfig& cfg, int indent = -1);
 model::ModelConfig parse_hf_config(std::string_view json_text, const std::string& source);
 
 // The pieces of load_model, for loaders of other formats (quantized files):

@@ -606,14 +606,7 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     ::unlink(tmp.c_str());
     throw Error(fmt::format("cannot close {}: {}", tmp.string(), std::strerror(err)));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(
-        fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), std::strerror(err)));
-  }
-  auto dir = path.parent_path();
-  fsync_path(dir.empty() ? std::filesystem::path(".") : dir);
+  commit_temp_file(tmp, path);
 }
 
 }  // namespace tessera::io

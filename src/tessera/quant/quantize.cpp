@@ -372,15 +372,6 @@ namespace {
 
 constexpr const char* k_format = "tessera-quant-1";
 
-json hf_config_json(const model::ModelConfig& c) {
-  return json{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
-              {"n_layer", c.n_layer},       {"n_head", c.n_head},
-              {"n_embd", c.n_embd},         {"n_positions", c.block_size},
-              {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
-              {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
-              {"tie_word_embeddings", true}};
-}
-
 int packed_cols(int cols, int bits) {
   return bits <= 4 ? (cols + 1) / 2 : cols;
 }
@@ -454,10 +445,10 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
              "qweight (out_features, in_features[/2 for <= 4 bits, low nibble first]); "
              "w = scales[r, g_idx[c]] * (q - zeros[r, g_idx[c]]) / in_scale[c]"}};
   w.set_metadata("format", "pt");
-  w.set_metadata("tessera_config", hf_config_json(qm.config).dump());
+  w.set_metadata("tessera_config", io::hf_config_text(qm.config));
   w.set_metadata("quantization", meta.dump());
   w.write(dir / "model.safetensors");
-  write_file_atomic(dir / "config.json", hf_config_json(qm.config).dump(2) + "\n");
+  write_file_atomic(dir / "config.json", io::hf_config_text(qm.config, 2) + "\n");
 }
 
 namespace {
