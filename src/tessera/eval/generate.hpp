@@ -1,4 +1,5 @@
-// Text generation with the KV-cache decoder: greedy (temperature 0), temperature and top-k.
+// Text generation: with the KV-cache decoder, or recomputing the context per token for models
+// without one; greedy (temperature 0), temperature and top-k.
 #pragma once
 
 #include <cstdint>

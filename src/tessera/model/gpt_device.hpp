@@ -1,6 +1,6 @@
-// GPT-2 on one CUDA device: the forward and backward passes of model/gpt.cpp over the CUDA op
-// table (kernels/cuda/ops.hpp), with the parameters (fp32 masters), gradients (fp32), AdamW
-// moments and activations each in one device allocation, and the same ParamLayout as the CPU
+// GPT-2 on one CUDA device: the blocks of model/gpt_block.hpp (the ones the CPU model runs) over
+// the CUDA op table (kernels/cuda/ops.hpp), with the parameters (fp32 masters), gradients (fp32),
+// AdamW moments and activations each in one device allocation, and the same ParamLayout as the CPU
 // model, so parameters and gradients move between the two as flat buffers.
 //
 // Precision::Bf16 is mixed precision: the tensors that feed GEMMs and attention (LayerNorm

@@ -1,6 +1,7 @@
-// metrics.jsonl: one JSON object per line. Each row is written whole, with one write() of the
-// line, so that a process killed at any moment leaves complete rows (at most the row being
-// written is missing) instead of a block-buffered tail cut mid-object.
+// metrics.jsonl: one JSON object per line. Each row is written with one write() of the line, so
+// that a process killed at any moment leaves complete rows instead of a block-buffered tail cut
+// mid-object; only the row being written can be cut (a kill can stop a write to a regular file
+// at a page boundary), and resuming drops such a partial last line.
 #pragma once
 
 #include <cstdint>
