@@ -114,7 +114,7 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
                                          const std::vector<const std::int32_t*>& inputs,
                                          const std::vector<const std::int32_t*>& targets, int B,
                                          int T, const model::ForwardOptions& opt) {
-  const int m = spec_.m, pp = spec_.pp, nchunks = spec_.pp * spec_.v;
+  const int m = spec_.m;
   TESSERA_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
                 "{} micro-batches given, the schedule has {}", inputs.size(), m);
   model_.begin_step(B, T);
@@ -123,12 +123,10 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   stats_ = PipelineStats{};
   Timer step_timer;
   std::vector<float> losses(m, 0.0f);
-  // Tags: one per (micro-batch, consuming model chunk, activation/gradient); messages with the
+  // Tags: the message key of the instruction (parallel::message_key: activation or gradient,
+  // micro-batch, consuming model chunk), within MPI's guaranteed tag range; messages with the
   // same tag between two stages arrive in the order sent, which is also the order received.
-  auto tag = [&](int mb, int consumer, bool grad) {
-    return static_cast<int>(((static_cast<long>(mb) * nchunks + consumer) * 2 + (grad ? 1 : 0)) %
-                            32767);
-  };
+  auto tag = [&](const Instr& in) { return parallel::message_key(spec_, stage_, in) % 32767; };
   struct Pending {
     comm::Request req;
     int buf = -1;  // send_bufs_ index; -1: from a slot's output
@@ -149,12 +147,10 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
     }
   };
   for (const Instr& in : list_) {
-    const int g = in.chunk * pp + stage_;  // model chunk
     switch (in.op) {
       case OpKind::RecvAct: {
         Timer t;
-        comm::Request r =
-            pp_.irecv(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in.mb, g, false));
+        comm::Request r = pp_.irecv(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in));
         poll_wait(r);
         stats_.recv_wait_s += t.seconds();
         break;
@@ -170,15 +166,14 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         break;
       }
       case OpKind::SendAct: {
-        act_sends[{in.chunk, in.mb}] = Pending{
-            pp_.isend(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in.mb, g + 1, false)),
-            -1};
+        act_sends[{in.chunk, in.mb}] =
+            Pending{pp_.isend(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in)), -1};
         stats_.sent_bytes += n * sizeof(float);
         break;
       }
       case OpKind::RecvGrad: {
         Timer t;
-        comm::Request r = pp_.irecv(grad_in_.data(), n, in.peer, tag(in.mb, g, true));
+        comm::Request r = pp_.irecv(grad_in_.data(), n, in.peer, tag(in));
         poll_wait(r);
         stats_.recv_wait_s += t.seconds();
         break;
@@ -210,8 +205,7 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         free_bufs.pop_back();
         send_bufs_[b].resize(n);
         std::copy(model_.input_grad(), model_.input_grad() + n, send_bufs_[b].begin());
-        grad_sends.push_back(
-            Pending{pp_.isend(send_bufs_[b].data(), n, in.peer, tag(in.mb, g - 1, true)), b});
+        grad_sends.push_back(Pending{pp_.isend(send_bufs_[b].data(), n, in.peer, tag(in)), b});
         stats_.sent_bytes += n * sizeof(float);
         break;
       }

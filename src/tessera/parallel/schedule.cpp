@@ -191,34 +191,8 @@ double ideal_bubble_fraction(const ScheduleSpec& s) {
 
 namespace {
 
-// The message an instruction sends or receives, as a slot (is_grad, micro-batch, consumer global
-// chunk) in 0 .. 2*pp*v*m - 1; -1 for compute instructions and for messages that cannot exist
-// (micro-batch or chunk out of range, an activation into the first global chunk or out of the
-// last, a gradient out of the first or into the last).
 int message_key(const Schedule& s, int stage, const Instr& in) {
-  const auto& sp = s.spec;
-  const int nchunks = sp.pp * sp.v;
-  if (in.mb < 0 || in.mb >= sp.m || in.chunk < 0 || in.chunk >= sp.v) return -1;
-  const int g = s.global_chunk(stage, in.chunk);
-  int grad = 0, consumer = -1;
-  switch (in.op) {
-    case OpKind::SendAct:
-      consumer = g + 1;
-      break;
-    case OpKind::RecvAct:
-      consumer = g > 0 ? g : -1;
-      break;
-    case OpKind::SendGrad:
-      grad = 1, consumer = g - 1;
-      break;
-    case OpKind::RecvGrad:
-      grad = 1, consumer = g < nchunks - 1 ? g : -1;
-      break;
-    default:
-      return -1;
-  }
-  if (consumer < 0 || consumer >= nchunks) return -1;
-  return (grad * nchunks + consumer) * sp.m + in.mb;
+  return parallel::message_key(s.spec, stage, in);
 }
 
 bool is_send(OpKind k) {
@@ -526,6 +500,31 @@ ScheduleCheck check_schedule(const Schedule& s) {
   check_matching(c);
   check_deadlock(c);
   return done();
+}
+
+int message_key(const ScheduleSpec& sp, int stage, const Instr& in) {
+  const int nchunks = sp.pp * sp.v;
+  if (in.mb < 0 || in.mb >= sp.m || in.chunk < 0 || in.chunk >= sp.v) return -1;
+  const int g = in.chunk * sp.pp + stage;  // Schedule::global_chunk
+  int grad = 0, consumer = -1;
+  switch (in.op) {
+    case OpKind::SendAct:
+      consumer = g + 1;
+      break;
+    case OpKind::RecvAct:
+      consumer = g > 0 ? g : -1;
+      break;
+    case OpKind::SendGrad:
+      grad = 1, consumer = g - 1;
+      break;
+    case OpKind::RecvGrad:
+      grad = 1, consumer = g < nchunks - 1 ? g : -1;
+      break;
+    default:
+      return -1;
+  }
+  if (consumer < 0 || consumer >= nchunks) return -1;
+  return (grad * nchunks + consumer) * sp.m + in.mb;
 }
 
 bool Timeline::complete() const {

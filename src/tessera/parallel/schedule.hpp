@@ -103,6 +103,14 @@ int in_flight_formula(const ScheduleSpec& spec, int stage);
 // (pp-1)/(v*m) for Interleaved.
 double ideal_bubble_fraction(const ScheduleSpec& spec);
 
+// The message a send or receive instruction of `stage` carries, as one number in
+// [0, 2 * pp * v * m): (is a gradient, micro-batch, consuming global chunk). A send and the
+// receive that matches it have the same key: the executor tags its messages with it and the
+// checker and the simulator pair them by it. -1 for compute instructions and for messages that
+// cannot exist (micro-batch or chunk out of range, an activation into the first global chunk or
+// out of the last, a gradient out of the first or into the last).
+int message_key(const ScheduleSpec& spec, int stage, const Instr& in);
+
 // Checks a schedule from its lists alone (for hand-written or transformed lists, and as the
 // generators' test oracle): every stage ends with exactly one OptimizerStep; every (micro-batch,
 // local chunk) has one Forward and one Backward on its stage, Forward first; the Forward of global

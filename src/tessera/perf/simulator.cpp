@@ -41,11 +41,11 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
   r.clock.assign(pp, 0.0);
   r.t.assign(pp, RankTime{});
   std::vector<std::size_t> pc(pp, 0);
-  // arrival time of (grad?, consumer global chunk, mb); NaN: not sent yet
+  // arrival time of each message (parallel::message_key); NaN: not sent yet
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> arrival(static_cast<std::size_t>(2) * chunks * m, nan);
-  auto slot = [&](bool grad, int gc, int mb) {
-    return (static_cast<std::size_t>(grad) * chunks + gc) * m + mb;
+  auto slot = [&](int st, const Instr& in) {
+    return static_cast<std::size_t>(parallel::message_key(sch.spec, st, in));
   };
   auto record = [&](int st, const char* cat, const Instr& in, double start, double dur) {
     if (events && st < max_stages && dur > 0)
@@ -60,7 +60,6 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
       while (pc[st] < list.size()) {
         const Instr& in = list[pc[st]];
         if (in.op == OpKind::OptimizerStep) break;  // done by the caller (a dp collective)
-        const int gc = sch.global_chunk(st, in.chunk);
         switch (in.op) {
           case OpKind::Forward:
           case OpKind::Backward: {
@@ -76,15 +75,12 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
             break;
           }
           case OpKind::SendAct:
-          case OpKind::SendGrad: {
-            const bool grad = in.op == OpKind::SendGrad;
-            const int consumer = grad ? gc - 1 : gc + 1;
-            arrival[slot(grad, consumer, in.mb)] = clk + p.p2p_s;
+          case OpKind::SendGrad:
+            arrival[slot(st, in)] = clk + p.p2p_s;
             break;
-          }
           case OpKind::RecvAct:
           case OpKind::RecvGrad: {
-            const double at = arrival[slot(in.op == OpKind::RecvGrad, gc, in.mb)];
+            const double at = arrival[slot(st, in)];
             if (std::isnan(at)) goto blocked;
             if (at > clk) {
               record(st, "idle", in, clk, at - clk);
