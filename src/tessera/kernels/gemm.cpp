@@ -3,7 +3,13 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "tessera/core/buffer.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/core/timer.hpp"
 
 namespace tessera::kernels {
 
@@ -33,6 +39,30 @@ void gemm(GemmLibrary lib, bool trans_a, bool trans_b, std::int64_t M, std::int6
                 static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
                 static_cast<blasint>(ldc));
   }
+}
+
+double measure_gemm_gflops(GemmLibrary lib, bool trans_b, std::int64_t M, std::int64_t N,
+                           std::int64_t K, int min_reps, double min_seconds) {
+  Buffer<float> a(static_cast<std::size_t>(M * K)), b(static_cast<std::size_t>(K * N)),
+      c(static_cast<std::size_t>(M * N));
+  Rng rng(1);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = rng.uniform() - 0.5f;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = rng.uniform() - 0.5f;
+  auto run = [&] {
+    gemm(lib, false, trans_b, M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f,
+         c.data(), N);
+  };
+  run();
+  run();
+  std::vector<double> t;
+  Timer total;
+  do {
+    Timer one;
+    run();
+    t.push_back(one.seconds());
+  } while (static_cast<int>(t.size()) < min_reps || total.seconds() < min_seconds);
+  std::sort(t.begin(), t.end());
+  return 2.0 * static_cast<double>(M) * N * K / t[t.size() / 2] / 1e9;
 }
 
 }  // namespace tessera::kernels

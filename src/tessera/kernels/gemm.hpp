@@ -22,4 +22,11 @@ void gemm(GemmLibrary lib, bool trans_a, bool trans_b, std::int64_t M, std::int6
           std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
           std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
+// The rate of one GEMM shape on this machine, C (M,N) = A (M,K) op(B) with op(B) (K,N) (B stored
+// (N,K) if trans_b) on random operands: two warm-up runs (JIT, page faults), then timed runs
+// until there are at least min_reps and min_seconds have passed; the median run's GFLOP/s, what
+// a training step under the same conditions sees. Used for the MFU peak and by tessera probe.
+double measure_gemm_gflops(GemmLibrary lib, bool trans_b, std::int64_t M, std::int64_t N,
+                           std::int64_t K, int min_reps, double min_seconds);
+
 }  // namespace tessera::kernels

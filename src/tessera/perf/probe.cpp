@@ -25,23 +25,8 @@ double median(std::vector<double> v) {
 }
 
 GemmSample time_gemm(long M, long N, long K, int reps) {
-  std::vector<float> A(static_cast<std::size_t>(M * K), 0.5f),
-      B(static_cast<std::size_t>(K * N), 0.25f), C(static_cast<std::size_t>(M * N), 0.f);
-  auto run = [&] {
-    kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, M, N, K, 1.f, A.data(), K, B.data(), K,
-                  0.f, C.data(), N);
-  };
-  run();  // warm-up (oneDNN JIT, page faults)
-  run();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    Timer tm;
-    run();
-    t.push_back(tm.seconds());
-  }
-  // the median: what a training step running under the same conditions will see
-  GemmSample s{M, N, K, 2.0 * M * N * K / median(t) / 1e9};
-  return s;
+  return {M, N, K,
+          kernels::measure_gemm_gflops(kernels::GemmLibrary::OneDnn, true, M, N, K, reps, 0.0)};
 }
 
 double stream_triad_gbps(int reps) {

@@ -18,7 +18,4 @@ struct Peak {
 // fails to give a positive rate, the peak is unknown and MFU is reported as "unknown".
 Peak resolve_peak(double peak_tflops, kernels::GemmLibrary lib);
 
-// Sustained GFLOP/s of an (M,N,K) GEMM, timed for at least `seconds`.
-double measure_gemm_gflops(kernels::GemmLibrary lib, int M, int N, int K, double seconds);
-
 }  // namespace tessera::train
