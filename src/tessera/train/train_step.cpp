@@ -11,11 +11,12 @@ namespace tessera::train {
 
 namespace {
 
-// Goldfish: reads and masks the whole step first: the loss is normalized by the targets kept over
-// all micro-batches and dp ranks, which the gradient scale needs before the first backward.
-// Returns the targets kept, all dp ranks.
-double read_goldfish_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
-                          data::TokenLoader& loader, StepWorkspace& work, std::int64_t step) {
+// Reads the step's micro-batches before the first forward and counts the targets in the loss:
+// all of them, or those the Goldfish mask keeps. The loss and its gradient are normalised by that
+// count over every micro-batch and dp rank, which the gradient scale (dloss) needs before the
+// first backward. Returns the count.
+double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
+                 data::TokenLoader& loader, StepWorkspace& work, std::int64_t step) {
   const int B = plan.B, T = plan.T;
   double kept_total = 0;
   for (int a = 0; a < plan.accum; ++a) {
@@ -23,7 +24,9 @@ double read_goldfish_step(const RunConfig& cfg, const RunPlan& plan, RunModel& m
     loader.next(work.gx[a].data(), work.gy[a].data());
     const std::uint64_t first_target =
         pos + static_cast<std::uint64_t>(model.dp->dp_rank()) * B * T + 1;  // stream index
-    work.kept[a] = apply_goldfish(cfg.goldfish, work.gy[a].data(), B, T, first_target, step);
+    work.kept[a] = cfg.goldfish.k > 0
+                       ? apply_goldfish(cfg.goldfish, work.gy[a].data(), B, T, first_target, step)
+                       : static_cast<std::int64_t>(B) * T;
     kept_total += static_cast<double>(work.kept[a]);
   }
   model.dp_comm->all_reduce_sum(&kept_total, 1);
@@ -33,10 +36,10 @@ double read_goldfish_step(const RunConfig& cfg, const RunPlan& plan, RunModel& m
 
 // The stage's instruction list over the step's micro-batches; gradients accumulate (no reduction
 // before the list ends), then the tied embedding's two copies and the dp reduction of every
-// block. Returns the loss summed over the micro-batches (weighted by the targets kept under
-// goldfish), known on every stage.
+// block. Returns the loss summed over the targets of this rank's micro-batches (each
+// micro-batch's mean times its targets), known on every stage.
 double run_pipeline_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
-                         StepWorkspace& work, bool goldfish, StepResult& result) {
+                         StepWorkspace& work, StepResult& result) {
   parallel::DataParallel& dp = *model.dp;
   const int accum = plan.accum;
   std::vector<const std::int32_t*> in(accum), tg(accum);
@@ -51,18 +54,16 @@ double run_pipeline_step(const RunConfig& cfg, const RunPlan& plan, RunModel& mo
   result.comm_wait_s += comm_timer.seconds();
   double loss = 0;
   for (int a = 0; a < accum; ++a)
-    loss += goldfish ? static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a])
-                     : mb_losses[a];
+    loss += static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a]);
   // The losses are known on the last stage.
   model.pipe_comm->broadcast_bytes(&loss, sizeof loss, cfg.parallel.pp - 1);
   return loss;
 }
 
 // Forward and backward of one micro-batch on the GPU (the host waits for the forward's losses;
-// the backward is timed to its end). Returns its loss weighted as run_micro_batches sums them:
-// under goldfish (kept >= 0) the mean times the targets kept.
+// the backward is timed to its end). Returns its mean loss.
 double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const std::int32_t* y,
-                          int B, int T, float dloss, std::int64_t kept, StepResult& result) {
+                          int B, int T, float dloss, StepResult& result) {
   Timer phase;
   const float mb = dev.forward(x, y, B, T, true, dloss);
   result.forward_s += phase.seconds();
@@ -70,25 +71,24 @@ double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const st
   dev.backward();
   dev.synchronize();
   result.backward_s += phase.seconds();
-  return kept >= 0 ? static_cast<double>(mb) * static_cast<double>(kept) : mb;
+  return mb;
 }
 
 // Forward and backward of each micro-batch over the parallel model (or the one-process model),
 // the dp reductions overlapping the backward. Returns the loss summed as run_pipeline_step's.
 double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activations& acts,
-                         data::TokenLoader& loader, StepWorkspace& work, bool goldfish,
-                         StepResult& result) {
+                         StepWorkspace& work, StepResult& result) {
   parallel::DataParallel& dp = *model.dp;
   const int B = plan.B, T = plan.T, accum = plan.accum;
   const auto gemm = work.forward.gemm;
   double loss = 0;
   for (int a = 0; a < accum; ++a) {
-    const std::int32_t* xa = goldfish ? work.gx[a].data() : work.x.data();
-    const std::int32_t* ya = goldfish ? work.gy[a].data() : work.y.data();
-    if (!goldfish) loader.next(work.x.data(), work.y.data());
+    const std::int32_t* xa = work.gx[a].data();
+    const std::int32_t* ya = work.gy[a].data();
+    // forward returns the mean over the micro-batch's targets: weight it back to a sum
+    const double kept = static_cast<double>(work.kept[a]);
     if (model.device) {
-      loss += device_micro_batch(*model.device, xa, ya, B, T, work.forward.dloss,
-                                 goldfish ? work.kept[a] : -1, result);
+      loss += device_micro_batch(*model.device, xa, ya, B, T, work.forward.dloss, result) * kept;
       continue;
     }
     dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
@@ -96,8 +96,7 @@ double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activation
     const float mb = model.tensor
                          ? model.tensor->forward(dp, xa, ya, B, T, work.forward)
                          : model::forward(*model.layout, dp, acts, xa, ya, B, T, work.forward);
-    // forward returns the mean over this micro-batch's kept targets: weight it back to a sum
-    loss += goldfish ? static_cast<double>(mb) * static_cast<double>(work.kept[a]) : mb;
+    loss += static_cast<double>(mb) * kept;
     result.forward_s += phase.seconds();
     phase.reset();
     if (model.tensor)
@@ -142,53 +141,38 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
 
 }  // namespace
 
-StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan, int dp_size,
-                                  bool pipeline) {
+StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
   const auto& tc = cfg.train;
   const int B = plan.B, T = plan.T, accum = plan.accum;
   StepWorkspace work;
-  work.x.resize(static_cast<std::size_t>(B) * T);
-  work.y.resize(static_cast<std::size_t>(B) * T);
   work.adamw = optim::AdamWConfig{static_cast<float>(tc.lr), static_cast<float>(tc.beta1),
                                   static_cast<float>(tc.beta2), static_cast<float>(tc.eps),
                                   static_cast<float>(tc.weight_decay)};
   work.forward.gemm = kernels::GemmLibrary::OneDnn;
   work.forward.training = true;
-  work.forward.dloss = 1.0f / (static_cast<float>(B) * T * accum * dp_size);
-  // Goldfish (training targets only; validation scores every token): the step's micro-batches
-  // are read and masked before the first forward, and dloss becomes 1 / (kept targets of the
-  // step over all micro-batches and dp ranks).
-  if (cfg.goldfish.k > 0 || pipeline) {
-    work.gx.assign(accum, std::vector<std::int32_t>(static_cast<std::size_t>(B) * T));
-    work.gy = work.gx;
-    work.kept.assign(accum, 0);
-  }
+  // The step's micro-batches, read (and, under the Goldfish loss, masked: training targets only;
+  // validation scores every token) before the first forward; dloss is set per step from the
+  // targets in the loss (read_step).
+  work.gx.assign(accum, std::vector<std::int32_t>(static_cast<std::size_t>(B) * T));
+  work.gy = work.gx;
+  work.kept.assign(accum, 0);
   return work;
 }
 
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                       model::Activations& acts, data::TokenLoader& loader, StepWorkspace& work,
                       std::int64_t step, comm::Runtime& rt) {
-  const bool goldfish = cfg.goldfish.k > 0;
   StepResult result;
-  if (goldfish) {
-    result.kept_targets = read_goldfish_step(cfg, plan, model, loader, work, step);
-  } else if (model.pipeline) {
-    for (int a = 0; a < plan.accum; ++a) loader.next(work.gx[a].data(), work.gy[a].data());
-  }
+  result.kept_targets = read_step(cfg, plan, model, loader, work, step);
   if (model.device)
     model.device->zero_grads();
   else
     model.dp->begin_step();
-  double loss = model.pipeline
-                    ? run_pipeline_step(cfg, plan, model, work, goldfish, result)
-                    : run_micro_batches(plan, model, acts, loader, work, goldfish, result);
-  if (goldfish) {
-    model.dp_comm->all_reduce_sum(&loss, 1);
-    loss = result.kept_targets > 0 ? loss / result.kept_targets : 0.0;
-  } else {
-    loss = model.dp->mean(loss / plan.accum);
-  }
+  double loss = model.pipeline ? run_pipeline_step(cfg, plan, model, work, result)
+                               : run_micro_batches(plan, model, acts, work, result);
+  // the mean over every target in the loss, all micro-batches and dp ranks
+  model.dp_comm->all_reduce_sum(&loss, 1);
+  loss = result.kept_targets > 0 ? loss / result.kept_targets : 0.0;
   if (!std::isfinite(loss))
     throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                 "lower train.lr or raise train.warmup_steps; check the data");

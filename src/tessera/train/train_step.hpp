@@ -21,25 +21,22 @@ namespace tessera::train {
 
 // What the steps read and write besides the model, kept over the run.
 struct StepWorkspace {
-  std::vector<std::int32_t> x, y;  // (B, T): one micro-batch (no goldfish, no pipeline)
-  // The step's micro-batches, read before the first forward (goldfish, pipeline): accum x (B, T).
+  // The step's micro-batches, read before the first forward: accum x (B, T).
   std::vector<std::vector<std::int32_t>> gx, gy;
-  std::vector<std::int64_t> kept;  // goldfish: targets kept in each micro-batch
-  // dloss = 1 / (targets of a step, all dp ranks); under goldfish, set each step from the
-  // targets kept.
+  std::vector<std::int64_t> kept;  // targets in the loss of each micro-batch (Goldfish: kept)
+  // dloss = 1 / (targets in the loss of the step, all micro-batches and dp ranks), set each step
   model::ForwardOptions forward;
   optim::AdamWConfig adamw;
 };
 
-StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan, int dp_size,
-                                  bool pipeline);
+StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan);
 
 // What a step measured.
 struct StepResult {
   double loss = 0;                       // mean over the step's (kept) targets, all dp ranks
   double grad_norm = 0;                  // before clipping
   float lr = 0;                          // the learning rate of the update
-  double kept_targets = 0;               // goldfish: targets in the loss, all dp ranks
+  double kept_targets = 0;               // targets in the loss, all micro-batches and dp ranks
   double forward_s = 0, backward_s = 0;  // where the step's time goes (non-pipeline path)
   double comm_wait_s = 0;                // exposed gradient-reduction time
   double update_s = 0;                   // gradient norm, clipping and the optimizer

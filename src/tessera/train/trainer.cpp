@@ -155,8 +155,7 @@ void run_scheduled(TrainingRun& run, std::int64_t end_step) {
 }
 
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
-  StepWorkspace work = make_step_workspace(run.cfg, run.plan, run.model.dp->dp_size(),
-                                           run.model.pipeline != nullptr);
+  StepWorkspace work = make_step_workspace(run.cfg, run.plan);
   while (run.progress.step < end_step) {
     Timer t;
     const StepResult result = train_step(run.cfg, run.plan, run.model, run.acts, *run.data.train,
