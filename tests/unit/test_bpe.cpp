@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
@@ -236,4 +237,69 @@ TEST(Bpe, WholeBrownCorpus) {
   EXPECT_EQ(paragraphs, 15667u);
   EXPECT_EQ(line_tokens, 1269046u);
   EXPECT_EQ(doc_tokens, line_tokens + paragraphs - docs.size());
+}
+
+namespace {
+
+// Bytes 0..255 as tokens 0..255 except those in `missing` (left empty: no token), then `extra`.
+tessera::data::BpeVocab byte_vocab(const std::string& missing,
+                                   const std::vector<std::string>& extra) {
+  tessera::data::BpeVocab v;
+  v.source = "test vocabulary";
+  for (int b = 0; b < 256; ++b)
+    v.tokens.push_back(missing.find(static_cast<char>(b)) == std::string::npos
+                           ? std::string(1, static_cast<char>(b))
+                           : std::string());
+  for (const auto& t : extra) v.tokens.push_back(t);
+  v.eos = 0;
+  return v;
+}
+
+}  // namespace
+
+TEST(Bpe, BytesWithoutATokenAreLeftOutAndTheirNeighboursMerge) {
+  auto v = byte_vocab("x", {"ab"});  // 'x' has no token
+  v.merges = {{"a", "b"}};
+  const Tokenizer tok = Tokenizer::from_vocab(std::move(v));
+  EXPECT_EQ(tok.bytes_without_token(), 1u);
+  EXPECT_EQ(tok.encode("axb"), (Ids{256}));  // as Hugging Face's BPE without an unk token
+  EXPECT_EQ(tok.encode("x"), Ids{});
+  EXPECT_EQ(tok.decode(tok.encode("xaxb yx")), "ab y");
+}
+
+TEST(Bpe, SpecialTokensMatchLeftmostThenLongest) {
+  auto v = byte_vocab("", {"<a>", "<a>b", "a>"});
+  v.special_ids = {256, 257, 258};
+  const Tokenizer tok = Tokenizer::from_vocab(std::move(v));
+  EXPECT_EQ(tok.encode("x<a>bc"), (Ids{'x', 257, 'c'}));  // "<a>b" over "<a>"
+  EXPECT_EQ(tok.encode("<a>"), (Ids{256}));
+  EXPECT_EQ(tok.encode("a><a>"), (Ids{258, 256}));  // leftmost first
+  EXPECT_EQ(tok.encode("x<a>bc", false), (Ids{'x', '<', 'a', '>', 'b', 'c'}));
+}
+
+TEST(Bpe, IgnoreMergesTakesWholePiecesThatAreTokens) {
+  // "abc" is a token but no merge makes it: with ignore_merges the piece is that token.
+  auto v = byte_vocab("", {"ab", "abc"});
+  v.merges = {{"a", "b"}};
+  auto w = v;
+  w.ignore_merges = true;
+  EXPECT_EQ(Tokenizer::from_vocab(std::move(v)).encode("abc"), (Ids{256, 'c'}));
+  EXPECT_EQ(Tokenizer::from_vocab(std::move(w)).encode("abc"), (Ids{257}));
+}
+
+TEST(Bpe, FromVocabRefusesWhatIsNotATokenizer) {
+  using tessera::test::expect_error;
+  expect_error([] { Tokenizer::from_vocab({}); }, "it has no tokens");
+  auto v = byte_vocab("", {});
+  v.merges = {{"a", "q"}};
+  expect_error([&] { Tokenizer::from_vocab(v); }, "merge 0 uses a token that is not in");
+  v = byte_vocab("", {});
+  v.special_ids = {999};
+  expect_error([&] { Tokenizer::from_vocab(v); }, "special token id 999 is past the 256 tokens");
+  v = byte_vocab("", {});
+  v.bos = 300;
+  expect_error([&] { Tokenizer::from_vocab(v); }, "token id 300 is past the 256 tokens");
+  std::string all(256, '\0');
+  for (int b = 0; b < 256; ++b) all[b] = static_cast<char>(b);
+  expect_error([&] { Tokenizer::from_vocab(byte_vocab(all, {"xy"})); }, "no byte has a token");
 }

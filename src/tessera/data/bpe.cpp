@@ -7,6 +7,7 @@
 #include <array>
 #include <charconv>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -19,9 +20,15 @@
 namespace tessera::data {
 namespace {
 
-// The GPT-2 pre-tokenizer (openai/gpt-2 src/encoder.py).
-constexpr std::string_view k_pattern =
+// The GPT-2 pre-tokenizer (openai/gpt-2 src/encoder.py); Hugging Face's ByteLevel pre-tokenizer
+// uses the same regex.
+constexpr std::string_view k_gpt2_pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// Hugging Face's Digits(individual_digits=True): every numeric character alone.
+constexpr std::string_view k_digit_pattern = R"(\p{N})";
+// Llama 3's Split regex (its tokenizer.json, as Hugging Face tokenizers runs it).
+constexpr std::string_view k_llama3_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view k_eot_text = "<|endoftext|>";
 constexpr const char* k_setup_hint = "run scripts/setup to fetch the GPT-2 tokenizer files";
 
@@ -91,6 +98,8 @@ struct Merge {
   std::uint32_t merged;  // id of left + right
 };
 
+constexpr std::uint32_t k_no_token = 0xFFFFFFFFu;
+
 constexpr std::uint64_t pair_key(std::uint32_t a, std::uint32_t b) {
   return (static_cast<std::uint64_t>(a) << 32) | b;
 }
@@ -105,14 +114,82 @@ struct MatchData {
   pcre2_match_data* md;
 };
 
+// A compiled regex, freed with it.
+struct Regex {
+  explicit Regex(std::string_view pattern) {
+    int err = 0;
+    PCRE2_SIZE err_off = 0;
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw InternalError(fmt::format("cannot compile the pre-tokenizer regex {}: {}", pattern,
+                                      reinterpret_cast<char*>(msg)));
+    }
+    // JIT is an optimization only: without it pcre2_match interprets the same pattern.
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  }
+  ~Regex() { pcre2_code_free(code); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  pcre2_code* code = nullptr;
+};
+
 }  // namespace
 
+std::vector<std::string_view> pre_tokenizer_regexes(PreTokenizer pre) {
+  switch (pre) {
+    case PreTokenizer::Gpt2:
+      return {k_gpt2_pattern};
+    case PreTokenizer::Digits:
+      return {k_digit_pattern, k_gpt2_pattern};
+    case PreTokenizer::Llama3:
+      return {k_llama3_pattern};
+  }
+  throw InternalError("unknown pre-tokenizer");
+}
+
+namespace {
+
+struct Special {
+  std::string text;
+  std::uint32_t id;
+};
+
+}  // namespace
+
+std::string_view pre_tokenizer_name(PreTokenizer pre) {
+  switch (pre) {
+    case PreTokenizer::Gpt2:
+      return "gpt2";
+    case PreTokenizer::Digits:
+      return "smollm";
+    case PreTokenizer::Llama3:
+      return "llama-bpe";
+  }
+  return "?";
+}
+
 struct Tokenizer::Impl {
-  pcre2_code* re = nullptr;
-  std::vector<std::string> bytes_of;  // id -> raw bytes, (vocab,)
-  std::array<std::uint32_t, 256> byte_id{};
+  PreTokenizer pre = PreTokenizer::Gpt2;
+  std::vector<std::unique_ptr<Regex>> stages;  // applied in order, each to the previous' pieces
+  std::vector<std::string> bytes_of;           // id -> raw bytes, (vocab,)
+  std::array<std::uint32_t, 256> byte_id{};    // k_no_token: the byte has none
+  std::size_t missing_bytes = 0;
   std::unordered_map<std::uint64_t, Merge> merges;
-  std::uint32_t eot = 0;
+  // Ordinary (not special) tokens by their bytes; used whole when ignore_merges.
+  std::unordered_map<std::string, std::uint32_t, TransparentHash, std::equal_to<>> id_of;
+  bool ignore_merges = false;
+  std::vector<Special> specials;
+  std::array<std::vector<std::uint32_t>, 256> specials_by_first{};  // first byte -> indices
+  std::optional<std::uint32_t> eot, bos, eos;
+  std::string source;
+  bool add_bos = false;
+
+  using Bad = std::function<Error(const std::string&)>;
+  void index_tokens(BpeVocab& vocab, const Bad& bad);
+  void index_merges(const BpeVocab& vocab, const Bad& bad);
 
   struct CacheShard {
     std::mutex mu;
@@ -121,21 +198,28 @@ struct Tokenizer::Impl {
   };
   mutable std::array<CacheShard, k_cache_shards> cache;
 
-  ~Impl() {
-    if (re) pcre2_code_free(re);
-  }
-
   const Merge* find_merge(std::uint32_t a, std::uint32_t b) const {
     auto it = merges.find(pair_key(a, b));
     return it == merges.end() ? nullptr : &it->second;
+  }
+
+  // The tokens of the piece's bytes, into dst (piece.size() room); returns how many. A byte
+  // without a token is left out, as Hugging Face's BPE (no unk token) and llama.cpp do; its
+  // neighbours then meet and may merge.
+  std::size_t byte_ids(std::string_view piece, std::uint32_t* dst) const {
+    std::size_t n = 0;
+    for (char c : piece) {
+      const std::uint32_t id = byte_id[static_cast<unsigned char>(c)];
+      if (id != k_no_token) dst[n++] = id;
+    }
+    return n;
   }
 
   // Reference loop (openai/gpt-2 encoder.py `bpe`): repeatedly take the adjacent pair of lowest
   // rank and merge all its occurrences left to right.
   void bpe_small(std::string_view piece, std::vector<std::uint32_t>& out) const {
     std::array<std::uint32_t, k_small_piece> w;
-    std::size_t n = piece.size();
-    for (std::size_t i = 0; i < n; ++i) w[i] = byte_id[static_cast<unsigned char>(piece[i])];
+    std::size_t n = byte_ids(piece, w.data());
     while (n > 1) {
       const Merge* best = nullptr;
       std::uint32_t a = 0, b = 0;
@@ -167,12 +251,12 @@ struct Tokenizer::Impl {
   // (skipping overlaps, as the reference does) before any pair created by those merges enters
   // the heap, so the order of merges is exactly the reference's.
   void bpe_large(std::string_view piece, std::vector<std::uint32_t>& out) const {
-    const std::size_t n = piece.size();
-    std::vector<std::uint32_t> id(n);
+    std::vector<std::uint32_t> id(piece.size());
+    const std::size_t n = byte_ids(piece, id.data());
+    if (n == 0) return;
     std::vector<std::int64_t> prev(n), next(n);
     std::vector<char> dead(n, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
       prev[i] = static_cast<std::int64_t>(i) - 1;
       next[i] = i + 1 < n ? static_cast<std::int64_t>(i) + 1 : -1;
     }
@@ -226,8 +310,16 @@ struct Tokenizer::Impl {
   void encode_piece(std::string_view piece, std::vector<std::uint32_t>& out) const {
     if (piece.empty()) return;
     if (piece.size() == 1) {
-      out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+      const std::uint32_t id = byte_id[static_cast<unsigned char>(piece[0])];
+      if (id != k_no_token) out.push_back(id);
       return;
+    }
+    if (ignore_merges) {
+      auto it = id_of.find(piece);
+      if (it != id_of.end()) {
+        out.push_back(it->second);
+        return;
+      }
     }
     if (piece.size() > k_cache_max_piece) {
       bpe(piece, out);
@@ -253,7 +345,19 @@ struct Tokenizer::Impl {
 
   // Pre-tokenizes `text` (no special tokens) and encodes every piece.
   void encode_ordinary(std::string_view text, std::vector<std::uint32_t>& out) const {
+    split(text, 0, out);
+  }
+
+  // Cuts `text` with stage `stage`'s regex into its matches and the stretches between them
+  // (which only invalid UTF-8 or an earlier stage's leftovers make), passing each on to the next
+  // stage; after the last stage each piece is encoded.
+  void split(std::string_view text, std::size_t stage, std::vector<std::uint32_t>& out) const {
     if (text.empty()) return;
+    if (stage == stages.size()) {
+      encode_piece(text, out);
+      return;
+    }
+    const pcre2_code* re = stages[stage]->code;
     MatchData md(re);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     const std::size_t n = text.size();
@@ -263,23 +367,38 @@ struct Tokenizer::Impl {
       if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
         rc = pcre2_match(re, subject, n, start, PCRE2_NO_JIT, md.md, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) {
-        encode_piece(text.substr(start), out);  // trailing bytes no match covers (invalid UTF-8)
+        split(text.substr(start), stage + 1, out);  // the rest, which no match covers
         return;
       }
       if (rc < 0) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        throw InternalError(fmt::format("GPT-2 pre-tokenizer failed at byte {}: {}", start,
+        throw InternalError(fmt::format("{} pre-tokenizer failed at byte {}: {}",
+                                        pre_tokenizer_name(pre), start,
                                         reinterpret_cast<char*>(msg)));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
       const std::size_t s = ov[0], e = ov[1];
       TESSERA_CHECK(s >= start && e > s && e <= n, "pre-tokenizer match [{}, {}) from {}", s, e,
                     start);
-      if (s > start) encode_piece(text.substr(start, s - start), out);  // skipped invalid bytes
-      encode_piece(text.substr(s, e - s), out);
+      if (s > start) split(text.substr(start, s - start), stage + 1, out);
+      split(text.substr(s, e - s), stage + 1, out);
       start = e;
     }
+  }
+
+  // The first special token at or after `pos` (leftmost, then longest): its offset, or npos.
+  std::size_t find_special(std::string_view text, std::size_t pos, const Special*& found) const {
+    for (std::size_t i = pos; i < text.size(); ++i) {
+      found = nullptr;
+      for (std::uint32_t k : specials_by_first[static_cast<unsigned char>(text[i])]) {
+        const Special& sp = specials[k];
+        if (text.substr(i).starts_with(sp.text) && (!found || sp.text.size() > found->text.size()))
+          found = &sp;
+      }
+      if (found) return i;
+    }
+    return std::string_view::npos;
   }
 };
 
@@ -297,13 +416,11 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
       throw Error(fmt::format("GPT-2 tokenizer file not found: {}", p.string()),
                   fmt::format("{}, or pass --tokenizer DIR", k_setup_hint));
   }
-  auto impl = std::make_unique<Impl>();
-  const auto unicode_of = bytes_to_unicode();
-  std::vector<int> cp_to_byte(512, -1);
-  for (int b = 0; b < 256; ++b) cp_to_byte[unicode_of[b]] = b;
   auto corrupt = [&](const std::filesystem::path& p, const std::string& why) {
     return Error(fmt::format("corrupt GPT-2 tokenizer file {}: {}", p.string(), why), k_setup_hint);
   };
+  BpeVocab vocab;
+  vocab.source = fmt::format("GPT-2 tokenizer {}", dir.string());
 
   // encoder.json: {"<token as unicode stand-ins>": id, ...}, ids 0..n-1 each once.
   std::unordered_map<std::string, std::uint32_t> id_of;  // raw bytes -> id
@@ -316,37 +433,33 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
     }
     if (!j.is_object() || j.empty()) throw corrupt(enc_path, "expected a JSON object of token ids");
     const std::size_t n = j.size();
-    impl->bytes_of.assign(n, {});
+    vocab.tokens.assign(n, {});
     std::vector<char> seen(n, 0);
-    std::string bytes;
     for (const auto& [key, value] : j.items()) {
       if (!value.is_number_unsigned() || value.get<std::uint64_t>() >= n)
         throw corrupt(enc_path, fmt::format("token '{}' has a bad id", key));
       auto id = value.get<std::uint32_t>();
       if (seen[id]) throw corrupt(enc_path, fmt::format("id {} is used twice", id));
       seen[id] = 1;
-      if (!unicode_key_to_bytes(key, cp_to_byte, bytes))
-        throw corrupt(enc_path, fmt::format("token '{}' is not byte-level BPE", key));
-      if (!id_of.emplace(bytes, id).second)
+      auto bytes = byte_level_decode(key);
+      if (!bytes) throw corrupt(enc_path, fmt::format("token '{}' is not byte-level BPE", key));
+      if (!id_of.emplace(*bytes, id).second)
         throw corrupt(enc_path, fmt::format("token '{}' appears twice", key));
-      impl->bytes_of[id] = bytes;
+      vocab.tokens[id] = std::move(*bytes);
     }
-    for (int b = 0; b < 256; ++b) {
-      auto it = id_of.find(std::string(1, static_cast<char>(b)));
-      if (it == id_of.end()) throw corrupt(enc_path, fmt::format("no token for byte {}", b));
-      impl->byte_id[b] = it->second;
-    }
+    for (int b = 0; b < 256; ++b)
+      if (!id_of.contains(std::string(1, static_cast<char>(b))))
+        throw corrupt(enc_path, fmt::format("no token for byte {}", b));
     auto it = id_of.find(std::string(k_eot_text));
     if (it == id_of.end()) throw corrupt(enc_path, "no <|endoftext|> token");
-    impl->eot = it->second;
+    vocab.special_ids = {it->second};
+    vocab.bos = vocab.eos = it->second;
   }
 
   // vocab.bpe: "#version: 0.2" then one merge "left right" per line, in rank order.
   {
     const std::string text = read_file(bpe_path, "GPT-2 vocab.bpe");
     std::size_t pos = 0, line_no = 0;
-    std::uint32_t rank = 0;
-    std::string left, right;
     while (pos < text.size()) {
       std::size_t eol = text.find('\n', pos);
       if (eol == std::string::npos) eol = text.size();
@@ -356,34 +469,89 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (line_no == 1 && line.starts_with("#version")) continue;
       if (line.empty()) continue;
-      std::size_t sp = line.find(' ');
-      if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos ||
-          !unicode_key_to_bytes(line.substr(0, sp), cp_to_byte, left) ||
-          !unicode_key_to_bytes(line.substr(sp + 1), cp_to_byte, right))
+      const std::size_t sp = line.find(' ');
+      std::optional<std::string> left, right;
+      if (sp != std::string_view::npos && line.find(' ', sp + 1) == std::string_view::npos) {
+        left = byte_level_decode(line.substr(0, sp));
+        right = byte_level_decode(line.substr(sp + 1));
+      }
+      if (!left || !right)
         throw corrupt(bpe_path, fmt::format("line {} is not a merge 'left right'", line_no));
-      auto a = id_of.find(left), b = id_of.find(right), m = id_of.find(left + right);
-      if (a == id_of.end() || b == id_of.end() || m == id_of.end())
+      if (!id_of.contains(*left) || !id_of.contains(*right) || !id_of.contains(*left + *right))
         throw corrupt(bpe_path, fmt::format("line {}: merge uses a token missing from encoder.json",
                                             line_no));
-      // Later duplicates win, as in the reference's dict(zip(merges, range(...))).
-      impl->merges.insert_or_assign(pair_key(a->second, b->second), Merge{rank++, m->second});
+      vocab.merges.emplace_back(std::move(*left), std::move(*right));
     }
-    if (impl->merges.empty()) throw corrupt(bpe_path, "no merges");
+    if (vocab.merges.empty()) throw corrupt(bpe_path, "no merges");
   }
+  return from_vocab(std::move(vocab));
+}
 
-  int err = 0;
-  PCRE2_SIZE err_off = 0;
-  impl->re =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(k_pattern.data()), k_pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
-  if (!impl->re) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    throw InternalError(fmt::format("cannot compile the GPT-2 pre-tokenizer regex: {}",
-                                    reinterpret_cast<char*>(msg)));
+// Checks and indexes the tokens: bytes_of, id_of (ordinary tokens), byte_id, the specials.
+void Tokenizer::Impl::index_tokens(BpeVocab& vocab, const Bad& bad) {
+  if (vocab.tokens.empty()) throw bad("it has no tokens");
+  if (vocab.tokens.size() > std::numeric_limits<std::uint32_t>::max())
+    throw bad(fmt::format("{} tokens is more than ids can number", vocab.tokens.size()));
+  const auto n = static_cast<std::uint32_t>(vocab.tokens.size());
+  std::vector<char> special(n, 0);
+  for (std::uint32_t id : vocab.special_ids) {
+    if (id >= n) throw bad(fmt::format("special token id {} is past the {} tokens", id, n));
+    if (vocab.tokens[id].empty()) throw bad(fmt::format("special token {} is empty", id));
+    special[id] = 1;
   }
-  // JIT is an optimization only: without it pcre2_match interprets the same pattern.
-  (void)pcre2_jit_compile(impl->re, PCRE2_JIT_COMPLETE);
+  for (std::optional<std::uint32_t> id : {vocab.bos, vocab.eos})
+    if (id && *id >= n) throw bad(fmt::format("token id {} is past the {} tokens", *id, n));
+  bytes_of = std::move(vocab.tokens);
+  for (std::uint32_t id = 0; id < n; ++id) {
+    if (special[id]) {
+      const auto k = static_cast<std::uint32_t>(specials.size());
+      specials.push_back({bytes_of[id], id});
+      specials_by_first[static_cast<unsigned char>(bytes_of[id][0])].push_back(k);
+    } else if (!bytes_of[id].empty()) {
+      id_of.emplace(bytes_of[id], id);  // the lowest id of equal tokens wins
+    }
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = id_of.find(std::string(1, static_cast<char>(b)));
+    byte_id[b] = it == id_of.end() ? k_no_token : it->second;
+    missing_bytes += it == id_of.end();
+  }
+  if (missing_bytes == 256) throw bad("no byte has a token");
+}
+
+// Ranks the merges: (left id, right id) -> rank and merged id. Later duplicates win, as in the
+// GPT-2 reference's dict(zip(merges, range(...))) and Hugging Face's BPE.
+void Tokenizer::Impl::index_merges(const BpeVocab& vocab, const Bad& bad) {
+  std::uint32_t rank = 0;
+  for (const auto& [left, right] : vocab.merges) {
+    auto a = id_of.find(left), b = id_of.find(right);
+    auto m = id_of.find(left + right);
+    if (a == id_of.end() || b == id_of.end() || m == id_of.end())
+      throw bad(fmt::format("merge {} uses a token that is not in the vocabulary", rank));
+    merges.insert_or_assign(pair_key(a->second, b->second), Merge{rank++, m->second});
+  }
+}
+
+Tokenizer Tokenizer::from_vocab(BpeVocab vocab) {
+  const std::string source = vocab.source;
+  auto bad = [source](const std::string& why) {
+    return Error(fmt::format("{} is not a usable byte-level BPE tokenizer: {}", source, why));
+  };
+  auto impl = std::make_unique<Impl>();
+  impl->pre = vocab.pre;
+  impl->ignore_merges = vocab.ignore_merges;
+  impl->bos = vocab.bos;
+  impl->eos = vocab.eos;
+  impl->add_bos = vocab.add_bos && vocab.bos.has_value();
+  impl->index_tokens(vocab, bad);
+  impl->index_merges(vocab, bad);
+  const Special* eot = nullptr;
+  for (const Special& sp : impl->specials)
+    if (sp.text == k_eot_text) eot = &sp;
+  impl->eot = eot ? std::optional(eot->id) : impl->eos;
+  impl->source = source;
+  for (std::string_view pattern : pre_tokenizer_regexes(vocab.pre))
+    impl->stages.push_back(std::make_unique<Regex>(pattern));
   return Tokenizer(std::move(impl));
 }
 
@@ -402,14 +570,15 @@ void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>&
   }
   std::size_t pos = 0;
   while (true) {
-    std::size_t hit = text.find(k_eot_text, pos);
+    const Special* sp = nullptr;
+    std::size_t hit = impl_->find_special(text, pos, sp);
     if (hit == std::string_view::npos) {
       impl_->encode_ordinary(text.substr(pos), out);
       return;
     }
     impl_->encode_ordinary(text.substr(pos, hit - pos), out);
-    out.push_back(impl_->eot);
-    pos = hit + k_eot_text.size();
+    out.push_back(sp->id);
+    pos = hit + sp->text.size();
   }
 }
 
@@ -419,7 +588,7 @@ std::string Tokenizer::decode(std::span<const std::uint32_t> ids) const {
     if (id >= impl_->bytes_of.size())
       throw Error(fmt::format("token id {} is out of range (vocabulary has {} tokens)", id,
                               impl_->bytes_of.size()),
-                  "ids must come from the same tokenizer (GPT-2)");
+                  "ids must come from the same tokenizer");
     out += impl_->bytes_of[id];
   }
   return out;
@@ -433,13 +602,60 @@ std::string Tokenizer::token_bytes(std::uint32_t id) const {
 }
 
 std::uint32_t Tokenizer::eot_id() const {
-  return impl_->eot;
+  if (!impl_->eot)
+    throw Error(fmt::format("{} has neither an <|endoftext|> token nor an end-of-sequence token",
+                            impl_->source),
+                "a tokenizer.json needs tokenizer_config.json beside it naming eos_token");
+  return *impl_->eot;
+}
+std::optional<std::uint32_t> Tokenizer::bos_id() const {
+  return impl_->bos;
+}
+std::optional<std::uint32_t> Tokenizer::eos_id() const {
+  return impl_->eos;
+}
+bool Tokenizer::add_bos() const {
+  return impl_->add_bos;
+}
+PreTokenizer Tokenizer::pre_tokenizer() const {
+  return impl_->pre;
 }
 std::size_t Tokenizer::vocab_size() const {
   return impl_->bytes_of.size();
 }
+std::size_t Tokenizer::bytes_without_token() const {
+  return impl_->missing_bytes;
+}
 std::size_t Tokenizer::merges_count() const {
   return impl_->merges.size();
+}
+
+std::optional<std::string> byte_level_decode(std::string_view spelled) {
+  static const std::vector<int> cp_to_byte = [] {
+    std::vector<int> t(512, -1);
+    const auto unicode_of = bytes_to_unicode();
+    for (int b = 0; b < 256; ++b) t[unicode_of[b]] = b;
+    return t;
+  }();
+  std::string out;
+  if (!unicode_key_to_bytes(spelled, cp_to_byte, out)) return std::nullopt;
+  return out;
+}
+
+std::string byte_level_encode(std::string_view bytes) {
+  static const auto unicode_of = bytes_to_unicode();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) {
+    const std::uint32_t cp = unicode_of[static_cast<unsigned char>(c)];
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else {  // all stand-ins are below U+0800: two bytes
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  return out;
 }
 
 std::vector<std::uint32_t> parse_token_ids(std::string_view text) {

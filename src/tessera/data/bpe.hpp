@@ -1,36 +1,72 @@
-// GPT-2 byte-level BPE, id-for-id compatible with OpenAI's encoder.
+// Byte-level BPE: GPT-2's (id-for-id compatible with OpenAI's encoder) and the other byte-level
+// BPE vocabularies models ship with (SmolLM2, Llama 3; read from GGUF or tokenizer.json files by
+// io/tokenizer_files.hpp).
 //
-// Encoding follows the reference: text -> pre-tokenizer regex (PCRE2, UTF + UCP, JIT) -> each piece
-// as bytes -> BPE merges by rank -> ids. `<|endoftext|>` is a special token: with allow_special the
-// text is first split on it and every occurrence becomes eot_id(); without, it is encoded as plain
-// text (several ordinary tokens), exactly like the reference encoders.
+// Encoding follows the reference encoders: text -> special tokens split out -> pre-tokenizer
+// (one or more regex splits, PCRE2 with UTF + UCP, JIT) -> each piece as bytes -> BPE merges by
+// rank -> ids. Special tokens (GPT-2's `<|endoftext|>`, a model's control tokens): with
+// allow_special the text is first split on them (leftmost, then longest) and every occurrence
+// becomes its id; without, they are encoded as plain text (several ordinary tokens), exactly like
+// the reference encoders.
 //
 // Invalid UTF-8 never fails: the regex is compiled with PCRE2_MATCH_INVALID_UTF, and bytes that no
 // match covers (the invalid sequences) are encoded as their own pieces through the same byte-level
-// BPE, so decode(encode(x)) == x holds for any bytes x.
+// BPE, so decode(encode(x)) == x holds for any bytes x when every byte has a token (GPT-2,
+// Llama 3; see bytes_without_token).
 //
-// Thread safety: a Tokenizer is immutable after load_gpt2 except for its piece -> ids cache, which
-// is sharded and guarded by mutexes; encode, decode and every other const member may be called
-// from many threads at once on the same object. The cache belongs to the object (no global state)
-// and is bounded: a shard that grows past its limit is cleared.
+// Thread safety: a Tokenizer is immutable after it is built except for its piece -> ids cache,
+// which is sharded and guarded by mutexes; encode, decode and every other const member may be
+// called from many threads at once on the same object. The cache belongs to the object (no global
+// state) and is bounded: a shard that grows past its limit is cleared.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tessera::data {
+
+// How text is cut into pieces before the merges.
+enum class PreTokenizer {
+  Gpt2,    // GPT-2's regex (also SmolLM2's, after Digits)
+  Digits,  // every digit (\p{N}) its own piece, then GPT-2's regex: SmolLM2 ("smollm")
+  Llama3,  // Llama 3's regex: case-insensitive contractions, numbers in runs of up to 3 digits
+};
+// "gpt2", "smollm", "llama-bpe": the names GGUF's tokenizer.ggml.pre uses.
+std::string_view pre_tokenizer_name(PreTokenizer pre);
+// The regexes that cut text, applied in order, each to the pieces of the one before (PCRE2
+// syntax, which is also Hugging Face's for these).
+std::vector<std::string_view> pre_tokenizer_regexes(PreTokenizer pre);
+
+// Everything a byte-level BPE tokenizer is made of, as the file formats hold it.
+struct BpeVocab {
+  std::string source;               // for messages: "GGUF file m.gguf", "tokenizer.json x"
+  std::vector<std::string> tokens;  // id -> raw bytes (vocab,)
+  std::vector<std::pair<std::string, std::string>> merges;  // raw bytes, in rank order
+  std::vector<std::uint32_t> special_ids;  // matched whole in the text (control tokens)
+  PreTokenizer pre = PreTokenizer::Gpt2;
+  bool ignore_merges = false;        // a piece that is itself a token is that token (Llama 3)
+  std::optional<std::uint32_t> bos;  // beginning of sequence
+  std::optional<std::uint32_t> eos;  // end of sequence
+  bool add_bos = false;              // the model expects bos before every sequence
+};
 
 class Tokenizer {
  public:
   // Reads DIR/encoder.json and DIR/vocab.bpe (the original GPT-2 files). Throws tessera::Error
   // naming the file when one is missing or corrupt.
   static Tokenizer load_gpt2(const std::filesystem::path& dir);
+  // Builds a tokenizer from its parts. Throws tessera::Error naming vocab.source when they do not
+  // make one: no tokens for bytes at all, a merge whose parts or result are not tokens, an id out
+  // of range. Tokens with the same bytes: the first (lowest id) is the one encoding produces.
+  static Tokenizer from_vocab(BpeVocab vocab);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -47,15 +83,36 @@ class Tokenizer {
   std::string decode(std::span<const std::uint32_t> ids) const;
   // The raw bytes of one token (id < vocab_size(), else tessera::Error).
   std::string token_bytes(std::uint32_t id) const;
-  std::uint32_t eot_id() const;      // 50256 for GPT-2
+  // The token that separates documents: `<|endoftext|>` when the vocabulary has it (50256 for
+  // GPT-2, 0 for SmolLM2), else the end-of-sequence token (Llama 3's `<|end_of_text|>`).
+  // Throws tessera::Error if there is neither.
+  std::uint32_t eot_id() const;
+  std::optional<std::uint32_t> bos_id() const;  // beginning of sequence, if the model has one
+  std::optional<std::uint32_t> eos_id() const;  // end of sequence, if the model has one
+  bool add_bos() const;  // true: a sequence the model reads starts with bos_id()
+  PreTokenizer pre_tokenizer() const;
   std::size_t vocab_size() const;    // 50257 for GPT-2
   std::size_t merges_count() const;  // 50000 for GPT-2
+  // How many of the 256 bytes have no token (0 for GPT-2 and Llama 3; 21 for SmolLM2, whose
+  // vocabulary lacks bytes such as 0x04 and 0xF5..0xFF). Encoding leaves such bytes out, as
+  // Hugging Face's tokenizers and llama.cpp do, so decode(encode(x)) == x holds for every x only
+  // when this is 0, and otherwise for every x without them (all valid UTF-8 without those
+  // control characters).
+  std::size_t bytes_without_token() const;
 
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Byte-level BPE's alphabet, as vocabulary files (encoder.json, tokenizer.json, GGUF) spell
+// tokens: each byte as one printable code point (GPT-2's bytes_to_unicode: printable latin-1
+// bytes as themselves, the other 68 as U+0100..U+0143; a space is 'Ġ').
+// The bytes a spelled token stands for; nullopt if it is empty or holds another code point.
+std::optional<std::string> byte_level_decode(std::string_view spelled);
+// The spelling of raw bytes (UTF-8 of the stand-ins).
+std::string byte_level_encode(std::string_view bytes);
 
 // Token ids written as text (what `tessera tokenize --decode` reads): decimal ids separated by
 // spaces, tabs, newlines, commas or brackets ("[464, 3290]" or "464 3290"). Throws
