@@ -1,8 +1,21 @@
 // Fuzz target: a GGUF model file (pretrained models imported from llama.cpp's format).
 // Any bytes: header, metadata, tensor infos and the data layout are validated; then every
-// metadata value is decoded and every tensor read back and, when modest, dequantized.
+// metadata value is decoded and every tensor read back and, when modest, dequantized; a
+// tokenizer in the metadata is built and encodes and decodes a text.
 #include "fuzz_util.hpp"
 #include "tessera/io/gguf.hpp"
+#include "tessera/io/tokenizer_files.hpp"
+#include "tokenizer_check.hpp"
+
+namespace {
+
+void check_tokenizer(const tessera::io::GgufFile& file) {
+  if (!file.find_metadata("tokenizer.ggml.model")) return;
+  tessera::fuzz::check_built_tokenizer(
+      tessera::data::Tokenizer::from_vocab(tessera::io::gguf_bpe_vocab(file)));
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tessera::io;
@@ -37,5 +50,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)file.bytes(t);
       if (can_dequantize(t.type) && t.numel() <= (1 << 20)) (void)file.dequantize(t);
     }
+    check_tokenizer(file);
   });
 }

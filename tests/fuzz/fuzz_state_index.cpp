@@ -20,7 +20,8 @@ struct Fixture {
   std::vector<float> params, m, v;
   fs::path root, dir;
   Fixture() : params(layout.total(), 0.5f), m(layout.total(), 0.0f), v(layout.total(), 0.0f) {
-    const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+    const fs::path base =
+        fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
     root = base / ("tessera_fuzz_state_index_" + std::to_string(::getpid()));
     fs::remove_all(root);
     tessera::io::TrainState st;
@@ -45,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   }
   return tessera::fuzz::judge([&] {
-    auto st = tessera::io::load_checkpoint(f.dir, f.layout, f.params.data(), f.m.data(), f.v.data());
+    auto st =
+        tessera::io::load_checkpoint(f.dir, f.layout, f.params.data(), f.m.data(), f.v.data());
     tessera::fuzz::require(st.step >= 0, "non-negative step");
   });
 }

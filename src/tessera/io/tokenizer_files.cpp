@@ -1,0 +1,350 @@
+#include "tessera/io/tokenizer_files.hpp"
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
+
+namespace tessera::io {
+namespace {
+
+using data::BpeVocab;
+using data::PreTokenizer;
+using nlohmann::json;
+
+constexpr std::string_view k_supported_pre = "gpt-2, smollm, llama-bpe";
+
+// GGUF token types (llama.cpp's llama_token_type).
+constexpr std::int64_t k_token_control = 3;
+constexpr std::int64_t k_token_user_defined = 4;
+
+std::optional<PreTokenizer> pre_from_gguf_name(std::string_view name) {
+  if (name == "gpt-2" || name == "gpt2") return PreTokenizer::Gpt2;
+  if (name == "smollm") return PreTokenizer::Digits;
+  if (name == "llama-bpe" || name == "llama3") return PreTokenizer::Llama3;
+  return std::nullopt;
+}
+
+// "left right" (each side spelled in the byte-level alphabet) -> raw bytes.
+bool split_merge(std::string_view merge, std::pair<std::string, std::string>& out) {
+  const std::size_t sp = merge.find(' ');
+  if (sp == std::string_view::npos || merge.find(' ', sp + 1) != std::string_view::npos)
+    return false;
+  auto left = data::byte_level_decode(merge.substr(0, sp));
+  auto right = data::byte_level_decode(merge.substr(sp + 1));
+  if (!left || !right) return false;
+  out = {std::move(*left), std::move(*right)};
+  return true;
+}
+
+std::optional<std::uint32_t> gguf_token_id(const GgufFile& f, std::string_view key) {
+  const GgufValue* v = f.find_metadata(key);
+  if (!v) return std::nullopt;
+  const std::int64_t id = v->as_int(fmt::format("metadata '{}' in {}", key, f.path().string()));
+  if (id < 0 || id > 0xFFFFFFFFll)
+    throw Error(
+        fmt::format("metadata '{}' in {} is {}, not a token id", key, f.path().string(), id));
+  return static_cast<std::uint32_t>(id);
+}
+
+void gguf_tokens(const GgufFile& f, BpeVocab& vocab) {
+  const std::string file = f.path().string();
+  auto spelled = f.get_strings("tokenizer.ggml.tokens");
+  std::vector<std::int64_t> types;
+  if (f.find_metadata("tokenizer.ggml.token_type")) {
+    types = f.get_ints("tokenizer.ggml.token_type");
+    if (types.size() != spelled.size())
+      throw Error(fmt::format("{}: tokenizer.ggml.token_type has {} entries for {} tokens", file,
+                              types.size(), spelled.size()));
+  }
+  vocab.tokens.resize(spelled.size());
+  for (std::size_t id = 0; id < spelled.size(); ++id) {
+    const bool special =
+        !types.empty() && (types[id] == k_token_control || types[id] == k_token_user_defined);
+    if (special) {
+      vocab.tokens[id] = std::move(spelled[id]);  // raw text
+      if (!vocab.tokens[id].empty()) vocab.special_ids.push_back(static_cast<std::uint32_t>(id));
+      continue;
+    }
+    auto bytes = data::byte_level_decode(spelled[id]);
+    if (!bytes)
+      throw Error(
+          fmt::format("{}: token {} of tokenizer.ggml.tokens is not spelled in the "
+                      "byte-level alphabet",
+                      file, id));
+    vocab.tokens[id] = std::move(*bytes);
+  }
+}
+
+// j[key] when j is an object holding it with the type asked for; `fallback` when it is absent;
+// tessera::Error when it has another type.
+bool json_bool(const json& j, const char* key, bool fallback, const std::string& file) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) throw Error(fmt::format("{}: '{}' is not true or false", file, key));
+  return j[key].get<bool>();
+}
+std::string json_string(const json& j, const char* key, const std::string& file) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return "";
+  if (!j[key].is_string()) throw Error(fmt::format("{}: '{}' is not a string", file, key));
+  return j[key].get<std::string>();
+}
+
+// tokenizer.json's pre_tokenizer -> the pre-tokenizer it is; throws for anything else.
+PreTokenizer hf_pre(const json& pre, const std::string& file) {
+  auto bad = [&](std::string_view why) {
+    return Error(fmt::format("{}: pre_tokenizer {} is not supported ({})", file,
+                             pre.dump().substr(0, 200), why),
+                 "tessera reads ByteLevel, Sequence[Digits, ByteLevel] (SmolLM2) and "
+                 "Sequence[Split, ByteLevel] (Llama 3)");
+  };
+  auto type_of = [&](const json& j) { return json_string(j, "type", file); };
+  auto byte_level = [&](const json& j, bool regex) {
+    if (type_of(j) != "ByteLevel") return false;
+    if (json_bool(j, "add_prefix_space", false, file)) throw bad("add_prefix_space is true");
+    return json_bool(j, "use_regex", true, file) == regex;
+  };
+  if (byte_level(pre, true)) return PreTokenizer::Gpt2;
+  if (type_of(pre) != "Sequence" || !pre.contains("pretokenizers") ||
+      !pre["pretokenizers"].is_array() || pre["pretokenizers"].size() != 2)
+    throw bad("not one of the known forms");
+  const json& first = pre["pretokenizers"][0];
+  const json& second = pre["pretokenizers"][1];
+  if (type_of(first) == "Digits" && json_bool(first, "individual_digits", false, file) &&
+      byte_level(second, true))
+    return PreTokenizer::Digits;
+  if (type_of(first) == "Split" && byte_level(second, false) &&
+      json_string(first, "behavior", file) == "Isolated" &&
+      !json_bool(first, "invert", false, file) && first.contains("pattern")) {
+    if (json_string(first["pattern"], "Regex", file) ==
+        data::pre_tokenizer_regexes(PreTokenizer::Llama3).at(0))
+      return PreTokenizer::Llama3;
+    throw bad("its Split regex is not Llama 3's");
+  }
+  throw bad("not one of the known forms");
+}
+
+std::pair<std::string, std::string> hf_merge(const json& m, std::size_t rank,
+                                             const std::string& file) {
+  std::pair<std::string, std::string> out;
+  bool ok = false;
+  if (m.is_string()) {
+    ok = split_merge(m.get<std::string>(), out);
+  } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    auto left = data::byte_level_decode(m[0].get<std::string>());
+    auto right = data::byte_level_decode(m[1].get<std::string>());
+    ok = left && right;
+    if (ok) out = {std::move(*left), std::move(*right)};
+  }
+  if (!ok)
+    throw Error(
+        fmt::format("{}: merge {} is not \"left right\" in the byte-level alphabet", file, rank));
+  return out;
+}
+
+// model.vocab and added_tokens -> vocab.tokens and vocab.special_ids.
+void hf_tokens(const json& j, BpeVocab& vocab, const std::string& file) {
+  const json& model = j["model"];
+  if (!model.contains("vocab") || !model["vocab"].is_object() || model["vocab"].empty())
+    throw Error(fmt::format("{}: model.vocab is not an object of token ids", file));
+  const bool have_added = j.contains("added_tokens") && j["added_tokens"].is_array();
+  // Ids are 0..n-1 over the vocab and the added tokens, so a larger one leaves a gap.
+  const std::size_t entries = model["vocab"].size() + (have_added ? j["added_tokens"].size() : 0);
+  std::vector<char> seen;
+  auto place = [&](std::uint64_t id, std::string bytes, bool added) {
+    if (id >= entries)
+      throw Error(fmt::format("{}: token id {} is past the {} entries (ids are 0..n-1)", file, id,
+                              entries));
+    if (id >= vocab.tokens.size()) {
+      vocab.tokens.resize(id + 1);
+      seen.resize(id + 1, 0);
+    }
+    if (seen[id] && !added)  // an added token may restate a vocab entry
+      throw Error(fmt::format("{}: token id {} is used twice in model.vocab", file, id));
+    vocab.tokens[id] = std::move(bytes);
+    seen[id] = 1;
+  };
+  for (const auto& [spelled, id] : model["vocab"].items()) {
+    auto bytes = data::byte_level_decode(spelled);
+    if (!id.is_number_unsigned() || !bytes)
+      throw Error(fmt::format("{}: model.vocab entry '{}' is not a byte-level token with an id",
+                              file, spelled.substr(0, 60)));
+    place(id.get<std::uint64_t>(), std::move(*bytes), false);
+  }
+  if (have_added) {
+    for (const json& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() ||
+          !t.contains("content") || !t["content"].is_string() ||
+          t["content"].get<std::string>().empty())
+        throw Error(fmt::format("{}: an added_tokens entry has no id or content", file));
+      const auto id = t["id"].get<std::uint64_t>();
+      place(id, t["content"].get<std::string>(), true);
+      vocab.special_ids.push_back(static_cast<std::uint32_t>(id));
+    }
+  }
+  for (std::size_t id = 0; id < seen.size(); ++id)
+    if (!seen[id]) throw Error(fmt::format("{}: no token has id {}", file, id));
+}
+
+std::optional<std::uint32_t> find_token(const BpeVocab& vocab, std::string_view text) {
+  for (std::uint32_t id : vocab.special_ids)
+    if (vocab.tokens[id] == text) return id;
+  return std::nullopt;
+}
+
+// tokenizer_config.json's "bos_token" / "eos_token": a string or {"content": ...}.
+std::optional<std::string> config_token(const json& cfg, const char* key) {
+  if (!cfg.contains(key)) return std::nullopt;
+  const json& t = cfg[key];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content") && t["content"].is_string())
+    return t["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// The BOS added to every sequence: the post-processor's leading special token.
+void hf_bos(const json& j, BpeVocab& vocab) {
+  if (!j.contains("post_processor")) return;
+  const json& post = j["post_processor"];
+  if (!post.is_object() || !post.contains("type") || post["type"] != "TemplateProcessing" ||
+      !post.contains("single") || !post["single"].is_array() || post["single"].empty())
+    return;
+  const json& first = post["single"][0];
+  if (!first.is_object() || !first.contains("SpecialToken") || !first["SpecialToken"].is_object() ||
+      !first["SpecialToken"].contains("id") || !first["SpecialToken"]["id"].is_string())
+    return;
+  vocab.bos = find_token(vocab, first["SpecialToken"]["id"].get<std::string>());
+  vocab.add_bos = vocab.bos.has_value();
+}
+
+// tokenizer_config.json, when there is one: the names of the BOS and EOS tokens.
+void hf_config(const std::filesystem::path& cfg_path, BpeVocab& vocab) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(cfg_path, ec)) return;
+  json cfg;
+  try {
+    cfg = json::parse(read_file(cfg_path, "tokenizer_config.json"));
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{} is not valid JSON: {}", cfg_path.string(), e.what()));
+  }
+  if (!cfg.is_object()) return;
+  if (auto bos = config_token(cfg, "bos_token"); bos && !vocab.bos)
+    vocab.bos = find_token(vocab, *bos);
+  if (auto eos = config_token(cfg, "eos_token")) vocab.eos = find_token(vocab, *eos);
+}
+
+}  // namespace
+
+data::BpeVocab gguf_bpe_vocab(const GgufFile& f) {
+  const std::string file = f.path().string();
+  if (!f.find_metadata("tokenizer.ggml.model"))
+    throw Error(fmt::format("{} carries no tokenizer (no tokenizer.ggml.model)", file),
+                "pass the tokenizer with --tokenizer");
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    throw Error(fmt::format("{}: tokenizer.ggml.model '{}' is not supported", file, model),
+                "tessera runs byte-level BPE tokenizers (model 'gpt2'), not SentencePiece "
+                "('llama') or WordPiece ('bert')");
+  BpeVocab vocab;
+  vocab.source = fmt::format("GGUF file {}", file);
+  const std::string pre_name = f.find_metadata("tokenizer.ggml.pre")
+                                   ? f.get_string("tokenizer.ggml.pre")
+                                   : std::string("gpt-2");
+  const auto pre = pre_from_gguf_name(pre_name);
+  if (!pre)
+    throw Error(
+        fmt::format("{}: pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported", file, pre_name),
+        fmt::format("supported: {}", k_supported_pre));
+  vocab.pre = *pre;
+  vocab.ignore_merges = *pre == PreTokenizer::Llama3;
+  gguf_tokens(f, vocab);
+  const auto merges = f.get_strings("tokenizer.ggml.merges");
+  vocab.merges.reserve(merges.size());
+  for (std::size_t i = 0; i < merges.size(); ++i) {
+    vocab.merges.emplace_back();
+    if (!split_merge(merges[i], vocab.merges.back()))
+      throw Error(
+          fmt::format("{}: tokenizer.ggml.merges[{}] is not \"left right\" in the "
+                      "byte-level alphabet",
+                      file, i));
+  }
+  vocab.bos = gguf_token_id(f, "tokenizer.ggml.bos_token_id");
+  vocab.eos = gguf_token_id(f, "tokenizer.ggml.eos_token_id");
+  vocab.add_bos = f.find_metadata("tokenizer.ggml.add_bos_token")
+                      ? f.get_bool("tokenizer.ggml.add_bos_token")
+                      : *pre == PreTokenizer::Llama3;
+  return vocab;
+}
+
+data::BpeVocab hf_bpe_vocab_from_text(std::string_view text, const std::string& file) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{} is not valid JSON: {}", file, e.what()));
+  }
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+    throw Error(fmt::format("{} has no tokenizer model", file));
+  const json& model = j["model"];
+  const json type = model.contains("type") ? model["type"] : json("BPE");
+  if (type != "BPE")
+    throw Error(fmt::format("{}: model type {} is not supported", file, type.dump()),
+                "tessera runs byte-level BPE tokenizers");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    throw Error(fmt::format("{}: a normalizer is not supported", file),
+                "byte-level BPE tokenizers (GPT-2, SmolLM2, Llama 3) have none");
+  BpeVocab vocab;
+  vocab.source = fmt::format("tokenizer.json {}", file);
+  vocab.pre = hf_pre(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), file);
+  vocab.ignore_merges = json_bool(model, "ignore_merges", false, file);
+  hf_tokens(j, vocab, file);
+  if (!model.contains("merges") || !model["merges"].is_array())
+    throw Error(fmt::format("{}: model.merges is not a list", file));
+  for (const json& m : model["merges"])
+    vocab.merges.push_back(hf_merge(m, vocab.merges.size(), file));
+  hf_bos(j, vocab);
+  return vocab;
+}
+
+data::BpeVocab hf_bpe_vocab(const std::filesystem::path& path) {
+  BpeVocab vocab = hf_bpe_vocab_from_text(read_file(path, "tokenizer.json"), path.string());
+  hf_config(path.parent_path() / "tokenizer_config.json", vocab);
+  return vocab;
+}
+
+data::Tokenizer load_tokenizer(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (std::filesystem::is_regular_file(path / "tokenizer.json", ec))
+      return data::Tokenizer::from_vocab(hf_bpe_vocab(path / "tokenizer.json"));
+    if (std::filesystem::is_regular_file(path / "encoder.json", ec))
+      return data::Tokenizer::load_gpt2(path);
+    std::vector<std::filesystem::path> ggufs;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.path().extension() == ".gguf") ggufs.push_back(e.path());
+    if (ggufs.size() == 1)
+      return data::Tokenizer::from_vocab(gguf_bpe_vocab(GgufFile::open(ggufs[0])));
+    throw Error(fmt::format("no tokenizer in {}", path.string()),
+                "expected tokenizer.json, encoder.json + vocab.bpe, or one .gguf file");
+  }
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw Error(fmt::format("tokenizer not found: {}", path.string()),
+                "run scripts/setup for GPT-2's (data/gpt2), or pass a .gguf file, a "
+                "tokenizer.json, or a directory holding one");
+  if (path.extension() == ".gguf")
+    return data::Tokenizer::from_vocab(gguf_bpe_vocab(GgufFile::open(path)));
+  return data::Tokenizer::from_vocab(hf_bpe_vocab(path));
+}
+
+void require_tokenizer_fits(const data::Tokenizer& tok, std::int64_t model_vocab) {
+  if (static_cast<std::int64_t>(tok.vocab_size()) <= model_vocab) return;
+  throw Error(fmt::format("the tokenizer has {} tokens but the model only {}", tok.vocab_size(),
+                          model_vocab),
+              "pass the tokenizer the model was trained with (--tokenizer)");
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,46 @@
+// Tokenizers as models ship them: the GGUF file's tokenizer.ggml.* metadata, Hugging Face's
+// tokenizer.json, or GPT-2's encoder.json + vocab.bpe. docs/models.md lists what is supported.
+//
+// All three are byte-level BPE (data::Tokenizer). What each format says, and how it is read:
+//   GGUF         tokenizer.ggml.model "gpt2" (byte-level BPE); .pre names the pre-tokenizer
+//                ("gpt-2", "smollm", "llama-bpe"); .tokens spelled in the byte-level alphabet,
+//                except control (type 3) and user-defined (type 4) tokens, which are raw text
+//                and become special tokens; .merges "left right"; .bos_token_id,
+//                .eos_token_id; .add_bos_token (absent: true for Llama 3, as in llama.cpp).
+//   tokenizer.json  model BPE (vocab, merges as "left right" or [left, right], ignore_merges);
+//                the pre_tokenizer ByteLevel, Sequence[Digits, ByteLevel] or Llama 3's
+//                Sequence[Split, ByteLevel]; added_tokens become special tokens; a
+//                TemplateProcessing post-processor that starts with a special token makes it
+//                the BOS added to every sequence; tokenizer_config.json next to it, when present,
+//                names bos_token and eos_token.
+// Every problem is a tessera::Error naming the file and the key or field.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "tessera/data/bpe.hpp"
+#include "tessera/io/gguf.hpp"
+
+namespace tessera::io {
+
+// The tokenizer a GGUF file carries. Throws tessera::Error if it has none, or one tessera cannot
+// run (e.g. SentencePiece, tokenizer.ggml.model "llama").
+data::BpeVocab gguf_bpe_vocab(const GgufFile& file);
+
+// A Hugging Face tokenizer.json (and tokenizer_config.json beside it, if there is one).
+data::BpeVocab hf_bpe_vocab(const std::filesystem::path& tokenizer_json);
+// The same from the text of a tokenizer.json (no tokenizer_config.json); `name` is for messages.
+data::BpeVocab hf_bpe_vocab_from_text(std::string_view text, const std::string& name);
+
+// The tokenizer at `path`: a .gguf file, a tokenizer.json file, or a directory holding
+// tokenizer.json, or encoder.json and vocab.bpe (GPT-2), or exactly one .gguf file.
+data::Tokenizer load_tokenizer(const std::filesystem::path& path);
+
+// Throws tessera::Error unless every id of `tok` is a row of a model with `model_vocab` tokens
+// (the tokenizer given with --tokenizer belongs to another model).
+void require_tokenizer_fits(const data::Tokenizer& tok, std::int64_t model_vocab);
+
+}  // namespace tessera::io
