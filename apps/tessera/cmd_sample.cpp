@@ -10,6 +10,7 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/generate.hpp"
 #include "tessera/quant/quantize.hpp"
@@ -54,10 +55,13 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--top-k,-k", a->top_k, "sample among the k most likely tokens (0 = all)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
-  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "the model's tokenizer: a .gguf file, a tokenizer.json, or a directory holding "
+                  "one (or GPT-2's encoder.json and vocab.bpe)")
       ->capture_default_str();
   cmd->add_flag("--ids", a->ids, "print token ids instead of text");
-  cmd->add_flag("--stop-at-eot", a->stop_at_eot, "stop at <|endoftext|>");
+  cmd->add_flag("--stop-at-eot", a->stop_at_eot,
+                "stop at the end-of-text token (<|endoftext|>, or the model's end of sequence)");
   cmd->add_option("--device", a->device,
                   "cpu (KV-cache decoding), or cuda: the current NVIDIA GPU (each token recomputes "
                   "the context)")
@@ -81,8 +85,12 @@ void add_sample_command(CLI::App& root) {
                   "sample this model on the CPU");
     auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
-    auto tok = data::Tokenizer::load_gpt2(a->tokenizer);
+    auto tok = io::load_tokenizer(a->tokenizer);
+    io::require_tokenizer_fits(tok, loaded.config.vocab_size);
+    // The model's start: BOS for models that expect it (Llama 3), else an empty prompt starts
+    // after an end of text, as a new document would.
     std::vector<std::int32_t> prompt;
+    if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
     for (auto id : tok.encode(a->prompt)) prompt.push_back(static_cast<std::int32_t>(id));
     if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
     eval::SampleOptions so;

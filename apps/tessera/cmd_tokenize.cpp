@@ -1,4 +1,5 @@
-// tessera tokenize: text -> GPT-2 token ids, or ids -> text with --decode.
+// tessera tokenize: text -> token ids (GPT-2's, or a model's own tokenizer), or ids -> text with
+// --decode.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 
 namespace tessera::app {
 namespace {
@@ -36,7 +38,7 @@ void write_stdout(const std::string& s) {
 
 void run_tokenize(const TokenizeOptions& o) {
   const std::string input = read_input(o.input);
-  const auto tok = data::Tokenizer::load_gpt2(o.tokenizer);
+  const auto tok = io::load_tokenizer(o.tokenizer);
   if (!o.decode) {
     const auto ids = tok.encode(input, !o.no_special);
     std::string out;
@@ -57,14 +59,17 @@ void run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& root) {
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = root.add_subcommand(
-      "tokenize", "print the GPT-2 token ids of a text (or, with --decode, the text of ids)");
+      "tokenize", "print the token ids of a text (or, with --decode, the text of ids)");
   cmd->add_option("input", o->input, "file to read, or - for standard input")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "directory with encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "a model's .gguf file or tokenizer.json, or a directory holding tokenizer.json "
+                  "or GPT-2's encoder.json and vocab.bpe")
       ->capture_default_str();
   cmd->add_flag("--decode", o->decode, "read token ids and print their text");
   cmd->add_flag("--no-special", o->no_special,
-                "encode <|endoftext|> as plain text instead of the special token 50256");
+                "encode special tokens (GPT-2's <|endoftext|>, a model's control tokens) as "
+                "plain text");
   cmd->callback([o] { run_tokenize(*o); });
 }
 

@@ -10,6 +10,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/shard.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 
 namespace tessera::quant {
 
@@ -33,7 +34,7 @@ std::vector<std::int32_t> read_text_tokens(const fs::path& text, const fs::path&
     throw Error(fmt::format("{} text for calibration not found: {}", what, text.string()),
                 "run scripts/setup (it extracts the default texts) or pass another file");
   const std::string body = read_file(text, what + " text for calibration");
-  auto tok = data::Tokenizer::load_gpt2(tokenizer);
+  auto tok = io::load_tokenizer(tokenizer);
   auto ids = tok.encode(body, false);
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }

@@ -32,7 +32,8 @@ struct ModelSection {
 struct DataSection {
   std::string train = "data/brown/train.bin";  // token shard for training
   std::string val = "data/brown/val.bin";      // token shard for validation
-  std::string tokenizer = "data/gpt2";         // folder with the GPT-2 BPE files
+  std::string tokenizer =
+      "data/gpt2";  // the model's tokenizer (a .gguf, a tokenizer.json or a folder)
   bool operator==(const DataSection&) const = default;
 };
 

@@ -15,6 +15,7 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/eval/generate.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/metrics_rows.hpp"
 #include "tessera/train/run_dir.hpp"
@@ -43,13 +44,16 @@ namespace {
 void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const float* params,
                   Rng& rng, std::int64_t step) {
   if (cfg.sample.tokens <= 0) return;
-  fs::path tok_dir = cfg.data.tokenizer;
-  if (!fs::exists(tok_dir / "encoder.json")) {
-    log_info("(no sample: tokenizer files not found in {})", tok_dir.string());
+  const fs::path tok_path = cfg.data.tokenizer;
+  std::error_code ec;
+  if (!fs::exists(tok_path, ec)) {
+    log_info("(no sample: tokenizer not found at {})", tok_path.string());
     return;
   }
-  auto tok = data::Tokenizer::load_gpt2(tok_dir);
+  auto tok = io::load_tokenizer(tok_path);
+  io::require_tokenizer_fits(tok, layout.config().vocab_size);
   std::vector<std::int32_t> prompt;
+  if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
   for (auto id : tok.encode(cfg.sample.prompt)) prompt.push_back(static_cast<std::int32_t>(id));
   if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
   eval::SampleOptions so;
