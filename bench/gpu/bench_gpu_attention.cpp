@@ -1,6 +1,7 @@
-// Causal attention on the GPU: the bf16 flash kernels (tensor cores) against the fp32 reference
-// kernels, forward and backward, at a training shape. Reports milliseconds and TFLOP/s (causal
-// FLOPs: forward 2 matmuls of B NH T^2 hs / 2 multiply-adds each, backward 5). Not a test.
+// Causal attention on the GPU: the bf16 flash kernels (tensor cores) and cuDNN's fused attention
+// (where the machine has cuDNN 9) against the fp32 reference kernels, forward and backward, at a
+// training shape. Reports milliseconds and TFLOP/s (causal FLOPs: forward 2 matmuls of B NH T^2 hs
+// / 2 multiply-adds each, backward 5). Not a test.
 //   bench_gpu_attention [--B 8] [--T 1024] [--NH 12] [--hs 64] [--reps 20]
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/kernels/cuda/cudnn_attention.hpp"
 #include "tessera/kernels/cuda/device.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
 
@@ -101,6 +103,29 @@ int main(int argc, char** argv) {
              },
              reps),
          bwd_flop);
+  std::string why;
+  if (auto cudnn = gpu::CudnnAttention::create(C, NH, &why); cudnn && cudnn->supports(B, T)) {
+    std::printf("# %s\n", cudnn->version().c_str());
+    report("cuDNN bf16 forward",
+           time_ms(
+               [&] {
+                 cudnn->forward(out16.as<std::uint16_t>(), lse.as<float>(),
+                                qkv16.as<std::uint16_t>(), B, T, nullptr);
+               },
+               reps),
+           fwd_flop);
+    report("cuDNN bf16 backward",
+           time_ms(
+               [&] {
+                 cudnn->backward(dqkv16.as<std::uint16_t>(), dout16.as<std::uint16_t>(),
+                                 qkv16.as<std::uint16_t>(), out16.as<std::uint16_t>(),
+                                 lse.as<float>(), B, T, nullptr);
+               },
+               reps),
+           bwd_flop);
+  } else {
+    std::printf("# cuDNN attention: %s\n", cudnn ? "no engine for this shape" : why.c_str());
+  }
   report("fp32 reference forward",
          time_ms(
              [&] {

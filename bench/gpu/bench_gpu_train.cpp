@@ -6,6 +6,7 @@
 // run. Not a test.
 //   bench_gpu_train [--models gpt2-124m,gpt2-350m] [--precision bf16] [--T 1024]
 //                   [--batches 32,16,8] [--steps 10] [--peak 989.4] [--json FILE]
+//                   [--attention auto,flash,cudnn]   (bf16: each listed attention is a run)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,16 +50,23 @@ model::ModelConfig shape(const std::string& name, int T) {
 }
 
 struct Result {
-  std::string model, precision;
+  std::string model, precision, attention;
   int B = 0, T = 0;
   double step_ms = 0, tokens_per_s = 0, mfu = 0, loss = 0, gib = 0;
   kernels::Profile profile;
 };
 
-Result run(const std::string& name, model::DevicePrecision prec, int B, int T, int steps,
-           double peak) {
+model::DeviceAttention attention_kind(const std::string& s) {
+  if (s == "auto") return model::DeviceAttention::Auto;
+  if (s == "flash") return model::DeviceAttention::Flash;
+  if (s == "cudnn") return model::DeviceAttention::Cudnn;
+  throw Error("unknown attention " + s, "auto, flash or cudnn");
+}
+
+Result run(const std::string& name, model::DevicePrecision prec, const std::string& attention,
+           int B, int T, int steps, double peak) {
   const auto cfg = shape(name, T);
-  model::DeviceGpt dev(cfg, prec, B, T);
+  model::DeviceGpt dev(cfg, prec, B, T, attention_kind(attention));
   {
     Buffer<float> init(dev.layout().total());
     model::init_params(dev.layout(), init.data(), 1);
@@ -95,6 +103,7 @@ Result run(const std::string& name, model::DevicePrecision prec, int B, int T, i
   dev.set_profile(nullptr);
   r.model = name;
   r.precision = model::precision_name(prec);
+  r.attention = dev.attention_backend();
   r.B = B;
   r.T = T;
   r.step_ms = ms[ms.size() / 2];
@@ -107,7 +116,8 @@ Result run(const std::string& name, model::DevicePrecision prec, int B, int T, i
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string models = "gpt2-124m,gpt2-350m", precision = "bf16", batches = "32,16,8", json;
+  std::string models = "gpt2-124m,gpt2-350m", precision = "bf16", batches = "32,16,8", json,
+              attentions = "auto";
   int T = 1024, steps = 10;
   double peak = 989.4;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -120,6 +130,8 @@ int main(int argc, char** argv) try {
       batches = v;
     else if (k == "--json")
       json = v;
+    else if (k == "--attention")
+      attentions = v;
     else if (k == "--T")
       T = std::stoi(v);
     else if (k == "--steps")
@@ -138,22 +150,25 @@ int main(int argc, char** argv) try {
   for (const auto& name : split(models))
     for (const auto& p : split(precision)) {
       const auto prec = p == "fp32" ? model::DevicePrecision::Fp32 : model::DevicePrecision::Bf16;
-      for (const auto& b : split(batches)) {
-        try {
-          results.push_back(run(name, prec, std::stoi(b), T, steps, peak));
-          break;
-        } catch (const Error& e) {
-          std::printf("# %s %s B=%s: %s\n", name.c_str(), p.c_str(), b.c_str(), e.what());
+      for (const auto& a : split(prec == model::DevicePrecision::Fp32 ? "flash" : attentions))
+        for (const auto& b : split(batches)) {
+          try {
+            results.push_back(run(name, prec, a, std::stoi(b), T, steps, peak));
+            break;
+          } catch (const Error& e) {
+            std::printf("# %s %s %s B=%s: %s\n", name.c_str(), p.c_str(), a.c_str(), b.c_str(),
+                        e.what());
+          }
         }
-      }
     }
-  std::printf("%-10s %-5s %3s %9s %10s %6s %6s  breakdown (share of device time)\n", "model",
-              "prec", "B", "ms/step", "tok/s", "MFU", "GiB");
+  std::printf("%-10s %-5s %-14s %3s %9s %10s %6s %6s  breakdown (share of device time)\n", "model",
+              "prec", "attention", "B", "ms/step", "tok/s", "MFU", "GiB");
   std::ofstream js;
   if (!json.empty()) js.open(json);
   for (const auto& r : results) {
-    std::printf("%-10s %-5s %3d %9.1f %10.0f %5.1f%% %6.1f ", r.model.c_str(), r.precision.c_str(),
-                r.B, r.step_ms, r.tokens_per_s, 100 * r.mfu, r.gib);
+    std::printf("%-10s %-5s %-14s %3d %9.1f %10.0f %5.1f%% %6.1f ", r.model.c_str(),
+                r.precision.c_str(), r.attention.c_str(), r.B, r.step_ms, r.tokens_per_s,
+                100 * r.mfu, r.gib);
     const double tot = r.profile.total();
     for (int f = 0; f < static_cast<int>(kernels::OpFamily::Count); ++f)
       if (r.profile.seconds[f] > 0)
@@ -162,10 +177,10 @@ int main(int argc, char** argv) try {
     std::printf("\n");
     if (js) {
       js << "{\"impl\": \"tessera\", \"model\": \"" << r.model << "\", \"precision\": \""
-         << r.precision << "\", \"B\": " << r.B << ", \"T\": " << r.T
-         << ", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
-         << ", \"mfu\": " << r.mfu << ", \"loss\": " << r.loss << ", \"device_gib\": " << r.gib
-         << ", \"profile_ms\": {";
+         << r.precision << "\", \"attention\": \"" << r.attention << "\", \"B\": " << r.B
+         << ", \"T\": " << r.T << ", \"step_ms\": " << r.step_ms
+         << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"mfu\": " << r.mfu
+         << ", \"loss\": " << r.loss << ", \"device_gib\": " << r.gib << ", \"profile_ms\": {";
       bool first = true;
       for (int f = 0; f < static_cast<int>(kernels::OpFamily::Count); ++f) {
         if (r.profile.seconds[f] <= 0) continue;

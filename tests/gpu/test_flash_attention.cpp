@@ -1,4 +1,5 @@
-// The bf16 flash attention (kernels/cuda/flash_attention.cu) against causal attention computed in
+// The bf16 flash attention (kernels/cuda/flash_attention.cu), and cuDNN's fused attention where the
+// machine has cuDNN, against causal attention computed in
 // double on the host from the same bf16-rounded inputs, forward (out, lse) and backward (dq, dk,
 // dv), for every supported head size and for sequence lengths that are not multiples of the
 // 64-row tile. Outputs are poisoned with NaN first, so an element the kernels never write fails.
@@ -15,10 +16,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "tessera/kernels/cuda/cudnn_attention.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
 
 namespace {
@@ -133,13 +138,17 @@ std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
   return v;
 }
 
-TEST(FlashAttention, MatchesDoubleReferenceForwardAndBackward) {
-  REQUIRE_GPU();
-  const Case cases[] = {
-      {2, 200, 3, 64}, {1, 64, 2, 32}, {1, 37, 2, 64}, {1, 130, 2, 128}, {2, 256, 2, 64}};
+// Runs one implementation's forward then backward on device buffers.
+using AttentionRun = std::function<void(const Case&, gpu::DeviceBuffer& out, gpu::DeviceBuffer& lse,
+                                        gpu::DeviceBuffer& dqkv, const gpu::DeviceBuffer& qkv,
+                                        const gpu::DeviceBuffer& dout)>;
+
+void check_against_reference(const char* name, const AttentionRun& run, const Case* cases,
+                             std::size_t n_cases) {
   Rng rng(2024);
-  for (const Case& cs : cases) {
-    SCOPED_TRACE("B=" + std::to_string(cs.B) + " T=" + std::to_string(cs.T) +
+  for (std::size_t c = 0; c < n_cases; ++c) {
+    const Case& cs = cases[c];
+    SCOPED_TRACE(std::string(name) + " B=" + std::to_string(cs.B) + " T=" + std::to_string(cs.T) +
                  " NH=" + std::to_string(cs.NH) + " hs=" + std::to_string(cs.hs));
     const int C = cs.NH * cs.hs;
     const std::size_t n_qkv = static_cast<std::size_t>(cs.B) * cs.T * 3 * C;
@@ -149,25 +158,63 @@ TEST(FlashAttention, MatchesDoubleReferenceForwardAndBackward) {
     auto dout_bits = rounded(rng, n_out, dout);
     Reference ref = reference(cs, qkv, dout);
 
-    ASSERT_TRUE(gpu::flash_attention_supports(C, cs.NH));
     auto d_qkv = upload(qkv_bits), d_dout = upload(dout_bits);
     auto d_out = upload(std::vector<std::uint16_t>(n_out, 0x7fc0));  // NaN
     auto d_lse = upload(std::vector<float>(static_cast<std::size_t>(cs.B) * cs.NH * cs.T,
                                            std::numeric_limits<float>::quiet_NaN()));
     auto d_dqkv = upload(std::vector<std::uint16_t>(n_qkv, 0x7fc0));
-    gpu::DeviceBuffer ws(gpu::flash_attention_workspace_bytes(cs.B, cs.T, C, cs.NH));
-    gpu::flash_attention_forward(d_out.as<std::uint16_t>(), d_lse.as<float>(),
-                                 d_qkv.as<std::uint16_t>(), cs.B, cs.T, C, cs.NH, nullptr);
-    gpu::flash_attention_backward(d_dqkv.as<std::uint16_t>(), d_dout.as<std::uint16_t>(),
-                                  d_qkv.as<std::uint16_t>(), d_out.as<std::uint16_t>(),
-                                  d_lse.as<float>(), ws.as<float>(), cs.B, cs.T, C, cs.NH, nullptr);
+    run(cs, d_out, d_lse, d_dqkv, d_qkv, d_dout);
     auto out = widened(download<std::uint16_t>(d_out, n_out));
     auto lse = download<float>(d_lse, ref.lse.size());
     auto dqkv = widened(download<std::uint16_t>(d_dqkv, n_qkv));
-    expect_within(out, ref.out, ref.out_bound, "flash forward out");
-    expect_close(lse, ref.lse, 1e-4, 0.0, "flash forward lse");
-    expect_within(dqkv, ref.dqkv, ref.dqkv_bound, "flash backward dqkv");
+    expect_within(out, ref.out, ref.out_bound, "forward out");
+    expect_close(lse, ref.lse, 1e-4, 0.0, "forward lse");
+    expect_within(dqkv, ref.dqkv, ref.dqkv_bound, "backward dqkv");
   }
+}
+
+const Case k_cases[] = {
+    {2, 200, 3, 64}, {1, 64, 2, 32}, {1, 37, 2, 64}, {1, 130, 2, 128}, {2, 256, 2, 64}};
+
+TEST(FlashAttention, MatchesDoubleReferenceForwardAndBackward) {
+  REQUIRE_GPU();
+  check_against_reference(
+      "flash",
+      [](const Case& cs, gpu::DeviceBuffer& out, gpu::DeviceBuffer& lse, gpu::DeviceBuffer& dqkv,
+         const gpu::DeviceBuffer& qkv, const gpu::DeviceBuffer& dout) {
+        const int C = cs.NH * cs.hs;
+        ASSERT_TRUE(gpu::flash_attention_supports(C, cs.NH));
+        gpu::DeviceBuffer ws(gpu::flash_attention_workspace_bytes(cs.B, cs.T, C, cs.NH));
+        gpu::flash_attention_forward(out.as<std::uint16_t>(), lse.as<float>(),
+                                     qkv.as<std::uint16_t>(), cs.B, cs.T, C, cs.NH, nullptr);
+        gpu::flash_attention_backward(dqkv.as<std::uint16_t>(), dout.as<std::uint16_t>(),
+                                      qkv.as<std::uint16_t>(), out.as<std::uint16_t>(),
+                                      lse.as<float>(), ws.as<float>(), cs.B, cs.T, C, cs.NH,
+                                      nullptr);
+      },
+      k_cases, std::size(k_cases));
+}
+
+// cuDNN's fused attention under the same bounds: it is a FlashAttention-2 style kernel with the
+// same roundings (P and dS to bf16 before their products, D from the bf16 output, outputs in
+// bf16). Skipped where the machine has no cuDNN 9; a shape without an engine fails.
+TEST(CudnnAttention, MatchesDoubleReferenceForwardAndBackward) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!gpu::CudnnAttention::create(64, 1, &why)) GTEST_SKIP() << why;
+  check_against_reference(
+      "cuDNN",
+      [](const Case& cs, gpu::DeviceBuffer& out, gpu::DeviceBuffer& lse, gpu::DeviceBuffer& dqkv,
+         const gpu::DeviceBuffer& qkv, const gpu::DeviceBuffer& dout) {
+        auto att = gpu::CudnnAttention::create(cs.NH * cs.hs, cs.NH, nullptr);
+        ASSERT_TRUE(att && att->supports(cs.B, cs.T)) << "no cuDNN engine";
+        att->forward(out.as<std::uint16_t>(), lse.as<float>(), qkv.as<std::uint16_t>(), cs.B, cs.T,
+                     nullptr);
+        att->backward(dqkv.as<std::uint16_t>(), dout.as<std::uint16_t>(), qkv.as<std::uint16_t>(),
+                      out.as<std::uint16_t>(), lse.as<float>(), cs.B, cs.T, nullptr);
+        gpu::synchronize();
+      },
+      k_cases, std::size(k_cases));
 }
 
 // The tensor-core kernels against the fp32 kernels of attention.cu on the same inputs: the two

@@ -25,6 +25,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/kernels/cuda/cudnn_attention.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -89,15 +90,18 @@ std::vector<float> unpadded_logits(const std::vector<float>& logits, const model
   return out;
 }
 
-void check_against_fixture(const std::string& name, DevicePrecision prec) {
+void check_against_fixture(const std::string& name, DevicePrecision prec,
+                           model::DeviceAttention attention = model::DeviceAttention::Flash) {
   auto f = load_fixture(name);
   if (!f) GTEST_SKIP() << "fixture " << name << " missing";
   const auto& cfg = f->model.config;
   const int B = Fixture::B, T = Fixture::T;
   const bool fp32 = prec == DevicePrecision::Fp32;
-  DeviceGpt dev(cfg, prec, B, T);
+  DeviceGpt dev(cfg, prec, B, T, attention);
   dev.upload_params(f->model.params.data());
   const auto& layout = dev.layout();
+  std::printf("[ %s %s ] attention: %s\n", name.c_str(), model::precision_name(prec),
+              dev.attention_backend().c_str());
 
   // logits and loss (evaluation forward)
   const float loss = dev.forward(f->inputs.data(), f->targets.data(), B, T, false, 0.0f);
@@ -177,6 +181,13 @@ TEST(GpuModel, Fp32MatchesPyTorchFixtureHeadSize32) {
 TEST(GpuModel, Bf16MatchesPyTorchFixtureWithinBf16Bounds) {
   REQUIRE_GPU();
   check_against_fixture("gpt2_tiny_hs32", DevicePrecision::Bf16);
+}
+
+TEST(GpuModel, Bf16WithCudnnAttentionMatchesPyTorchFixture) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!tessera::kernels::cuda::CudnnAttention::create(64, 1, &why)) GTEST_SKIP() << why;
+  check_against_fixture("gpt2_tiny_hs32", DevicePrecision::Bf16, model::DeviceAttention::Cudnn);
 }
 
 // 20 training steps (AdamW, warmup + cosine schedule, clipping at 1.0) on random batches, from the

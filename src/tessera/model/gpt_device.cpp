@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/cudnn_attention.hpp"
 #include "tessera/kernels/cuda/device.hpp"
 #include "tessera/kernels/cuda/ops.hpp"
 #include "tessera/model/gpt_block.hpp"
@@ -238,8 +239,10 @@ class DeviceOps {
  public:
   using A = Act;
   using W = Act;
-  DeviceOps(cu::DeviceProfiler* profiler, void* stream, float* attention_workspace)
-      : profiler_(profiler), st_(stream), attn_ws_(attention_workspace) {}
+  // cudnn: cuDNN's attention for bf16 where it has an engine for the shape (null: never).
+  DeviceOps(cu::DeviceProfiler* profiler, void* stream, float* attention_workspace,
+            cu::CudnnAttention* cudnn)
+      : profiler_(profiler), st_(stream), attn_ws_(attention_workspace), cudnn_(cudnn) {}
   void mark(OpFamily f) {
     if (profiler_) profiler_->mark(f);
   }
@@ -275,10 +278,16 @@ class DeviceOps {
     model::linear_backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_);
   }
   void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int C, int NH) {
+    if constexpr (std::is_same_v<A, bf16>)
+      if (cudnn_ && cudnn_->supports(B, T)) return cudnn_->forward(out, lse, qkv, B, T, st_);
     model::attention_forward(out, lse, qkv, B, T, C, NH, st_);
   }
+  // The same kernels as the forward of the shape (their lse conventions differ).
   void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const float* lse,
                           int B, int T, int C, int NH) {
+    if constexpr (std::is_same_v<A, bf16>)
+      if (cudnn_ && cudnn_->supports(B, T))
+        return cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, st_);
     model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, C, NH, st_);
   }
 
@@ -286,6 +295,7 @@ class DeviceOps {
   cu::DeviceProfiler* profiler_;
   void* st_;
   float* attn_ws_;
+  cu::CudnnAttention* cudnn_;
 };
 
 }  // namespace
@@ -301,6 +311,8 @@ struct DeviceGpt::Impl {
   cu::DeviceBuffer params, grads, moments, params16, acts;
   std::vector<float> host_losses;
   std::unique_ptr<cu::DeviceProfiler> profiler;
+  std::unique_ptr<cu::CudnnAttention> cudnn;  // bf16 with cuDNN's attention
+  std::string cudnn_why_not;                  // Auto fell back to flash: why
   kernels::Profile* profile = nullptr;
   void* st = nullptr;  // the legacy default stream
 
@@ -314,6 +326,21 @@ struct DeviceGpt::Impl {
 
   void mark(OpFamily f) {
     if (profiler) profiler->mark(f);
+  }
+  // cuDNN's attention if it loads and has an engine for the largest micro-batch; otherwise the
+  // flash kernels, or (required) an error saying why.
+  void use_cudnn(bool required) {
+    cudnn = cu::CudnnAttention::create(cfg.n_embd, cfg.n_head, &cudnn_why_not);
+    if (cudnn && !cudnn->supports(B_max, T_max)) {
+      cudnn_why_not = fmt::format("{} has no fused attention engine for B={} T={} head size {}",
+                                  cudnn->version(), B_max, T_max, cfg.head_dim());
+      cudnn.reset();
+    }
+    if (cudnn) cudnn_why_not.clear();
+    if (!cudnn && required)
+      throw Error("cuDNN attention unavailable: " + cudnn_why_not,
+                  "use the flash kernels (attention auto or flash), or put cuDNN 9's "
+                  "libcudnn.so.9 on the library path");
   }
   template <class T>
   T* at(std::size_t byte_offset) const {
@@ -351,7 +378,7 @@ struct DeviceGpt::Impl {
   }
   template <class A>
   DeviceOps<A> ops() const {
-    return DeviceOps<A>(profiler.get(), st, at<float>(off.attn_ws));
+    return DeviceOps<A>(profiler.get(), st, at<float>(off.attn_ws), cudnn.get());
   }
 
   template <class A>
@@ -419,7 +446,8 @@ void DeviceGpt::Impl::backward() {
                          st);
 }
 
-DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T) {
+DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T,
+                     DeviceAttention attention) {
   if (cu::device_count() == 0)
     throw Error("no CUDA device: " + cu::describe_devices(),
                 "run on a machine with an NVIDIA GPU and its driver, or on the CPU");
@@ -431,6 +459,8 @@ DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, i
                             cfg.head_dim()),
                 "use precision fp32, or a model whose n_embd / n_head is one of those");
   p_ = std::make_unique<Impl>(cfg, precision, B, T);
+  if (precision == DevicePrecision::Bf16 && attention != DeviceAttention::Flash)
+    p_->use_cudnn(attention == DeviceAttention::Cudnn);
   const std::size_t n = p_->layout.total();
   p_->params = cu::DeviceBuffer(n * sizeof(float));
   p_->grads = cu::DeviceBuffer(n * sizeof(float));
@@ -447,6 +477,14 @@ DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, i
 
 DeviceGpt::~DeviceGpt() = default;
 
+std::string DeviceGpt::attention_backend() const {
+  if (p_->precision == DevicePrecision::Fp32) return "reference (fp32)";
+  return p_->cudnn ? p_->cudnn->version() : "flash";
+}
+std::string DeviceGpt::attention_fallback_reason() const {
+  return p_->cudnn_why_not;
+}
+
 const ParamLayout& DeviceGpt::layout() const {
   return p_->layout;
 }
@@ -455,7 +493,7 @@ DevicePrecision DeviceGpt::precision() const {
 }
 std::size_t DeviceGpt::device_bytes() const {
   return p_->params.bytes() + p_->grads.bytes() + p_->moments.bytes() + p_->params16.bytes() +
-         p_->acts.bytes();
+         p_->acts.bytes() + (p_->cudnn ? p_->cudnn->workspace_bytes() : 0);
 }
 
 void DeviceGpt::upload_params(const float* host) {

@@ -5,15 +5,17 @@
 //
 // Precision::Bf16 is mixed precision: the tensors that feed GEMMs and attention (LayerNorm
 // outputs, qkv, attention output, MLP activations, logits) are bf16, read by bf16 GEMMs with fp32
-// accumulation and by the flash attention kernels, from a bf16 copy of the parameters that the
-// optimizer rewrites after each update. The residual stream and its gradient, LayerNorm
-// statistics, softmax and losses, all gradients and the optimizer state stay fp32.
+// accumulation and by the attention kernels (cuDNN's fused attention or tessera's flash kernels),
+// from a bf16 copy of the parameters that the optimizer rewrites after each update. The residual
+// stream and its gradient, LayerNorm statistics, softmax and losses, all gradients and the
+// optimizer state stay fp32.
 // Precision::Fp32 runs the same code with fp32 everywhere (no TF32), as the reference.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/kernels/profile.hpp"
@@ -26,12 +28,18 @@ enum class DevicePrecision { Fp32, Bf16 };
 
 const char* precision_name(DevicePrecision p);
 
+// Which causal attention kernels bf16 runs: cuDNN's fused attention where the machine has cuDNN 9
+// and it has an engine for the shape (Auto), tessera's own flash kernels, or cuDNN or an error.
+// fp32 always runs the plain reference kernels.
+enum class DeviceAttention { Auto, Flash, Cudnn };
+
 class DeviceGpt {
  public:
   // Allocates everything for micro-batches of up to (B, T) on the current device; throws
   // tessera::Error when CUDA is unavailable, when T exceeds the block size, or (Bf16) when the
   // head size has no flash kernel. Parameters start at zero: upload_params().
-  DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T);
+  DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T,
+            DeviceAttention attention = DeviceAttention::Auto);
   ~DeviceGpt();
   DeviceGpt(const DeviceGpt&) = delete;
   DeviceGpt& operator=(const DeviceGpt&) = delete;
@@ -39,6 +47,10 @@ class DeviceGpt {
   const ParamLayout& layout() const;
   DevicePrecision precision() const;
   std::size_t device_bytes() const;  // everything this model allocated
+  // The attention kernels in use: "reference (fp32)", "flash", or "cuDNN 9.x.y"; and, when Auto
+  // fell back to flash, why cuDNN is not used ("" otherwise).
+  std::string attention_backend() const;
+  std::string attention_fallback_reason() const;
 
   void upload_params(const float* host);  // (layout.total()); refreshes the bf16 copy
   void download_params(float* host) const;

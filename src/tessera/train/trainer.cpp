@@ -250,6 +250,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
                                                 plan.B * plan.accum * ndp);
   to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
+  if (model.device && lead && !opt.quiet) {
+    const std::string why = model.device->attention_fallback_reason();
+    log_info("GPU attention: {}{}", model.device->attention_backend(),
+             why.empty() ? "" : " (cuDNN not used: " + why + ")");
+  }
   announce_start(cfg, opt, out, lead, started, progress.step);
   // Metrics: resuming continues the file from the checkpoint's step, else it starts afresh.
   MetricsLog metrics;
