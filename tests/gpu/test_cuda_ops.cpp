@@ -315,7 +315,8 @@ TEST(CudaOps, AttentionForwardBackward) {
   const int B = 2, T = 37, C = 48, NH = 3;  // hs = 16
   std::vector<float> qkv = randn(rng, static_cast<std::size_t>(B) * T * 3 * C);
   std::vector<float> ref(B * T * C), ref_lse(B * NH * T);
-  cpu::attention_forward(GemmLibrary::OneDnn, ref.data(), ref_lse.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_forward(GemmLibrary::OneDnn, ref.data(), ref_lse.data(), qkv.data(), B, T, NH, NH,
+                         C / NH);
   auto d_qkv = upload(qkv);
   gpu::DeviceBuffer d_out(ref.size() * 4), d_lse(ref_lse.size() * 4);
   gpu::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), B, T, C, NH,
@@ -329,7 +330,7 @@ TEST(CudaOps, AttentionForwardBackward) {
   std::vector<float> dout = randn(rng, ref.size());
   std::vector<float> ref_dqkv(qkv.size(), 777.0f);  // overwrite contract: sentinel prefill
   cpu::attention_backward(GemmLibrary::OneDnn, ref_dqkv.data(), dout.data(), qkv.data(), ref.data(),
-                          ref_lse.data(), B, T, C, NH);
+                          ref_lse.data(), B, T, NH, NH, C / NH);
   std::vector<float> sentinel(qkv.size(), 777.0f);
   auto d_dout = upload(dout), d_dqkv = upload(sentinel), d_ref = upload(ref),
        d_rlse = upload(ref_lse);

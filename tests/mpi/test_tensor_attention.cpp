@@ -125,7 +125,8 @@ struct Reference {
     cpu::layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), ln_w.data(), ln_b.data(),
                            N, C);
     cpu::linear_forward(k_lib, qkv.data(), ln.data(), w_qkv.data(), b_qkv.data(), N, C, 3 * C);
-    cpu::attention_forward(k_lib, att.data(), lse.data(), qkv.data(), s.B, s.T, C, s.NH);
+    cpu::attention_forward(k_lib, att.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.NH,
+                           C / s.NH);
     y = x;
     cpu::linear_forward(k_lib, y.data(), att.data(), w_proj.data(), b_proj.data(), N, C, C, true);
 
@@ -135,7 +136,7 @@ struct Reference {
     cpu::linear_backward(k_lib, d_att.data(), g_w_proj.data(), g_b_proj.data(), dy.data(),
                          att.data(), w_proj.data(), N, C, C);
     cpu::attention_backward(k_lib, d_qkv.data(), d_att.data(), qkv.data(), att.data(), lse.data(),
-                            s.B, s.T, C, s.NH);
+                            s.B, s.T, s.NH, s.NH, C / s.NH);
     cpu::linear_backward(k_lib, d_ln.data(), g_w_qkv.data(), g_b_qkv.data(), d_qkv.data(),
                          ln.data(), w_qkv.data(), N, C, 3 * C);
     dx = dy;  // residual path; layernorm_backward accumulates the LayerNorm path

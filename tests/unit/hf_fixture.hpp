@@ -1,6 +1,7 @@
-// A parameter tensor of tessera's layout in the layout of the Hugging Face GPT-2 fixtures
-// (tools/make_gpt2_fixture.py): Conv1D weights transposed back to (in, out), the token embedding
-// without its vocabulary padding rows. Used by the CPU and GPU fixture tests.
+// A parameter tensor of tessera's layout in the layout of the Hugging Face fixtures
+// (tools/make_gpt2_fixture.py, tools/make_llama_fixture.py): GPT-2's Conv1D weights transposed
+// back to (in, out), the vocabulary matrices without their padding rows. Used by the CPU and GPU
+// fixture tests.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 inline std::vector<float> to_hf(const tessera::model::ParamTensor& t,
                                 const tessera::model::ModelConfig& cfg, const float* buf) {
   const float* p = buf + t.offset;
-  if (t.name == "wte.weight")
+  if (t.name == "wte.weight" || t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight")
     return std::vector<float>(p, p + std::size_t(cfg.vocab_size) * cfg.n_embd);
   if (!t.transposed_in_hf) return std::vector<float>(p, p + t.numel);
   std::vector<float> out(t.numel);

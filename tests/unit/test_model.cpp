@@ -20,6 +20,16 @@ model::ModelConfig tiny() {
   return model::ModelConfig{3, 4, 32, 24, 300};
 }
 
+// A llama of the same size: 2 key-value heads for 4 query heads, an MLP of 40, untied head.
+model::ModelConfig tiny_llama() {
+  auto c = tiny();
+  c.family = model::Family::Llama;
+  c.n_kv_head = 2;
+  c.intermediate_size = 40;
+  c.tie_embeddings = false;
+  return c;
+}
+
 std::vector<std::int32_t> random_tokens(int n, int V, std::uint64_t seed) {
   Rng r(seed);
   std::vector<std::int32_t> t(n);
@@ -67,10 +77,17 @@ TEST(Model, Gpt2InitStatistics) {
   EXPECT_NE(std::memcmp(p.data(), q.data(), p.bytes()), 0);
 }
 
-TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
+class ModelFamilies : public ::testing::TestWithParam<model::Family> {
+ protected:
+  model::ModelConfig config() const {
+    return GetParam() == model::Family::Llama ? tiny_llama() : tiny();
+  }
+};
+
+TEST_P(ModelFamilies, GradientAccumulationEqualsOneLargeBatch) {
   // Two micro-batches of B=2 with dloss = 1/(2*2*T) give the gradient of one batch of B=4 with
   // dloss = 1/(4*T), up to the order of fp32 sums (bound: 1e-6 absolute on gradients of O(1e-2)).
-  auto cfg = tiny();
+  auto cfg = config();
   model::ParamLayout layout(cfg);
   Buffer<float> p(layout.total()), g1(layout.total()), g2(layout.total());
   model::init_params(layout, p.data(), 5);
@@ -98,10 +115,11 @@ TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
   EXPECT_LT(maxdiff, 1e-6);
 }
 
-TEST(Model, KvCacheDecoderMatchesFullForward) {
+TEST_P(ModelFamilies, KvCacheDecoderMatchesFullForward) {
   // Decoding token by token with the cache gives, at every position, the logits of the full
-  // (B=1) forward over the same prefix (bound 2e-5: different GEMM shapes sum differently).
-  auto cfg = tiny();
+  // (B=1) forward over the same prefix (bound 2e-5: different GEMM shapes sum differently; llama:
+  // the rotation of the newest position is the same fp32 cos and sin as in the full forward).
+  auto cfg = config();
   model::ParamLayout layout(cfg);
   Buffer<float> p(layout.total());
   model::init_params(layout, p.data(), 9);
@@ -118,6 +136,58 @@ TEST(Model, KvCacheDecoderMatchesFullForward) {
       ASSERT_NEAR(l[v], ref[v], 2e-5) << "t=" << t << " v=" << v;
   }
   EXPECT_THROW(dec.step(x[0]), Error);  // context full
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, ModelFamilies,
+                         ::testing::Values(model::Family::Gpt2, model::Family::Llama),
+                         [](const auto& info) { return model::family_name(info.param); });
+
+TEST(Model, LlamaInitAndLayout) {
+  auto cfg = tiny_llama();
+  model::ParamLayout layout(cfg);
+  EXPECT_EQ(layout.wpe, model::k_absent);
+  EXPECT_NE(layout.head, layout.wte);
+  // q, k, v and gate, up lie back to back: one matrix each for the fused GEMMs
+  const auto& q = *layout.find("model.layers.1.self_attn.q_proj.weight");
+  const auto& k = *layout.find("model.layers.1.self_attn.k_proj.weight");
+  const auto& v = *layout.find("model.layers.1.self_attn.v_proj.weight");
+  EXPECT_EQ(k.offset, q.offset + q.numel);
+  EXPECT_EQ(v.offset, k.offset + k.numel);
+  EXPECT_EQ(q.numel + k.numel + v.numel, std::size_t(cfg.qkv_rows()) * cfg.n_embd);
+  const auto& gate = *layout.find("model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(layout.find("model.layers.0.mlp.up_proj.weight")->offset, gate.offset + gate.numel);
+  EXPECT_EQ(layout.layers[0].qkv_b, model::k_absent);
+  // parameters: the layout's count is the formula's
+  EXPECT_DOUBLE_EQ(
+      double(layout.count_unpadded()) + 2.0 * (cfg.padded_vocab() - cfg.vocab_size) * cfg.n_embd,
+      model::param_count(cfg));
+  Buffer<float> p(layout.total());
+  model::init_params(layout, p.data(), 1);
+  for (const char* n : {"model.layers.2.input_layernorm.weight", "model.norm.weight"}) {
+    const auto& t = *layout.find(n);
+    for (std::size_t i = 0; i < t.numel; ++i) ASSERT_EQ(p[t.offset + i], 1.0f) << n;
+  }
+  const auto& head = *layout.find("lm_head.weight");
+  for (std::size_t i = std::size_t(cfg.vocab_size) * cfg.n_embd; i < head.numel; ++i)
+    ASSERT_EQ(p[head.offset + i], 0.0f);
+}
+
+TEST(Model, BadFamilySettingsAreRefused) {
+  auto bad = tiny_llama();
+  bad.n_kv_head = 3;  // 4 heads are not divisible by 3
+  EXPECT_THROW(model::validate(bad), Error);
+  bad = tiny_llama();
+  bad.n_embd = 36, bad.n_head = 4;  // head size 9: odd, no rotary pairs
+  EXPECT_THROW(model::validate(bad), Error);
+  auto gpt = tiny();
+  gpt.n_kv_head = 2;  // a llama setting on a gpt2 model
+  EXPECT_THROW(model::validate(gpt), Error);
+  gpt = tiny();
+  gpt.tie_embeddings = false;
+  EXPECT_THROW(model::validate(gpt), Error);
+  gpt = tiny();
+  gpt.intermediate_size = 40;
+  EXPECT_THROW(model::validate(gpt), Error);
 }
 
 TEST(Model, BadTokensAreRejected) {

@@ -1,14 +1,18 @@
-// The whole model against PyTorch: tools/make_gpt2_fixture.py (Debian's torch 1.13, fp32) wrote a
-// tiny GPT-2 in Hugging Face layout, its logits, loss, every parameter gradient, and 10 AdamW
-// steps. Loading it exercises the HF import path (Conv1D transposes, mask buffers ignored,
+// The whole model against PyTorch, for each family: tools/make_gpt2_fixture.py (Debian's torch
+// 1.13, fp32) wrote a tiny GPT-2 in Hugging Face layout, and tools/make_llama_fixture.py (the same
+// torch, transformers 4.45.2's LlamaForCausalLM) two tiny Llamas with grouped-query attention (4
+// heads, 2 key-value heads), an MLP of 48 (not 4C) and the head untied or tied; each with its
+// logits, loss, every parameter gradient, and 10 AdamW steps. Loading them exercises the HF
+// import path (GPT-2's Conv1D transposes and mask buffers, Llama's config.json and names,
 // vocabulary padding 100 -> 128).
 //
 // Tolerances (fp32 on both sides; the fixture's own f32-vs-f64 noise is ~1e-7): our GEMMs sum in
 // a different order and exp/tanh are polynomial approximations with ~1e-7 relative error, so
 // per-element differences of a few 1e-7 relative are expected; bounds are set ~10x above that.
-// The key slice of c_attn.bias has a true gradient of exactly 0 (softmax is shift-invariant), so
-// after 10 AdamW steps it holds round-off noise of up to ~1e-5 on both sides (tools/README.md):
-// final parameters use atol 3e-5 for that reason.
+// The key slice of GPT-2's c_attn.bias has a true gradient of exactly 0 (softmax is
+// shift-invariant), so after 10 AdamW steps it holds round-off noise of up to ~1e-5 on both sides
+// (tools/README.md): final parameters use atol 3e-5 for that reason. (The Llama fixtures have no
+// zero gradient; their f32-vs-f64 noise after 10 steps is up to ~1e-6.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,7 +29,7 @@
 using namespace tessera;
 
 namespace {
-const std::filesystem::path k_dir = std::filesystem::path(TESSERA_FIXTURES) / "gpt2_tiny";
+const std::filesystem::path k_fixtures = std::filesystem::path(TESSERA_FIXTURES);
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double atol,
                   double rtol, const std::string& what) {
@@ -41,9 +45,10 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 }  // namespace
 
-class ModelFixture : public ::testing::Test {
+class ModelFixture : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
+    k_dir = k_fixtures / GetParam();
     if (!std::filesystem::exists(k_dir / "expected.safetensors")) GTEST_SKIP() << "fixture missing";
     loaded = io::load_model(k_dir);
     expected_ = io::SafetensorsFile::open(k_dir / "expected.safetensors");
@@ -56,22 +61,30 @@ class ModelFixture : public ::testing::Test {
       }
   }
   static constexpr int B = 2, T = 8;
+  std::filesystem::path k_dir;
   io::LoadedModel loaded;
   std::optional<io::SafetensorsFile> expected_;
   const io::SafetensorsFile& expected_file() const { return *expected_; }
   std::vector<std::int32_t> inputs, targets;
 };
 
-TEST_F(ModelFixture, ConfigAndPaddingFromHfFiles) {
-  EXPECT_EQ(loaded.config.n_layer, 2);
-  EXPECT_EQ(loaded.config.n_head, 4);
-  EXPECT_EQ(loaded.config.n_embd, 32);
-  EXPECT_EQ(loaded.config.block_size, 16);
-  EXPECT_EQ(loaded.config.vocab_size, 100);
-  EXPECT_EQ(loaded.config.padded_vocab(), 128);
+TEST_P(ModelFixture, ConfigAndPaddingFromHfFiles) {
+  const auto& c = loaded.config;
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_embd, 32);
+  EXPECT_EQ(c.block_size, 16);
+  EXPECT_EQ(c.vocab_size, 100);
+  EXPECT_EQ(c.padded_vocab(), 128);
+  if (!c.llama()) return;
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_EQ(c.ffn(), 48);
+  EXPECT_EQ(c.tie_embeddings, std::string(GetParam()) == "llama_tiny_tied");
+  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
 }
 
-TEST_F(ModelFixture, LogitsAndLossMatchPyTorch) {
+TEST_P(ModelFixture, LogitsAndLossMatchPyTorch) {
   model::ParamLayout layout(loaded.config);
   model::Activations acts;
   float loss =
@@ -86,7 +99,7 @@ TEST_F(ModelFixture, LogitsAndLossMatchPyTorch) {
   expect_close(got, want, 1e-6, 1e-5, "logits");
 }
 
-TEST_F(ModelFixture, EveryGradientMatchesPyTorch) {
+TEST_P(ModelFixture, EveryGradientMatchesPyTorch) {
   model::ParamLayout layout(loaded.config);
   model::Activations acts;
   Buffer<float> grads(layout.total());
@@ -103,11 +116,13 @@ TEST_F(ModelFixture, EveryGradientMatchesPyTorch) {
   // padded vocabulary rows get no gradient
   const auto& cfg = loaded.config;
   for (std::size_t i = std::size_t(cfg.vocab_size) * cfg.n_embd;
-       i < std::size_t(cfg.padded_vocab()) * cfg.n_embd; ++i)
+       i < std::size_t(cfg.padded_vocab()) * cfg.n_embd; ++i) {
     ASSERT_EQ(grads[layout.wte + i], 0.0f);
+    ASSERT_EQ(grads[layout.head + i], 0.0f);
+  }
 }
 
-TEST_F(ModelFixture, TenAdamWStepsMatchPyTorch) {
+TEST_P(ModelFixture, TenAdamWStepsMatchPyTorch) {
   model::ParamLayout layout(loaded.config);
   model::Activations acts;
   Buffer<float> grads(layout.total()), m(layout.total()), v(layout.total());
@@ -132,7 +147,7 @@ TEST_F(ModelFixture, TenAdamWStepsMatchPyTorch) {
                  expected_->read_f32("final." + t.name), 3e-5, 1e-4, "final." + t.name);
 }
 
-TEST_F(ModelFixture, SaveLoadRoundTripIsExact) {
+TEST_P(ModelFixture, SaveLoadRoundTripIsExact) {
   model::ParamLayout layout(loaded.config);
   auto dir = std::filesystem::temp_directory_path() / "tessera_fixture_roundtrip";
   std::filesystem::remove_all(dir);
@@ -143,3 +158,7 @@ TEST_F(ModelFixture, SaveLoadRoundTripIsExact) {
     ASSERT_EQ(again.params[i], loaded.params[i]) << i;
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelFixture,
+                         ::testing::Values("gpt2_tiny", "llama_tiny", "llama_tiny_tied"),
+                         [](const auto& info) { return std::string(info.param); });

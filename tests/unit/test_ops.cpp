@@ -391,19 +391,21 @@ struct AttentionRef {
   std::vector<double> out, lse;
 };
 
-// Naive causal attention in double: qkv (B,T,3C) -> out (B,T,C), lse (B,NH,T).
-AttentionRef attention_ref(const std::vector<float>& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+// Causal grouped-query attention in double: rows of qkv hold q (NH heads), k and v (KV heads
+// each), hs per head; query head h reads key-value head h / (NH / KV).
+AttentionRef attention_ref(const std::vector<float>& qkv, int B, int T, int NH, int KV, int hs) {
+  const int W = (NH + 2 * KV) * hs, OC = NH * hs, group = NH / KV;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  AttentionRef r{std::vector<double>(B * T * C, 0.0), std::vector<double>(B * NH * T)};
+  AttentionRef r{std::vector<double>(B * T * OC, 0.0), std::vector<double>(B * NH * T)};
   std::vector<double> s(T);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       for (int i = 0; i < T; ++i) {
-        const float* q = qkv.data() + (b * T + i) * 3 * C + h * hs;
+        const int g = h / group;
+        const float* q = qkv.data() + (b * T + i) * W + h * hs;
         double mx = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= i; ++j) {
-          const float* k = qkv.data() + (b * T + j) * 3 * C + C + h * hs;
+          const float* k = qkv.data() + (b * T + j) * W + (NH + g) * hs;
           double d = 0.0;
           for (int c = 0; c < hs; ++c) d += static_cast<double>(q[c]) * k[c];
           s[j] = d * scale;
@@ -415,37 +417,39 @@ AttentionRef attention_ref(const std::vector<float>& qkv, int B, int T, int C, i
         r.lse[(b * NH + h) * T + i] = lse;
         for (int j = 0; j <= i; ++j) {
           const double p = std::exp(s[j] - lse);
-          const float* v = qkv.data() + (b * T + j) * 3 * C + 2 * C + h * hs;
-          for (int c = 0; c < hs; ++c) r.out[(b * T + i) * C + h * hs + c] += p * v[c];
+          const float* v = qkv.data() + (b * T + j) * W + (NH + KV + g) * hs;
+          for (int c = 0; c < hs; ++c) r.out[(b * T + i) * OC + h * hs + c] += p * v[c];
         }
       }
   return r;
 }
 
-void check_attention(GemmLibrary lib, int B, int T, int C, int NH, std::uint64_t seed) {
-  SCOPED_TRACE(lib_name(lib) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-               " C=" + std::to_string(C) + " NH=" + std::to_string(NH));
+void check_attention(GemmLibrary lib, int B, int T, int NH, int KV, int hs, std::uint64_t seed) {
+  SCOPED_TRACE(lib_name(lib) + " B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+               std::to_string(NH) + " KV=" + std::to_string(KV) + " hs=" + std::to_string(hs));
+  const int W = (NH + 2 * KV) * hs, OC = NH * hs, group = NH / KV;
   Rng rng(seed);
-  auto qkv = randn(rng, B * T * 3 * C);
-  const auto R = randn(rng, B * T * C);
-  std::vector<float> out(B * T * C, k_sentinel), lse(B * NH * T, k_sentinel);
-  cpu::attention_forward(lib, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  auto qkv = randn(rng, B * T * W);
+  const auto R = randn(rng, B * T * OC);
+  std::vector<float> out(B * T * OC, k_sentinel), lse(B * NH * T, k_sentinel);
+  cpu::attention_forward(lib, out.data(), lse.data(), qkv.data(), B, T, NH, KV, hs);
 
   // Forward against double. Scores are hs-term dot products (|s| <~ 3), the softmax uses
   // exp_approx (~2e-7 relative) and fp32 sums of <= T terms; out is a convex combination of
   // |v| <~ 3: error ~ a few u * 3. lse ~ O(1..3): a few ulp. atol 2e-6 + rtol 1e-6 for both.
-  const auto ref = attention_ref(qkv, B, T, C, NH);
+  const auto ref = attention_ref(qkv, B, T, NH, KV, hs);
   expect_close("attention out", out.data(), ref.out.data(), out.size(), {2e-6, 1e-6});
   expect_close("attention lse", lse.data(), ref.lse.data(), lse.size(), {2e-6, 1e-6});
 
   // Backward overwrites dqkv: start it from the sentinel.
   std::vector<float> dqkv(qkv.size(), k_sentinel);
-  cpu::attention_backward(lib, dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, C,
-                          NH);
-  if (T == 1) {
+  cpu::attention_backward(lib, dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
+                          KV, hs);
+  if (T == 1 && KV == NH) {
     // One key per query: P = 1 exactly (exp_approx(0) = 1), so out = v and dv = P^T dout = dout
     // bit for bit; the scores do not matter, so dq = dk = 0 up to the rounding of dO.v - dO.o
     // (two fp32 dot products of hs = 4 terms of size ~1: < 1e-6).
+    const int C = OC;
     for (int b = 0; b < B; ++b)
       for (int c = 0; c < C; ++c) {
         EXPECT_NEAR(dqkv[b * 3 * C + c], 0.0f, 1e-6) << "dq";
@@ -458,21 +462,32 @@ void check_attention(GemmLibrary lib, int B, int T, int C, int NH, std::uint64_t
   // the hs outputs of its head for the <= T queries of its sequence (<= 20 outputs of |out*R|
   // <~ 3): rounding noise <~ 20 * 3 * 4u / (2h) ~ 7e-4 worst case at h = 1e-2 (RMS ~1e-5);
   // truncation h^2/6 * |L'''| with softmax third derivatives O(1..10) gives <~ 2e-4.
-  // atol 5e-4 + rtol 1e-3.
+  // A key or value element of a shared head touches the outputs of the `group` query heads
+  // that read it: the noise grows with them, so atol is 5e-4 per head of the group; rtol 1e-3.
   auto loss = [&] {
-    cpu::attention_forward(lib, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_forward(lib, out.data(), lse.data(), qkv.data(), B, T, NH, KV, hs);
     return dot(out.data(), R.data(), out.size());
   };
-  check_gradient("attention dqkv", qkv.data(), qkv.size(), dqkv.data(), loss, 1e-2, {5e-4, 1e-3},
-                 rng, 1000);
+  check_gradient("attention dqkv", qkv.data(), qkv.size(), dqkv.data(), loss, 1e-2,
+                 {5e-4 * group, 1e-3}, rng, 1000);
 }
 
 TEST(Ops, AttentionForwardBackward) {
   std::uint64_t seed = 500;
   for (GemmLibrary lib : k_libs) {
-    check_attention(lib, 2, 5, 8, 2, ++seed);
-    check_attention(lib, 2, 1, 8, 2, ++seed);
-    check_attention(lib, 1, 7, 12, 3, ++seed);
+    check_attention(lib, 2, 5, 2, 2, 4, ++seed);
+    check_attention(lib, 2, 1, 2, 2, 4, ++seed);
+    check_attention(lib, 1, 7, 3, 3, 4, ++seed);
+  }
+}
+
+// Grouped-query attention (llama): 2 and 4 query heads per key-value head; the backward sums the
+// key and value gradients of a group's heads.
+TEST(Ops, GroupedQueryAttentionForwardBackward) {
+  std::uint64_t seed = 600;
+  for (GemmLibrary lib : k_libs) {
+    check_attention(lib, 2, 5, 4, 2, 4, ++seed);
+    check_attention(lib, 1, 6, 4, 1, 6, ++seed);
   }
 }
 

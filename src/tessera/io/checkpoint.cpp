@@ -28,7 +28,9 @@ void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t col
 }
 
 std::vector<std::int64_t> hf_shape(const model::ParamTensor& t, const model::ModelConfig& cfg) {
-  if (t.name == "wte.weight") return {cfg.vocab_size, cfg.n_embd};
+  // The vocabulary matrices hold only the real vocabulary in files (tessera pads them).
+  if (t.name == "wte.weight" || t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight")
+    return {cfg.vocab_size, cfg.n_embd};
   if (t.transposed_in_hf) return {t.shape[1], t.shape[0]};
   return t.shape;
 }
@@ -66,6 +68,55 @@ void save_model(const fs::path& dir, const model::ParamLayout& layout, const flo
   write_file_atomic(dir / "config.json", hf_config_text(cfg, 2) + "\n");
 }
 
+namespace {
+
+// Hugging Face's LlamaConfig (model_type "llama"): what tessera's llama family runs, and a clear
+// refusal of what it does not (biases, other activations, rotary scaling).
+template <class GetInt>
+model::ModelConfig parse_llama_config(const json& j, const std::string& source, GetInt& get) {
+  auto number = [&](const char* key, double fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number()) throw Error(fmt::format("{}: '{}' must be a number", source, key));
+    return j[key].get<double>();
+  };
+  auto flag = [&](const char* key, bool fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_boolean())
+      throw Error(fmt::format("{}: '{}' must be true or false", source, key));
+    return j[key].get<bool>();
+  };
+  model::ModelConfig c;
+  c.family = model::Family::Llama;
+  c.n_layer = get("num_hidden_layers", nullptr);
+  c.n_head = get("num_attention_heads", nullptr);
+  c.n_embd = get("hidden_size", nullptr);
+  c.block_size = get("max_position_embeddings", nullptr);
+  c.vocab_size = get("vocab_size", nullptr);
+  c.n_kv_head = j.contains("num_key_value_heads") ? get("num_key_value_heads", nullptr) : c.n_head;
+  c.intermediate_size = get("intermediate_size", nullptr);
+  c.norm_eps = number("rms_norm_eps", 1e-6);
+  c.rope_theta = number("rope_theta", 10000.0);
+  c.tie_embeddings = flag("tie_word_embeddings", false);
+  if (j.contains("head_dim") && !j["head_dim"].is_null() &&
+      get("head_dim", nullptr) != c.n_embd / c.n_head)
+    throw Error(fmt::format("{}: head_dim {} is not hidden_size / num_attention_heads", source,
+                            j["head_dim"].dump()),
+                "tessera's llama family has head_dim = hidden_size / num_attention_heads");
+  if (flag("attention_bias", false) || flag("mlp_bias", false))
+    throw Error(fmt::format("{}: attention_bias / mlp_bias are not supported", source),
+                "tessera's llama family has no biases");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    throw Error(fmt::format("{}: hidden_act {} is not supported", source, j["hidden_act"].dump()),
+                "tessera's llama family uses SwiGLU (hidden_act \"silu\")");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    throw Error(
+        fmt::format("{}: rope_scaling {} is not supported yet", source, j["rope_scaling"].dump()),
+        "tessera applies plain rotary positions (no frequency scaling)");
+  return c;
+}
+
+}  // namespace
+
 model::ModelConfig read_hf_config(const fs::path& path) {
   return parse_hf_config(read_file(path, "model config"), path.string());
 }
@@ -89,16 +140,21 @@ model::ModelConfig parse_hf_config(std::string_view text, const std::string& sou
       throw Error(fmt::format("{}: '{}' = {} is out of range", path.string(), key, x));
     return static_cast<int>(x);
   };
-  if (j.contains("model_type") && j["model_type"] != "gpt2")
+  const bool llama = j.contains("model_type") && j["model_type"] == "llama";
+  if (j.contains("model_type") && j["model_type"] != "gpt2" && !llama)
     throw Error(
         fmt::format("{}: model_type {} is not supported", path.string(), j["model_type"].dump()),
-        "tessera loads GPT-2 architecture models");
+        "tessera loads GPT-2 and Llama architecture models");
   model::ModelConfig c;
-  c.n_layer = get("n_layer", "num_hidden_layers");
-  c.n_head = get("n_head", "num_attention_heads");
-  c.n_embd = get("n_embd", "hidden_size");
-  c.block_size = get("n_positions", "n_ctx");
-  c.vocab_size = get("vocab_size", nullptr);
+  if (llama) {
+    c = parse_llama_config(j, path.string(), get);
+  } else {
+    c.n_layer = get("n_layer", "num_hidden_layers");
+    c.n_head = get("n_head", "num_attention_heads");
+    c.n_embd = get("n_embd", "hidden_size");
+    c.block_size = get("n_positions", "n_ctx");
+    c.vocab_size = get("vocab_size", nullptr);
+  }
   try {
     model::validate(c);
   } catch (const Error& e) {
@@ -161,7 +217,7 @@ void check_no_unexpected_tensors(const SafetensorsFile& st, const model::ParamLa
     std::string n = t.name.substr(t.name.rfind(prefix, 0) == 0 ? prefix.size() : 0);
     bool known = layout.find(n) != nullptr;
     bool ignorable =
-        n == "lm_head.weight" || t.name == "lm_head.weight" ||
+        n == "lm_head.weight" || t.name == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq") ||
         (n.size() > 10 && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")));
     if (!known && !ignorable)
       throw Error(fmt::format("{} holds an unexpected tensor '{}'", st.path().string(), t.name),
@@ -526,6 +582,26 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
 }
 
 std::string hf_config_text(const model::ModelConfig& c, int indent) {
+  if (c.llama()) {
+    const json j{{"model_type", "llama"},
+                 {"architectures", {"LlamaForCausalLM"}},
+                 {"num_hidden_layers", c.n_layer},
+                 {"num_attention_heads", c.n_head},
+                 {"num_key_value_heads", c.kv_heads()},
+                 {"hidden_size", c.n_embd},
+                 {"head_dim", c.head_dim()},
+                 {"intermediate_size", c.ffn()},
+                 {"max_position_embeddings", c.block_size},
+                 {"vocab_size", c.vocab_size},
+                 {"rms_norm_eps", c.norm_eps},
+                 {"rope_theta", c.rope_theta},
+                 {"tie_word_embeddings", c.tie_embeddings},
+                 {"hidden_act", "silu"},
+                 {"attention_bias", false},
+                 {"mlp_bias", false},
+                 {"torch_dtype", "float32"}};
+    return j.dump(indent);
+  }
   const json j{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
                {"n_layer", c.n_layer},       {"n_head", c.n_head},
                {"n_embd", c.n_embd},         {"n_positions", c.block_size},

@@ -1,4 +1,11 @@
-// GPT-2 architecture hyperparameters.
+// The model's hyperparameters. One model definition serves every family; a family is a set of
+// choices the definition reads from here:
+//   gpt2:  LayerNorm (weight and bias), learned positions, GELU MLP of 4 * n_embd, biases on every
+//          linear layer, the head tied to the token embedding, n_kv_head = n_head.
+//   llama: RMSNorm (weight only, norm_eps), rotary positions on q and k (rope_theta, Hugging
+//          Face's rotate-half layout), SwiGLU MLP (gate and up of intermediate_size, then down),
+//          no biases, grouped-query attention (n_kv_head heads of keys and values, each shared by
+//          n_head / n_kv_head query heads), the head tied or not (tie_embeddings).
 #pragma once
 
 #include <cstdint>
@@ -8,14 +15,31 @@ namespace tessera::model {
 
 inline constexpr int k_vocab_pad_multiple = 128;
 
+enum class Family { Gpt2, Llama };
+const char* family_name(Family f);  // "gpt2", "llama"
+
 struct ModelConfig {
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 256;
   int block_size = 128;    // max sequence length (rows of the position embedding)
   int vocab_size = 50257;  // real vocabulary; the embedding is padded to padded_vocab()
+  Family family = Family::Gpt2;
+  // llama only (gpt2 has n_kv_head = n_head, an MLP of 4 * n_embd and a tied head):
+  int n_kv_head = 0;          // 0: n_head
+  int intermediate_size = 0;  // 0: 4 * n_embd
+  double norm_eps = 1e-5;     // RMSNorm epsilon (gpt2's LayerNorm: 1e-5 always)
+  double rope_theta = 10000.0;
+  bool tie_embeddings = true;
 
+  bool llama() const { return family == Family::Llama; }
   int head_dim() const { return n_embd / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ffn() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
+  // Rows of the fused q, k, v projection: (n_head + 2 n_kv_head) head_dim.
+  int qkv_rows() const { return (n_head + 2 * kv_heads()) * head_dim(); }
+  // Rows of the MLP's first projection: gpt2's fc (4C), llama's gate and up (2 x ffn).
+  int fc_rows() const { return llama() ? 2 * ffn() : ffn(); }
   int padded_vocab() const {
     return (vocab_size + k_vocab_pad_multiple - 1) / k_vocab_pad_multiple * k_vocab_pad_multiple;
   }
@@ -32,10 +56,13 @@ inline constexpr double k_max_params = 1e14;
 // any shape, however absurd, gives a number instead of an overflow.
 double param_count(const ModelConfig& cfg);
 
-// Throws tessera::Error when the shape is not a valid GPT (positive sizes, heads divide width),
-// or is absurdly large (more than k_max_layers layers or k_max_params parameters; the message
-// says how much memory it would need).
+// Throws tessera::Error when the shape is not a valid model (positive sizes, heads divide width,
+// kv heads divide heads, an even head size for rotary positions, no llama-only setting on a gpt2
+// model), or is absurdly large (more than k_max_layers layers or k_max_params parameters; the
+// message says how much memory it would need).
 void validate(const ModelConfig& cfg);
+// The size limits of validate() alone.
+void validate_size(const ModelConfig& cfg);
 
 // FLOPs of one forward pass over T tokens of context, per token (matmuls + attention scores and
 // values, full T x T counted as the GPU kernels compute it). Training (fwd + bwd) is 3x this.

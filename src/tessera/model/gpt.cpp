@@ -75,12 +75,34 @@ class CpuOps {
     k::linear_backward_input(lib_, dinp, dout, w, N, IC, OC);
     k::gelu_backward(dinp, pre, dinp, N * IC);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    k::attention_forward(lib_, out, lse, qkv, B, T, C, NH);
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, std::int64_t N,
+                       int C, float eps) {
+    k::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* /*dinp_a: dinp itself*/, float* dw, const float* dout,
+                        const float* inp, const float* w, const float* rstd, std::int64_t N,
+                        int C) {
+    k::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
+    k::swiglu_forward(out, inp, N, F);
+  }
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F) {
+    k::swiglu_backward(dinp, dout, inp, N, F);
+  }
+  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta) {
+    k::rope_forward(qkv, B, T, NH, KV, hs, theta);
+  }
+  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
+    k::rope_backward(dqkv, B, T, NH, KV, hs, theta);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
+                         int hs) {
+    k::attention_forward(lib_, out, lse, qkv, B, T, NH, KV, hs);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int B, int T, int C, int NH) {
-    k::attention_backward(lib_, dqkv, dout, qkv, out, lse, B, T, C, NH);
+                          const float* lse, int B, int T, int NH, int KV, int hs) {
+    k::attention_backward(lib_, dqkv, dout, qkv, out, lse, B, T, NH, KV, hs);
   }
 
  private:
@@ -93,12 +115,12 @@ class CpuOps {
 
 // A layer's parameters (a block from the store, laid out from `w.begin`) and activations.
 BlockWeights<float> block_weights(const LayerOffsets& w, const float* blk) {
-  auto P = [&](std::size_t off) { return blk + (off - w.begin); };
+  auto P = [&](std::size_t off) { return off == k_absent ? nullptr : blk + (off - w.begin); };
   return {P(w.ln1_w), P(w.ln1_b), P(w.qkv_w), P(w.qkv_b), P(w.attproj_w), P(w.attproj_b),
           P(w.ln2_w), P(w.ln2_b), P(w.fc_w),  P(w.fc_b),  P(w.fcproj_w),  P(w.fcproj_b)};
 }
 BlockGrads block_grads(const LayerOffsets& w, float* gblk) {
-  auto G = [&](std::size_t off) { return gblk + (off - w.begin); };
+  auto G = [&](std::size_t off) { return off == k_absent ? nullptr : gblk + (off - w.begin); };
   return {G(w.ln1_w), G(w.ln1_b), G(w.qkv_w), G(w.qkv_b), G(w.attproj_w), G(w.attproj_b),
           G(w.ln2_w), G(w.ln2_b), G(w.fc_w),  G(w.fc_b),  G(w.fcproj_w),  G(w.fcproj_b)};
 }
@@ -126,15 +148,17 @@ void init_params(const ParamLayout& layout, float* params, std::uint64_t seed) {
       std::string_view sv(s);
       return n.size() >= sv.size() && n.compare(n.size() - sv.size(), sv.size(), sv) == 0;
     };
-    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
+    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight") ||
+        ends_with("norm.weight") || ends_with("layernorm.weight")) {
       std::fill(p, p + t.numel, 1.0f);
       continue;
     }
     if (ends_with(".bias")) continue;  // zeros
-    float stdev =
-        (ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight")) ? std_resid : std_base;
+    const bool residual = ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight") ||
+                          ends_with("o_proj.weight") || ends_with("down_proj.weight");
+    float stdev = residual ? std_resid : std_base;
     std::size_t n_init = t.numel;
-    if (n == "wte.weight")
+    if (t.offset == layout.wte || t.offset == layout.head)
       n_init = static_cast<std::size_t>(cfg.vocab_size) * cfg.n_embd;  // pad rows stay 0
     std::size_t chunks = (n_init + k_chunk - 1) / k_chunk;
 #pragma omp parallel for schedule(static)
@@ -151,7 +175,8 @@ void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
   B = B_;
   T = T_;
   const std::size_t N = static_cast<std::size_t>(B) * T, C = cfg.n_embd, NH = cfg.n_head;
-  const std::size_t Vp = cfg.padded_vocab();
+  const std::size_t Vp = cfg.padded_vocab(), QKV = cfg.qkv_rows(), FC = cfg.fc_rows();
+  const std::size_t F = cfg.ffn();
   std::size_t off = 0;
   auto take = [&](std::size_t n) {
     std::size_t o = off;
@@ -164,15 +189,15 @@ void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
     l.ln1 = take(N * C);
     l.ln1_mean = take(N);
     l.ln1_rstd = take(N);
-    l.qkv = take(N * 3 * C);
+    l.qkv = take(N * QKV);
     l.atty = take(N * C);
     l.att_lse = take(N * NH);
     l.res2 = take(N * C);
     l.ln2 = take(N * C);
     l.ln2_mean = take(N);
     l.ln2_rstd = take(N);
-    l.fch = take(N * 4 * C);
-    l.fch_gelu = take(N * 4 * C);
+    l.fch = take(N * FC);
+    l.fch_gelu = take(N * F);
     l.res3 = take(N * C);
   }
   lnf = take(N * C);
@@ -183,8 +208,9 @@ void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
   d_res = take(N * C);
   d_ln = take(N * C);
   d_atty = take(N * C);
-  d_qkv = take(N * 3 * C);
-  d_fch = take(N * 4 * C);
+  d_qkv = take(N * QKV);
+  d_fch = take(N * FC);
+  d_act = cfg.llama() ? take(N * F) : k_absent;
   buf.resize(off);
 }
 
@@ -196,7 +222,7 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
     throw Error(
         fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg.block_size));
   a.allocate(cfg, B, T);
-  const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd, V = cfg.vocab_size, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   const auto lib = opt.gemm;
   kernels::Profile* const PROF = opt.profile;
@@ -213,10 +239,11 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
 
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_forward(a.at(a.encoded), inputs, PE(layout.wte), PE(layout.wpe), B, T, C);
+    k::embedding_forward(a.at(a.encoded), inputs, PE(layout.wte),
+                         layout.wpe == k_absent ? nullptr : PE(layout.wpe), B, T, C);
   }
   const float* residual = a.at(a.encoded);
-  const BlockShape shape{B, T, C, NH};
+  const BlockShape shape = block_shape(cfg, B, T);
   for (int l = 0; l < cfg.n_layer; ++l) {
     CpuOps ops(lib, PROF);
     block_forward(ops, block_weights(layout.layers[l], store.params(l + 1)), block_acts(a, l),
@@ -228,13 +255,18 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
   auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-    k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
-                         PF(layout.lnf_w), PF(layout.lnf_b), N, C);
+    if (cfg.llama())
+      k::rmsnorm_forward(a.at(a.lnf), a.at(a.lnf_rstd), residual, PF(layout.lnf_w), N, C,
+                         static_cast<float>(cfg.norm_eps));
+    else
+      k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
+                           PF(layout.lnf_w), PF(layout.lnf_b), N, C);
   }
-  // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
+  // LM head (tied: the token embedding): logits (N,Vp) = lnf (N,C) @ head^T (C,Vp)
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), PE(layout.wte), nullptr, N, C, Vp);
+    const float* head = layout.head == layout.wte ? PE(layout.wte) : PF(layout.head);
+    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), head, nullptr, N, C, Vp);
   }
   store.release(cfg.n_layer + 1);
   if (!targets) return 0.0f;
@@ -267,7 +299,7 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
-  const int C = cfg.n_embd, NH = cfg.n_head, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   store.begin_backward();
   const float* E = store.params(0);
@@ -285,22 +317,32 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   // LM head: logits now hold dlogits (N,Vp)
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    k::linear_backward(lib, d_ln, GE(layout.wte), nullptr, a.at(a.logits), a.at(a.lnf),
-                       PE(layout.wte), N, C, Vp);
+    const bool tied = layout.head == layout.wte;
+    k::linear_backward(lib, d_ln, tied ? GE(layout.wte) : GF(layout.head), nullptr, a.at(a.logits),
+                       a.at(a.lnf), tied ? PE(layout.wte) : PF(layout.head), N, C, Vp);
   }
   std::fill(d_res, d_res + N * C, 0.0f);
   const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-    k::layernorm_backward(d_res, GF(layout.lnf_w), GF(layout.lnf_b), d_ln, last, PF(layout.lnf_w),
-                          a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
+    if (cfg.llama())
+      k::rmsnorm_backward(d_res, GF(layout.lnf_w), d_ln, last, PF(layout.lnf_w), a.at(a.lnf_rstd),
+                          N, C);
+    else
+      k::layernorm_backward(d_res, GF(layout.lnf_w), GF(layout.lnf_b), d_ln, last, PF(layout.lnf_w),
+                            a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
   }
 
-  store.grads_done(LB);  // ln_f
+  store.grads_done(LB);  // the final norm (and an untied head)
   store.release(LB);
-  const BlockShape shape{B, T, C, NH};
-  const BlockScratch<float> scratch{d_res,          d_res,         d_ln,
-                                    a.at(a.d_atty), a.at(a.d_qkv), a.at(a.d_fch)};
+  const BlockShape shape = block_shape(cfg, B, T);
+  const BlockScratch<float> scratch{d_res,
+                                    d_res,
+                                    d_ln,
+                                    a.at(a.d_atty),
+                                    a.at(a.d_qkv),
+                                    a.at(a.d_fch),
+                                    cfg.llama() ? a.at(a.d_act) : nullptr};
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
     CpuOps ops(lib, PROF, &store);
@@ -312,7 +354,8 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   }
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_backward(GE(layout.wte), GE(layout.wpe), d_res, inputs, B, T, C);
+    k::embedding_backward(GE(layout.wte), layout.wpe == k_absent ? nullptr : GE(layout.wpe), d_res,
+                          inputs, B, T, C);
   }
   store.grads_done(0);  // wte (with the tied LM head's part) and wpe
   store.release(0);
@@ -373,16 +416,61 @@ Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
   if (max_T > cfg.block_size)
     throw Error(
         fmt::format("decoding length {} exceeds the model's block_size {}", max_T, cfg.block_size));
-  const std::size_t C = cfg.n_embd;
-  k_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * C);
-  v_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * C);
+  const std::size_t C = cfg.n_embd, KVC = static_cast<std::size_t>(cfg.kv_heads()) * cfg.head_dim();
+  k_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
+  v_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
   x_.resize(C);
   ln_.resize(C);
-  qkv_.resize(3 * C);
+  qkv_.resize(cfg.qkv_rows());
   att_.resize(C);
-  fch_.resize(4 * C);
+  fch_.resize(cfg.fc_rows());
+  act_.resize(cfg.ffn());
   logits_.resize(cfg.padded_vocab());
   scores_.resize(max_T);
+}
+
+namespace {
+// One row's norm, each family's kind.
+void norm_row(const ModelConfig& cfg, float* out, const float* x, const float* w, const float* b) {
+  float mean, rstd;
+  if (cfg.llama())
+    k::rmsnorm_forward(out, &rstd, x, w, 1, cfg.n_embd, static_cast<float>(cfg.norm_eps));
+  else
+    k::layernorm_forward(out, &mean, &rstd, x, w, b, 1, cfg.n_embd);
+}
+}  // namespace
+
+// Causal attention of the newest position over the cache; out (NH * hs).
+void Decoder::attend(float* out, const float* q, const float* kc, const float* vc, int t) {
+  const auto& cfg = layout_.config();
+  const int NH = cfg.n_head, hs = cfg.head_dim(), group = NH / cfg.kv_heads();
+  const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int h = 0; h < NH; ++h) {
+    const float* qh = q + h * hs;
+    const std::size_t g = static_cast<std::size_t>(h / group) * hs;
+    float* sc = scores_.data();
+    float mx = -INFINITY;
+    for (int j = 0; j <= t; ++j) {
+      const float* kj = kc + j * KVC + g;
+      float s = 0.0f;
+      for (int c = 0; c < hs; ++c) s += qh[c] * kj[c];
+      sc[j] = s * scale;
+      mx = std::max(mx, sc[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j <= t; ++j) {
+      sc[j] = k::exp_approx(sc[j] - mx);
+      sum += sc[j];
+    }
+    float* o = out + h * hs;
+    std::fill(o, o + hs, 0.0f);
+    for (int j = 0; j <= t; ++j) {
+      const float* vj = vc + j * KVC + g;
+      float pj = sc[j] / sum;
+      for (int c = 0; c < hs; ++c) o[c] += pj * vj[c];
+    }
+  }
 }
 
 const float* Decoder::step(std::int32_t token, bool want_logits) {
@@ -391,56 +479,44 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
   if (token < 0 || token >= cfg.vocab_size)
     throw Error(fmt::format("token id {} is outside the vocabulary of {}", token, cfg.vocab_size));
-  const int C = cfg.n_embd, NH = cfg.n_head, hs = cfg.head_dim(), t = pos_;
+  const int C = cfg.n_embd, NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim(), t = pos_;
+  const int F = cfg.ffn();
+  const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
   const float* P = params_;
+  auto at = [&](std::size_t off) { return off == k_absent ? nullptr : P + off; };
   float* x = x_.data();
-  float mean, rstd;
   const float* e = P + layout_.wte + static_cast<std::size_t>(token) * C;
-  const float* p = P + layout_.wpe + static_cast<std::size_t>(t) * C;
-  for (int c = 0; c < C; ++c) x[c] = e[c] + p[c];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::copy(e, e + C, x);
+  if (layout_.wpe != k_absent)
+    for (int c = 0; c < C; ++c) x[c] += P[layout_.wpe + static_cast<std::size_t>(t) * C + c];
   for (int l = 0; l < cfg.n_layer; ++l) {
     const auto& w = layout_.layers[l];
-    k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + w.ln1_w, P + w.ln1_b, 1, C);
-    k::linear_forward(gemm_, qkv_.data(), ln_.data(), P + w.qkv_w, P + w.qkv_b, 1, C, 3 * C);
-    float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * C;
-    float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * C;
-    std::copy(qkv_.data() + C, qkv_.data() + 2 * C, kc + static_cast<std::size_t>(t) * C);
-    std::copy(qkv_.data() + 2 * C, qkv_.data() + 3 * C, vc + static_cast<std::size_t>(t) * C);
-    for (int h = 0; h < NH; ++h) {
-      const float* q = qkv_.data() + h * hs;
-      float* sc = scores_.data();
-      float mx = -INFINITY;
-      for (int j = 0; j <= t; ++j) {
-        const float* kj = kc + static_cast<std::size_t>(j) * C + h * hs;
-        float s = 0.0f;
-        for (int c = 0; c < hs; ++c) s += q[c] * kj[c];
-        sc[j] = s * scale;
-        mx = std::max(mx, sc[j]);
-      }
-      float sum = 0.0f;
-      for (int j = 0; j <= t; ++j) {
-        sc[j] = k::exp_approx(sc[j] - mx);
-        sum += sc[j];
-      }
-      float* o = att_.data() + h * hs;
-      std::fill(o, o + hs, 0.0f);
-      for (int j = 0; j <= t; ++j) {
-        const float* vj = vc + static_cast<std::size_t>(j) * C + h * hs;
-        float pj = sc[j] / sum;
-        for (int c = 0; c < hs; ++c) o[c] += pj * vj[c];
-      }
+    norm_row(cfg, ln_.data(), x, at(w.ln1_w), at(w.ln1_b));
+    k::linear_forward(gemm_, qkv_.data(), ln_.data(), at(w.qkv_w), at(w.qkv_b), 1, C,
+                      cfg.qkv_rows());
+    if (cfg.llama()) k::rope_forward(qkv_.data(), 1, 1, NH, KV, hs, cfg.rope_theta, t);
+    float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
+    float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
+    const float* kv = qkv_.data() + static_cast<std::size_t>(NH) * hs;
+    std::copy(kv, kv + KVC, kc + t * KVC);
+    std::copy(kv + KVC, kv + 2 * KVC, vc + t * KVC);
+    attend(att_.data(), qkv_.data(), kc, vc, t);
+    k::linear_forward(gemm_, x, att_.data(), at(w.attproj_w), at(w.attproj_b), 1, C, C, true);
+    norm_row(cfg, ln_.data(), x, at(w.ln2_w), at(w.ln2_b));
+    k::linear_forward(gemm_, fch_.data(), ln_.data(), at(w.fc_w), at(w.fc_b), 1, C, cfg.fc_rows());
+    float* act = fch_.data();
+    if (cfg.llama()) {
+      k::swiglu_forward(act_.data(), fch_.data(), 1, F);
+      act = act_.data();
+    } else {
+      k::gelu_forward(act, act, F);
     }
-    k::linear_forward(gemm_, x, att_.data(), P + w.attproj_w, P + w.attproj_b, 1, C, C, true);
-    k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + w.ln2_w, P + w.ln2_b, 1, C);
-    k::linear_forward(gemm_, fch_.data(), ln_.data(), P + w.fc_w, P + w.fc_b, 1, C, 4 * C);
-    k::gelu_forward(fch_.data(), fch_.data(), 4 * C);
-    k::linear_forward(gemm_, x, fch_.data(), P + w.fcproj_w, P + w.fcproj_b, 1, 4 * C, C, true);
+    k::linear_forward(gemm_, x, act, at(w.fcproj_w), at(w.fcproj_b), 1, F, C, true);
   }
   ++pos_;
   if (!want_logits) return nullptr;
-  k::layernorm_forward(ln_.data(), &mean, &rstd, x, P + layout_.lnf_w, P + layout_.lnf_b, 1, C);
-  k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.wte, nullptr, 1, C,
+  norm_row(cfg, ln_.data(), x, at(layout_.lnf_w), at(layout_.lnf_b));
+  k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.head, nullptr, 1, C,
                     cfg.padded_vocab());
   return logits_.data();
 }

@@ -1,4 +1,5 @@
-// GPT-2 forward and backward over explicit buffers (the llm.c model): parameters, gradients and
+// The model's forward and backward (both families, model/config.hpp) over explicit buffers (the
+// llm.c model): parameters, gradients and
 // activations each live in one contiguous buffer; the functions below take them as arguments.
 #pragma once
 
@@ -13,8 +14,9 @@
 
 namespace tessera::model {
 
-// GPT-2 initialization: weights ~ N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj)
-// scaled by 1/sqrt(2L), biases 0, LayerNorm weight 1, padded vocabulary rows 0. Deterministic for
+// GPT-2 initialization (both families): weights ~ N(0, 0.02), residual projections (attn.c_proj,
+// mlp.c_proj; llama's o_proj, down_proj) scaled by 1/sqrt(2L), biases 0, norm weights 1, padded
+// vocabulary rows 0. Deterministic for
 // a seed whatever the thread count (each 64K-element chunk has its own stream).
 void init_params(const ParamLayout& layout, float* params, std::uint64_t seed);
 
@@ -22,12 +24,12 @@ void init_params(const ParamLayout& layout, float* params, std::uint64_t seed);
 struct Activations {
   struct Layer {
     std::size_t ln1, ln1_mean, ln1_rstd;  // (B,T,C), (B,T), (B,T)
-    std::size_t qkv;                      // (B,T,3C)
+    std::size_t qkv;                      // (B,T,qkv_rows)
     std::size_t atty;                     // (B,T,C) attention output before projection
     std::size_t att_lse;                  // (B,NH,T)
     std::size_t res2;                     // (B,T,C) residual after attention
     std::size_t ln2, ln2_mean, ln2_rstd;  // (B,T,C), (B,T), (B,T)
-    std::size_t fch, fch_gelu;            // (B,T,4C)
+    std::size_t fch, fch_gelu;            // (B,T,fc_rows), (B,T,ffn)
     std::size_t res3;                     // (B,T,C) layer output
   };
   int B = 0, T = 0;
@@ -38,8 +40,9 @@ struct Activations {
   std::size_t losses = 0;  // (B,T)
   // backward scratch, reused by every layer
   std::size_t d_res = 0, d_ln = 0, d_atty = 0;  // (B,T,C)
-  std::size_t d_qkv = 0;                        // (B,T,3C)
-  std::size_t d_fch = 0;                        // (B,T,4C)
+  std::size_t d_qkv = 0;                        // (B,T,qkv_rows)
+  std::size_t d_fch = 0;                        // (B,T,fc_rows)
+  std::size_t d_act = 0;                        // (B,T,ffn), llama only
   Buffer<float> buf;
 
   // (Re)allocates for a micro-batch shape; a no-op when the shape is unchanged.
@@ -145,8 +148,10 @@ class Decoder {
   int max_T_;
   int pos_ = 0;
   kernels::GemmLibrary gemm_;
-  Buffer<float> k_cache_, v_cache_;  // (L, max_T, C)
-  Buffer<float> x_, ln_, qkv_, att_, fch_, logits_, scores_;
+  void attend(float* out, const float* q, const float* k_cache, const float* v_cache, int t);
+
+  Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)
+  Buffer<float> x_, ln_, qkv_, att_, fch_, act_, logits_, scores_;
 };
 
 }  // namespace tessera::model

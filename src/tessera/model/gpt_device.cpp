@@ -277,19 +277,36 @@ class DeviceOps {
                                    int IC, int OC) {
     model::linear_backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_);
   }
-  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int C, int NH) {
+  // GPT-2 attention (KV = NH; the constructor refuses llama models).
+  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int NH, int /*KV*/,
+                         int hs) {
     if constexpr (std::is_same_v<A, bf16>)
       if (cudnn_ && cudnn_->supports(B, T)) return cudnn_->forward(out, lse, qkv, B, T, st_);
-    model::attention_forward(out, lse, qkv, B, T, C, NH, st_);
+    model::attention_forward(out, lse, qkv, B, T, NH * hs, NH, st_);
   }
   // The same kernels as the forward of the shape (their lse conventions differ).
   void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const float* lse,
-                          int B, int T, int C, int NH) {
+                          int B, int T, int NH, int /*KV*/, int hs) {
     if constexpr (std::is_same_v<A, bf16>)
       if (cudnn_ && cudnn_->supports(B, T))
         return cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, st_);
-    model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, C, NH, st_);
+    model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, NH * hs, NH, st_);
   }
+  // The llama ops have no CUDA kernels yet; DeviceGpt refuses llama models before any runs.
+  [[noreturn]] static void no_llama() {
+    throw InternalError("the llama family has no CUDA kernels (DeviceGpt refuses it)");
+  }
+  void rmsnorm_forward(A*, float*, const float*, const float*, std::int64_t, int, float) {
+    no_llama();
+  }
+  void rmsnorm_backward(float*, A*, float*, const A*, const float*, const float*, const float*,
+                        std::int64_t, int) {
+    no_llama();
+  }
+  void swiglu_forward(A*, const A*, std::int64_t, int) { no_llama(); }
+  void swiglu_backward(A*, const A*, const A*, std::int64_t, int) { no_llama(); }
+  void rope_forward(A*, int, int, int, int, int, double) { no_llama(); }
+  void rope_backward(A*, int, int, int, int, int, double) { no_llama(); }
 
  private:
   cu::DeviceProfiler* profiler_;
@@ -389,13 +406,13 @@ struct DeviceGpt::Impl {
 
 template <class A>
 void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
-  const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd, V = cfg.vocab_size, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   const auto* inp = at<std::int32_t>(off.inputs);
   mark(OpFamily::Embedding);
   cu::embedding_forward(at<float>(off.encoded), inp, P(layout.wte), P(layout.wpe), B, T, C, st);
   const float* residual = at<float>(off.encoded);
-  const BlockShape shape{B, T, C, NH};
+  const BlockShape shape = block_shape(cfg, B, T);
   auto block_ops = ops<A>();
   for (int l = 0; l < cfg.n_layer; ++l) {
     block_forward(block_ops, block_weights<A>(l), block_acts<A>(l), residual, shape);
@@ -417,7 +434,7 @@ void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
 
 template <class A>
 void DeviceGpt::Impl::backward() {
-  const int C = cfg.n_embd, NH = cfg.n_head, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   float* d_res = at<float>(off.d_res);
   A* d_res_a = at<A>(off.d_res_a);  // == d_res in fp32
@@ -432,9 +449,9 @@ void DeviceGpt::Impl::backward() {
   mark(OpFamily::LayerNorm);
   layernorm_backward(d_res, d_res_a, G(layout.lnf_w), G(layout.lnf_b), d_ln, last, P(layout.lnf_w),
                      at<float>(off.lnf_mean), at<float>(off.lnf_rstd), N, C, st);
-  const BlockShape shape{B, T, C, NH};
-  const BlockScratch<A> scratch{d_res,           d_res_a, d_ln, at<A>(off.d_atty), at<A>(off.d_qkv),
-                                at<A>(off.d_fch)};
+  const BlockShape shape = block_shape(cfg, B, T);
+  const BlockScratch<A> scratch{
+      d_res, d_res_a, d_ln, at<A>(off.d_atty), at<A>(off.d_qkv), at<A>(off.d_fch), nullptr};
   auto block_ops = ops<A>();
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const float* x = l == 0 ? at<float>(off.encoded) : at<float>(off.layers[l - 1].res3);
@@ -451,6 +468,8 @@ DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, i
   if (cu::device_count() == 0)
     throw Error("no CUDA device: " + cu::describe_devices(),
                 "run on a machine with an NVIDIA GPU and its driver, or on the CPU");
+  if (cfg.llama())
+    throw Error("the llama family does not run on the GPU yet", "use hardware.device = \"cpu\"");
   if (B <= 0 || T <= 0 || T > cfg.block_size)
     throw Error(fmt::format("micro-batch ({}, {}) does not fit the model (block_size {})", B, T,
                             cfg.block_size));

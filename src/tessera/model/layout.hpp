@@ -1,9 +1,9 @@
 // Parameter layout: every parameter is a slice of ONE contiguous buffer, carved by offsets.
 // The same layout serves gradients and AdamW moments. Layers are contiguous
-// ([wte, wpe, layer 0, ..., layer L-1, ln_f]) so that a layer can later be sharded, gathered or
-// sent as one range (ZeRO-3, pipeline stages).
-// Matrices are stored (out, in) as the GEMMs consume them; Hugging Face GPT-2 files store
-// Conv1D weights (in, out), so io/ transposes at the boundary.
+// ([wte, wpe, layer 0, ..., layer L-1, ln_f, (lm_head)]) so that a layer can later be sharded,
+// gathered or sent as one range (ZeRO-3, pipeline stages). Matrices are stored (out, in) as the
+// GEMMs consume them; Hugging Face GPT-2 files store Conv1D weights (in, out), so io/ transposes at
+// the boundary.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +16,13 @@
 
 namespace tessera::model {
 
+// The offset of a tensor the family does not have (gpt2's biases and positions for llama).
+inline constexpr std::size_t k_absent = static_cast<std::size_t>(-1);
+
 struct ParamTensor {
-  std::string name;                 // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  // The Hugging Face name: GPT2LMHeadModel's ("h.3.attn.c_attn.weight") or LlamaForCausalLM's
+  // ("model.layers.3.self_attn.q_proj.weight").
+  std::string name;
   std::vector<std::int64_t> shape;  // shape as tessera stores it
   std::size_t offset = 0;           // into the flat buffer (elements)
   std::size_t numel = 0;
@@ -26,13 +31,16 @@ struct ParamTensor {
   int layer = -1;                 // -1 for embeddings and the final LayerNorm
 };
 
+// A layer's tensors; k_absent where the family has none (llama: every bias). llama's q, k and v
+// projections are three tensors that lie back to back from qkv_w, read as one (qkv_rows, C)
+// matrix; likewise gate and up from fc_w, one (2 ffn, C) matrix.
 struct LayerOffsets {
   std::size_t ln1_w, ln1_b;          // (C)
-  std::size_t qkv_w, qkv_b;          // (3C, C), (3C)
+  std::size_t qkv_w, qkv_b;          // (qkv_rows, C), (qkv_rows)
   std::size_t attproj_w, attproj_b;  // (C, C), (C)
   std::size_t ln2_w, ln2_b;          // (C)
-  std::size_t fc_w, fc_b;            // (4C, C), (4C)
-  std::size_t fcproj_w, fcproj_b;    // (C, 4C), (C)
+  std::size_t fc_w, fc_b;            // (fc_rows, C), (fc_rows)
+  std::size_t fcproj_w, fcproj_b;    // (C, ffn), (C)
   std::size_t begin, end;            // the layer's range in the flat buffer
 };
 
@@ -54,11 +62,16 @@ class ParamLayout {
   std::size_t count_unpadded() const;
 
   std::size_t wte = 0;  // (Vp, C)
-  std::size_t wpe = 0;  // (block_size, C)
+  std::size_t wpe = 0;  // (block_size, C); k_absent for llama
   std::vector<LayerOffsets> layers;
-  std::size_t lnf_w = 0, lnf_b = 0;  // (C)
+  std::size_t lnf_w = 0, lnf_b = 0;  // (C); lnf_b k_absent for llama
+  // The LM head (Vp, C): wte when tied, else its own tensor after the final norm (same block).
+  std::size_t head = 0;
 
  private:
+  template <class Add>
+  void add_llama(const ModelConfig& cfg, Add& add);
+
   ModelConfig cfg_;
   bool local_ = false;
   std::vector<ParamTensor> tensors_;

@@ -158,7 +158,7 @@ void tensor_attention_forward(kernels::GemmLibrary lib, const TensorAttentionLay
                         ws.qkv, key);
   // 3. attention of this rank's heads (replicated over tx).
   kernels::cpu::attention_forward(lib, acts.att.data(), acts.lse.data(), acts.qkv.data(), bl, T,
-                                  l.att_local, l.heads_local);
+                                  l.heads_local, l.heads_local, l.att_local / l.heads_local);
   // 4. proj: transposed linear, (n, att_local) -> (n, c_local), then the residual add.
   tensor_linear_forward(lib, l.proj, c.proj, ws.proj_out.data(), acts.att.data(), p.proj_w,
                         p.proj_b, n, ws.proj, key);
@@ -185,8 +185,8 @@ void tensor_attention_backward(kernels::GemmLibrary lib, const TensorAttentionLa
                          acts.att.data(), ws.proj.w_block.data(), n, ws.proj);
   // 2. attention of this rank's heads.
   kernels::cpu::attention_backward(lib, ws.d_qkv.data(), ws.d_att.data(), acts.qkv.data(),
-                                   acts.att.data(), acts.lse.data(), bl, T, l.att_local,
-                                   l.heads_local);
+                                   acts.att.data(), acts.lse.data(), bl, T, l.heads_local,
+                                   l.heads_local, l.att_local / l.heads_local);
   // 3. qkv (normal): d_ln (n, c_local) all-reduced over ty (qkv's output axis).
   tensor_linear_backward(lib, l.qkv, c.qkv, ws.d_ln.data(), g.qkv_w, g.qkv_b, ws.d_qkv.data(),
                          acts.ln_out.data(), ws.qkv.w_block.data(), n, ws.qkv);

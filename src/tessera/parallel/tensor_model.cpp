@@ -467,8 +467,8 @@ void TensorModel::sp_layer_forward(kernels::GemmLibrary lib, int l, const float*
                 0.0f, part, 3 * C);
   tx.reduce_scatter_sum(part, a.att.qkv.data(), static_cast<std::size_t>(ns) * 3 * C);
   add_bias_rows(a.att.qkv.data(), PL(w.qkv_b), ns, 3 * C);
-  k::attention_forward(lib, a.att.att.data(), a.att.lse.data(), a.att.qkv.data(), bs, T, C,
-                       cfg_.n_head);
+  k::attention_forward(lib, a.att.att.data(), a.att.lse.data(), a.att.qkv.data(), bs, T,
+                       cfg_.n_head, cfg_.n_head, cfg_.head_dim());
   // proj: all-gather the attention output rows, (n, C) @ (cl, C)^T -> (n, cl), residual
   tx.all_gather(a.att.att.data(), full, static_cast<std::size_t>(ns) * C);
   kernels::gemm(lib, false, true, n, cl, C, 1.0f, full, C, PL(w.attproj_w), C, 0.0f,
@@ -538,7 +538,7 @@ void TensorModel::sp_layer_backward(kernels::GemmLibrary lib, int l, const float
   // attention on this rank's sequences: d_qkv (ns, 3C) into part's tail-free start.
   float* d_qkv = s.d_fch.data();  // (n, 4C/ty) >= (ns, 3C)
   k::attention_backward(lib, d_qkv, loc, a.att.qkv.data(), a.att.att.data(), a.att.lse.data(), bs,
-                        T, C, cfg_.n_head);
+                        T, cfg_.n_head, cfg_.n_head, cfg_.head_dim());
   // qkv: all-gather d_qkv rows; dW += d_qkv^T @ ln1, db += column sums, d_ln1 = d_qkv @ W.
   tx.all_gather(d_qkv, full, static_cast<std::size_t>(ns) * 3 * C);
   kernels::gemm(lib, true, false, 3 * C, cl, n, 1.0f, full, 3 * C, a.att.ln_out.data(), cl, 1.0f,

@@ -11,6 +11,13 @@
 
 namespace tessera::quant {
 
+void require_gpt2(const model::ModelConfig& cfg) {
+  if (cfg.llama())
+    throw Error("quantization covers the gpt2 family so far; this model is a llama",
+                "quantize a gpt2 model; the llama sites (q/k/v, o, gate/up, down) are not mapped "
+                "yet");
+}
+
 namespace k = kernels::cpu;
 
 const char* lin_hf_name(Lin kind) {
@@ -203,7 +210,7 @@ void Runner::block(const float* P, int l, float* x, int B, int T, const Hooks& h
   const float* in = linear_in(Lin::Qkv, ln_.data(), C);
   if (!in) return;
   k::linear_forward(gemm_, qkv_.data(), in, P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
-  k::attention_forward(gemm_, att_.data(), lse_.data(), qkv_.data(), B, T, C, NH);
+  k::attention_forward(gemm_, att_.data(), lse_.data(), qkv_.data(), B, T, NH, NH, C / NH);
   in = linear_in(Lin::AttnProj, att_.data(), C);
   if (!in) return;
   k::linear_forward(gemm_, x, in, P + w.attproj_w, P + w.attproj_b, N, C, C, true);

@@ -52,10 +52,17 @@ struct Hooks {
   int stop_after = -1;
 };
 
+// The quantization methods and their runner cover the gpt2 family; a llama model is refused
+// with one clear error until its sites (q/k/v, o, gate/up, down) are mapped.
+void require_gpt2(const model::ModelConfig& cfg);
+
 class Runner {
  public:
+  // Throws tessera::Error for a llama model (the quantization paths are GPT-2's so far).
   Runner(const model::ParamLayout& layout, kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn)
-      : layout_(layout), gemm_(gemm) {}
+      : layout_(layout), gemm_(gemm) {
+    require_gpt2(layout.config());
+  }
   // x (B*T, C) = token + position embeddings of tokens (B, T).
   void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x);
   // One transformer block in place on the residual stream x (B*T, C).

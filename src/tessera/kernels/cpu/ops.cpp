@@ -18,6 +18,10 @@ void embedding_forward(float* out, const std::int32_t* inp, const float* wte, co
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<std::int64_t>(b) * T + t) * C;
       const float* e = wte + static_cast<std::int64_t>(inp[b * T + t]) * C;
+      if (!wpe) {
+        std::copy(e, e + C, o);
+        continue;
+      }
       const float* p = wpe + static_cast<std::int64_t>(t) * C;
 #pragma omp simd
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
@@ -38,12 +42,12 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
       for (int t = 0; t < T; ++t) {
         const float* d = dout + (static_cast<std::int64_t>(b) * T + t) * C;
         float* e = dwte + static_cast<std::int64_t>(inp[b * T + t]) * C;
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) e[c] += d[c];
+        if (!dwpe) continue;
         float* p = dwpe + static_cast<std::int64_t>(t) * C;
 #pragma omp simd
-        for (int c = c0; c < c1; ++c) {
-          e[c] += d[c];
-          p[c] += d[c];
-        }
+        for (int c = c0; c < c1; ++c) p[c] += d[c];
       }
     }
   }
@@ -199,10 +203,22 @@ GemmLibrary per_thread_gemm(GemmLibrary) {
 // Per (batch, head): S = scale * Q K^T (T,T) by GEMM, causal softmax row by row, O = P V.
 // Work is split over the B*NH (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN
 // detects the enclosing parallel region).
+namespace {
+// Where head h's q, and key-value head g's k and v, start in a qkv row of (NH + 2 KV) hs floats.
+struct QkvRow {
+  int NH, KV, hs;
+  std::int64_t width() const { return static_cast<std::int64_t>(NH + 2 * KV) * hs; }
+  std::int64_t q(int h) const { return static_cast<std::int64_t>(h) * hs; }
+  std::int64_t k(int g) const { return static_cast<std::int64_t>(NH + g) * hs; }
+  std::int64_t v(int g) const { return static_cast<std::int64_t>(NH + KV + g) * hs; }
+};
+}  // namespace
+
 void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T,
-                       int C, int NH) {
-  const int hs = C / NH;
-  const std::int64_t C3 = 3LL * C;
+                       int NH, int KV, int hs) {
+  const QkvRow row{NH, KV, hs};
+  const std::int64_t W = row.width(), OC = static_cast<std::int64_t>(NH) * hs;
+  const int group = NH / KV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   lib = per_thread_gemm(lib);
 #pragma omp parallel
@@ -211,10 +227,11 @@ void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
-        const float* q = qkv + static_cast<std::int64_t>(b) * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        gemm(lib, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, S.data(), T);
+        const float* base = qkv + static_cast<std::int64_t>(b) * T * W;
+        const float* q = base + row.q(h);
+        const float* k = base + row.k(h / group);
+        const float* v = base + row.v(h / group);
+        gemm(lib, false, true, T, T, hs, scale, q, W, k, W, 0.0f, S.data(), T);
         float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
         for (int i = 0; i < T; ++i) {
           float* s = S.data() + static_cast<std::int64_t>(i) * T;
@@ -234,17 +251,20 @@ void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv
           for (int j = i + 1; j < T; ++j) s[j] = 0.0f;
           l[i] = mx + std::log(sum);
         }
-        float* o = out + static_cast<std::int64_t>(b) * T * C + h * hs;
-        gemm(lib, false, false, T, hs, T, 1.0f, S.data(), T, v, C3, 0.0f, o, C);
+        float* o = out + static_cast<std::int64_t>(b) * T * OC + row.q(h);
+        gemm(lib, false, false, T, hs, T, 1.0f, S.data(), T, v, W, 0.0f, o, OC);
       }
     }
   }
 }
 
+// A task per (batch row, key-value head): the query heads of the group run one after another,
+// the first overwriting dk and dv and the others adding to them (no two threads write them).
 void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const std::int64_t C3 = 3LL * C;
+                        const float* out, const float* lse, int B, int T, int NH, int KV, int hs) {
+  const QkvRow row{NH, KV, hs};
+  const std::int64_t W = row.width(), OC = static_cast<std::int64_t>(NH) * hs;
+  const int group = NH / KV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   lib = per_thread_gemm(lib);
 #pragma omp parallel
@@ -253,50 +273,176 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
     std::vector<float> D(T);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < NH; ++h) {
-        const std::int64_t base3 = static_cast<std::int64_t>(b) * T * C3 + h * hs;
-        const std::int64_t base1 = static_cast<std::int64_t>(b) * T * C + h * hs;
-        const float* q = qkv + base3;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = dqkv + base3;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
-        const float* o = out + base1;
-        const float* dO = dout + base1;
-        const float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
-        // Recompute P from the saved log-sum-exp.
-        gemm(lib, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, P.data(), T);
-        for (int i = 0; i < T; ++i) {
-          float* p = P.data() + static_cast<std::int64_t>(i) * T;
-          float li = l[i];
+      for (int g = 0; g < KV; ++g) {
+        const std::int64_t base3 = static_cast<std::int64_t>(b) * T * W;
+        const std::int64_t base1 = static_cast<std::int64_t>(b) * T * OC;
+        const float* k = qkv + base3 + row.k(g);
+        const float* v = qkv + base3 + row.v(g);
+        float* dk = dqkv + base3 + row.k(g);
+        float* dv = dqkv + base3 + row.v(g);
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+          const float beta = h == g * group ? 0.0f : 1.0f;
+          const float* q = qkv + base3 + row.q(h);
+          float* dq = dqkv + base3 + row.q(h);
+          const float* o = out + base1 + row.q(h);
+          const float* dO = dout + base1 + row.q(h);
+          const float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
+          // Recompute P from the saved log-sum-exp.
+          gemm(lib, false, true, T, T, hs, scale, q, W, k, W, 0.0f, P.data(), T);
+          for (int i = 0; i < T; ++i) {
+            float* p = P.data() + static_cast<std::int64_t>(i) * T;
+            float li = l[i];
 #pragma omp simd
-          for (int j = 0; j <= i; ++j) p[j] = exp_approx(p[j] - li);
-          for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
-          // D_i = sum_j P_ij dP_ij = dO_i . O_i
-          const float* oi = o + static_cast<std::int64_t>(i) * C;
-          const float* gi = dO + static_cast<std::int64_t>(i) * C;
-          float d = 0.0f;
+            for (int j = 0; j <= i; ++j) p[j] = exp_approx(p[j] - li);
+            for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
+            // D_i = sum_j P_ij dP_ij = dO_i . O_i
+            const float* oi = o + static_cast<std::int64_t>(i) * OC;
+            const float* gi = dO + static_cast<std::int64_t>(i) * OC;
+            float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-          for (int c = 0; c < hs; ++c) d += oi[c] * gi[c];
-          D[i] = d;
-        }
-        // dV (T,hs) = P^T (T,T) @ dO (T,hs)
-        gemm(lib, true, false, T, hs, T, 1.0f, P.data(), T, dO, C, 0.0f, dv, C3);
-        // dP (T,T) = dO (T,hs) @ V^T
-        gemm(lib, false, true, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, dP.data(), T);
-        // dS = P * (dP - D) * scale, stored in dP
-        for (int i = 0; i < T; ++i) {
-          float* dp = dP.data() + static_cast<std::int64_t>(i) * T;
-          const float* p = P.data() + static_cast<std::int64_t>(i) * T;
-          float di = D[i];
+            for (int c = 0; c < hs; ++c) d += oi[c] * gi[c];
+            D[i] = d;
+          }
+          // dV (T,hs) (+)= P^T (T,T) @ dO (T,hs)
+          gemm(lib, true, false, T, hs, T, 1.0f, P.data(), T, dO, OC, beta, dv, W);
+          // dP (T,T) = dO (T,hs) @ V^T
+          gemm(lib, false, true, T, T, hs, 1.0f, dO, OC, v, W, 0.0f, dP.data(), T);
+          // dS = P * (dP - D) * scale, stored in dP
+          for (int i = 0; i < T; ++i) {
+            float* dp = dP.data() + static_cast<std::int64_t>(i) * T;
+            const float* p = P.data() + static_cast<std::int64_t>(i) * T;
+            float di = D[i];
 #pragma omp simd
-          for (int j = 0; j < T; ++j) dp[j] = p[j] * (dp[j] - di) * scale;
+            for (int j = 0; j < T; ++j) dp[j] = p[j] * (dp[j] - di) * scale;
+          }
+          // dQ (T,hs) = dS @ K ; dK (T,hs) (+)= dS^T @ Q
+          gemm(lib, false, false, T, hs, T, 1.0f, dP.data(), T, k, W, 0.0f, dq, W);
+          gemm(lib, true, false, T, hs, T, 1.0f, dP.data(), T, q, W, beta, dk, W);
         }
-        // dQ (T,hs) = dS @ K ; dK (T,hs) = dS^T @ Q
-        gemm(lib, false, false, T, hs, T, 1.0f, dP.data(), T, k, C3, 0.0f, dq, C3);
-        gemm(lib, true, false, T, hs, T, 1.0f, dP.data(), T, q, C3, 0.0f, dk, C3);
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
+                     int C, float eps) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+    const float r = 1.0f / std::sqrt(ss / C + eps);
+    rstd[i] = r;
+    float* o = out + i * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = x[c] * r * weight[c];
+  }
+}
+
+// With n = x r: dx = r (w g - n mean(w g n)); dw += g n.
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, std::int64_t N, int C) {
+  int nth = omp_get_max_threads();
+  // Per-thread partial sums of dweight, combined in thread order: deterministic.
+  std::vector<float> partial(static_cast<std::size_t>(nth) * C, 0.0f);
+#pragma omp parallel num_threads(nth)
+  {
+    float* dw = partial.data() + static_cast<std::size_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < N; ++i) {
+      const float* x = inp + i * C;
+      const float* g = dout + i * C;
+      const float r = rstd[i];
+      float sum_dn_n = 0.0f;
+#pragma omp simd reduction(+ : sum_dn_n)
+      for (int c = 0; c < C; ++c) sum_dn_n += weight[c] * g[c] * x[c] * r;
+      const float mean_dn_n = sum_dn_n / C;
+      float* dx = dinp + i * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {
+        const float n = x[c] * r;
+        dw[c] += g[c] * n;
+        dx[c] += (weight[c] * g[c] - n * mean_dn_n) * r;
+      }
+    }
+  }
+  for (int t = 0; t < nth; ++t) {
+    const float* dw = partial.data() + static_cast<std::size_t>(t) * C;
+    for (int c = 0; c < C; ++c) dweight[c] += dw[c];
+  }
+}
+
+namespace {
+// Rotates q and k of every row in place by +angle (forward) or -angle (backward).
+void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, double theta, float sign,
+                 int pos0) {
+  const int half = hs / 2;
+  std::vector<float> cs(static_cast<std::size_t>(T) * half), sn(cs.size());
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < half; ++i) {
+      const double a = (pos0 + t) * std::pow(theta, -2.0 * i / hs);
+      cs[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
+      sn[static_cast<std::size_t>(t) * half + i] = sign * static_cast<float>(std::sin(a));
+    }
+  const QkvRow row{NH, KV, hs};
+  const std::int64_t W = row.width();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* r = qkv + (static_cast<std::int64_t>(b) * T + t) * W;
+      const float* c = cs.data() + static_cast<std::size_t>(t) * half;
+      const float* s = sn.data() + static_cast<std::size_t>(t) * half;
+      for (int h = 0; h < NH + KV; ++h) {  // the q heads, then the k heads, back to back
+        float* x = r + static_cast<std::int64_t>(h) * hs;
+#pragma omp simd
+        for (int i = 0; i < half; ++i) {
+          const float x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * c[i] - x2 * s[i];
+          x[i + half] = x2 * c[i] + x1 * s[i];
+        }
+      }
+    }
+}
+}  // namespace
+
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, int pos0) {
+  rope_rotate(qkv, B, T, NH, KV, hs, theta, 1.0f, pos0);
+}
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
+  rope_rotate(dqkv, B, T, NH, KV, hs, theta, -1.0f, 0);
+}
+
+void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* gate = inp + i * 2 * F;
+    const float* up = gate + F;
+    float* o = out + i * F;
+#pragma omp simd
+    for (int c = 0; c < F; ++c) {
+      const float g = gate[c];
+      o[c] = g / (1.0f + exp_approx(-g)) * up[c];
+    }
+  }
+}
+
+// d gate = dout up silu'(g), silu'(g) = sig(g) (1 + g (1 - sig(g))); d up = dout silu(g).
+void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* gate = inp + i * 2 * F;
+    const float* up = gate + F;
+    const float* d = dout + i * F;
+    float* dg = dinp + i * 2 * F;
+    float* du = dg + F;
+#pragma omp simd
+    for (int c = 0; c < F; ++c) {
+      const float g = gate[c];
+      const float sig = 1.0f / (1.0f + exp_approx(-g));
+      dg[c] = d[c] * up[c] * sig * (1.0f + g * (1.0f - sig));
+      du[c] = d[c] * g * sig;
     }
   }
 }
