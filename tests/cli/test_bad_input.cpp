@@ -189,7 +189,9 @@ TEST_F(BadInput, MetricsStayWholeWhenKilled) {
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  for (int i = 0; i < 150 && !tessera::io::latest_checkpoint(out / "checkpoints"); ++i)
+  // Waits for the first checkpoint (step 20: well under a second on an idle machine; up to a
+  // minute allowed, since a loaded CI machine can be many times slower).
+  for (int i = 0; i < 1200 && !tessera::io::latest_checkpoint(out / "checkpoints"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ::kill(pid, SIGKILL);
@@ -418,4 +420,41 @@ TEST_F(BadInput, BadTensorOffsetInTheStateIndexIsRefused) {
   auto r = cli::run(train(out, 4, "--resume"));
   expect_refused_before_output(r, "offset");
   EXPECT_NE(r.err.find("state_index.json"), std::string::npos) << r.err;
+}
+
+// The llama family through the trainer: a few steps train (the loss falls), the checkpoint is a
+// Hugging Face Llama checkpoint that eval reads; bad family settings and the parallel
+// axes it does not have yet are refused before any output, one line, exit 2.
+TEST_F(BadInput, LlamaTrainsAndBadLlamaConfigsAreRefused) {
+  const std::string llama =
+      "model.family=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=48 "
+      "model.tie_embeddings=false ";
+  auto out = cli::scratch("llama_run");
+  auto r = cli::run(train(out, 6, llama + "train.lr=1e-2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto cfg = nlohmann::json::parse(cli::slurp(ckpt(out, 6) / "config.json"));
+  EXPECT_EQ(cfg["model_type"], "llama");
+  EXPECT_EQ(cfg["num_key_value_heads"], 2);
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  std::vector<double> losses;
+  std::istringstream metrics(cli::slurp(out / "metrics.jsonl"));
+  for (std::string l; std::getline(metrics, l);) {
+    auto row = nlohmann::json::parse(l, nullptr, false);
+    if (!row.is_discarded() && row.contains("loss")) losses.push_back(row["loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 6u);
+  EXPECT_LT(losses.back(), losses.front());
+  auto ev = cli::run("eval --model " + out.string() + " --data " + (data_ / "val.bin").string() +
+                     " --batch 2 --seq 16");
+  EXPECT_EQ(ev.code, 0) << ev.err;
+
+  expect_refused_before_output(
+      cli::run(train(cli::scratch("llama_kv"), 1, llama + "model.n_kv_head=3")), "n_kv_head");
+  expect_refused_before_output(
+      cli::run(train(cli::scratch("llama_family"), 1, "model.family=mamba")), "model.family");
+  expect_refused_before_output(cli::run(train(cli::scratch("gpt2_kv"), 1, "model.n_kv_head=1")),
+                               "llama setting");
+  expect_refused_before_output(
+      cli::run(train(cli::scratch("llama_tx"), 1, llama + "parallel.tx=2")),
+      "tensor and pipeline parallelism");
 }

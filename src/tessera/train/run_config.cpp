@@ -25,11 +25,17 @@ namespace {
 template <typename Config, typename F>
 void for_each_field(Config& c, F&& f) {
   f("model", "preset", c.model.preset);  // first: explicit keys below override the preset
+  f("model", "family", c.model.family);
   f("model", "n_layer", c.model.n_layer);
   f("model", "n_head", c.model.n_head);
   f("model", "n_embd", c.model.n_embd);
   f("model", "block_size", c.model.block_size);
   f("model", "vocab_size", c.model.vocab_size);
+  f("model", "n_kv_head", c.model.n_kv_head);
+  f("model", "intermediate_size", c.model.intermediate_size);
+  f("model", "norm_eps", c.model.norm_eps);
+  f("model", "rope_theta", c.model.rope_theta);
+  f("model", "tie_embeddings", c.model.tie_embeddings);
 
   f("data", "train", c.data.train);
   f("data", "val", c.data.val);
@@ -543,6 +549,22 @@ bool apply_model_preset(ModelSection& m, std::string_view preset) {
   return false;
 }
 
+model::ModelConfig model_config(const ModelSection& s) {
+  model::ModelConfig m;
+  m.family = s.family == "llama" ? model::Family::Llama : model::Family::Gpt2;
+  m.n_layer = s.n_layer;
+  m.n_head = s.n_head;
+  m.n_embd = s.n_embd;
+  m.block_size = s.block_size;
+  m.vocab_size = s.vocab_size;
+  m.n_kv_head = s.n_kv_head;
+  m.intermediate_size = s.intermediate_size;
+  m.norm_eps = s.norm_eps;
+  m.rope_theta = s.rope_theta;
+  m.tie_embeddings = s.tie_embeddings;
+  return m;
+}
+
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> out;
   for (const auto& p : k_presets) out.push_back(p.name);
@@ -603,6 +625,24 @@ void validate(const RunConfig& c) {
            fmt::format("must be divisible by model.n_head = {}", m.n_head),
            fmt::format("each head gets n_embd / n_head channels; e.g. n_embd = {} or n_head = {}",
                        (m.n_embd / m.n_head + 1) * m.n_head, std::gcd(m.n_embd, m.n_head)));
+  if (m.family != "gpt2" && m.family != "llama")
+    v.fail("model.family", m.family, "unknown model family", "use \"gpt2\" or \"llama\"");
+  const auto& par = c.parallel;
+  if (m.family == "llama" && (par.tx > 1 || par.ty > 1 || par.tz > 1 || par.pp > 1))
+    v.fail("model.family", m.family,
+           fmt::format("trains in one process or data parallel (with ZeRO 0-3) so far; tensor "
+                       "and pipeline parallelism (tx={} ty={} tz={} pp={}) are not implemented "
+                       "for it yet",
+                       par.tx, par.ty, par.tz, par.pp),
+           "set parallel.tx = ty = tz = pp = 1 (and scale with parallel.dp), or train a gpt2 "
+           "model");
+  try {  // the family's own rules (kv heads, llama-only keys on gpt2, ...)
+    model::validate(model_config(m));
+  } catch (const Error& e) {
+    throw Error(
+        fmt::format("invalid model in {}: {}", c.source.empty() ? "<config>" : c.source, e.what()),
+        e.hint());
+  }
 
   const auto& d = c.data;
   if (d.train.empty())

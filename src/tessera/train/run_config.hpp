@@ -6,6 +6,8 @@
 // key with its type, default and meaning.
 #pragma once
 
+#include "tessera/model/config.hpp"
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -21,11 +23,18 @@ struct ModelSection {
   // 1024), "gpt2-large" (36, 20, 1280, 1024), "gpt2-xl" (48, 25, 1600, 1024). A preset sets
   // n_layer, n_head, n_embd, block_size and vocab_size; keys given explicitly override it.
   std::string preset;
+  std::string family = "gpt2";  // "gpt2" or "llama" (model/config.hpp says what each is)
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 256;
   int block_size = 128;  // max positions
   int vocab_size = 50257;
+  // llama only (0 = the default: as many kv heads as heads, an MLP of 4 * n_embd):
+  int n_kv_head = 0;
+  int intermediate_size = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = true;
   bool operator==(const ModelSection&) const = default;
 };
 
@@ -141,6 +150,8 @@ std::string to_toml(const RunConfig& config);
 // Sets n_layer, n_head, n_embd, block_size and vocab_size from a preset name (see
 // ModelSection::preset); false if the name is unknown. "" is not a preset.
 bool apply_model_preset(ModelSection& model, std::string_view preset);
+// The model the section describes (not validated; model::validate says what is wrong with it).
+model::ModelConfig model_config(const ModelSection& model);
 // The preset names, in size order.
 std::vector<std::string> model_preset_names();
 

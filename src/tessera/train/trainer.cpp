@@ -29,12 +29,7 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 
 model::ModelConfig model_config(const RunConfig& cfg) {
-  model::ModelConfig m;
-  m.n_layer = cfg.model.n_layer;
-  m.n_head = cfg.model.n_head;
-  m.n_embd = cfg.model.n_embd;
-  m.block_size = cfg.model.block_size;
-  m.vocab_size = cfg.model.vocab_size;
+  model::ModelConfig m = model_config(cfg.model);
   model::validate(m);
   return m;
 }
