@@ -151,7 +151,7 @@ void add_eval_command(CLI::App& root) {
   cmd->add_option("--data,-d", a->data, "token shard (from tessera prepare)")
       ->capture_default_str();
   cmd->add_option("--batch,-b", a->batch, "sequences per forward pass")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "tokens per sequence (0 = the model's block_size)")
+  cmd->add_option("--seq", a->seq, "tokens per sequence (0 = the model's block_size, at most 1024)")
       ->capture_default_str();
   cmd->add_option("--batches", a->batches, "windows to score (0 = the whole shard)")
       ->capture_default_str();
@@ -182,7 +182,7 @@ void add_eval_command(CLI::App& root) {
     }
     auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
-    int T = a->seq > 0 ? a->seq : loaded.config.block_size;
+    int T = a->seq > 0 ? a->seq : default_eval_window(loaded.config);
     if (T > loaded.config.block_size)
       throw Error(
           fmt::format("--seq {} exceeds the model's block_size {}", T, loaded.config.block_size));

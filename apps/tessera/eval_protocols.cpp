@@ -14,7 +14,8 @@ std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
 void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   const auto& cfg = m.model.config;
-  const int ctx = a.seq > 0 ? a.seq : cfg.block_size, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const int ctx = a.seq > 0 ? a.seq : default_eval_window(cfg), V = cfg.vocab_size,
+            Vp = cfg.padded_vocab();
   if (ctx > cfg.block_size)
     throw Error(fmt::format("--seq {} exceeds the model's block_size {}", ctx, cfg.block_size));
   std::string proto = a.protocol.empty() ? "both" : a.protocol;

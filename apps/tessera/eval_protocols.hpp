@@ -2,6 +2,7 @@
 // windows and by llama.cpp-style second-half chunks, and KL divergence against a reference.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "tessera/quant/quantize.hpp"
@@ -14,5 +15,11 @@ struct ProtocolEvalArgs {
   bool json = false;
 };
 void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& args);
+
+// The evaluation window of `--seq 0`: the model's context, at most 1024 tokens (a pretrained
+// model's context of 8192 would need tens of GB of activations on the CPU for one batch).
+inline int default_eval_window(const model::ModelConfig& cfg) {
+  return std::min(cfg.block_size, 1024);
+}
 
 }  // namespace tessera::app

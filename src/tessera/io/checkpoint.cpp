@@ -10,6 +10,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/process_memory.hpp"
+#include "tessera/io/gguf_model.hpp"
 #include "tessera/io/safetensors.hpp"
 
 namespace tessera::io {
@@ -244,6 +245,9 @@ void check_model_fits(const model::ParamLayout& layout, const fs::path& file) {
 }
 
 LoadedModel load_model(const fs::path& path) {
+  // A llama.cpp GGUF file (io/gguf_model.hpp); a missing one is reported as a GGUF file.
+  if (path.extension() == ".gguf" && input_kind(path, "model file") != InputKind::Directory)
+    return load_gguf_model(path);
   const auto [file, config_path] = model_files(path);
   if (input_kind(file, "model file") == InputKind::Missing)
     throw Error(fmt::format("model file not found: {}", file.string()),

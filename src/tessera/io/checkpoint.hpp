@@ -34,9 +34,10 @@ struct LoadedModel {
   model::ModelConfig config;
   Buffer<float> params;  // layout(config).total() floats
 };
-// `path` is a directory holding model.safetensors (+ config.json), or a .safetensors file
-// (config.json beside it). Names may carry a "transformer." prefix; HF's attention-mask buffers
-// and a tied lm_head.weight are ignored.
+// `path` is a directory holding model.safetensors (+ config.json), a .safetensors file
+// (config.json beside it), or a llama.cpp .gguf file (io/gguf_model.hpp: a llama model,
+// dequantized to fp32). Names may carry a "transformer." prefix; HF's attention-mask buffers,
+// rotary inv_freq buffers and a tied lm_head.weight are ignored.
 LoadedModel load_model(const std::filesystem::path& path);
 model::ModelConfig read_hf_config(const std::filesystem::path& config_json);
 // The Hugging Face GPT2Config of a model shape, as config.json and the safetensors metadata hold

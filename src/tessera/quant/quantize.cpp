@@ -327,6 +327,7 @@ void quantize_gptq(const QuantContext& x) {
 QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
                               const QuantizeOptions& opt, const CalibSet* calib) {
   const auto& cfg = layout.config();
+  require_gpt2(cfg);
   const int L = cfg.n_layer, C = cfg.n_embd;
   QuantizedModel qm;
   qm.config = cfg;
@@ -474,6 +475,11 @@ AnyModel read_any_model(const fs::path& path) {
   AnyModel out;
   if (input_kind(file, "model file") == InputKind::Missing) {  // load_model's standard message
     out.model = io::load_model(path);
+    return out;
+  }
+  if (!is_dir && file.extension() == ".gguf") {  // a llama.cpp file: dequantized on load
+    out.model = io::load_model(path);
+    out.description = "GGUF, dequantized to fp32";
     return out;
   }
   auto st = io::SafetensorsFile::open(file);

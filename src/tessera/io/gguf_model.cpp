@@ -1,0 +1,274 @@
+#include "tessera/io/gguf_model.hpp"
+
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/model/layout.hpp"
+
+namespace tessera::io {
+
+namespace {
+
+constexpr std::string_view k_arch_hint =
+    "tessera loads GGUF files of llama.cpp's \"llama\" architecture (Llama 2 and 3, SmolLM, "
+    "TinyLlama, Mistral 7B v0.1...)";
+
+std::string file_of(const GgufFile& f) {
+  return f.path().string();
+}
+
+// A count (layers, heads, widths): a positive integer that fits an int. `fallback` when absent.
+int count_key(const GgufFile& f, std::string_view key,
+              std::optional<std::int64_t> fallback = std::nullopt) {
+  if (fallback && !f.find_metadata(key)) return static_cast<int>(*fallback);
+  const std::int64_t v = f.get_int(key);
+  if (v <= 0 || v > std::numeric_limits<int>::max())
+    throw Error(fmt::format("{}: metadata '{}' is {}, expected a positive count below 2^31",
+                            file_of(f), key, v),
+                "the file is damaged, or not a model tessera can run");
+  return static_cast<int>(v);
+}
+
+// A real number. A float32 value is read back as the shortest decimal that rounds to it (the
+// number the converter was given, e.g. rms_norm_eps 1e-5 rather than 9.99999974738e-06), so the
+// config equals the one Hugging Face's config.json gives for the same model.
+double real_key(const GgufFile& f, std::string_view key,
+                std::optional<double> fallback = std::nullopt) {
+  if (fallback && !f.find_metadata(key)) return *fallback;
+  const GgufValue& v = f.metadata(key);
+  const double x = f.get_float(key);
+  if (v.type() == GgufType::F32 && std::isfinite(x))
+    return std::strtod(fmt::format("{}", static_cast<float>(x)).c_str(), nullptr);
+  return x;
+}
+
+// GGUF dims (innermost first) against a row-major shape; trailing dims of 1 are allowed, as
+// ggml's tensors always have 4 dims.
+bool dims_match(const GgufTensorInfo& g, const std::vector<std::int64_t>& shape) {
+  if (g.dims.size() < shape.size()) return false;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (g.dims[i] != shape[shape.size() - 1 - i]) return false;
+  for (std::size_t i = shape.size(); i < g.dims.size(); ++i)
+    if (g.dims[i] != 1) return false;
+  return true;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Rotary scaling, in any of the forms llama.cpp's converters write it: refused, as tessera
+// applies plain rotary positions.
+void refuse_rope_scaling(const GgufFile& f) {
+  const std::string hint =
+      "tessera applies plain rotary positions (no frequency scaling); use a model without "
+      "rope_scaling";
+  if (f.find_metadata("llama.rope.scaling.type")) {
+    const std::string type = f.get_string("llama.rope.scaling.type");
+    if (type != "none")
+      throw Error(fmt::format("{}: rotary scaling llama.rope.scaling.type = \"{}\" is not "
+                              "supported",
+                              file_of(f), type),
+                  hint);
+  }
+  for (std::string_view key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"})
+    if (f.find_metadata(key)) {
+      const double factor = f.get_float(key);
+      if (factor != 0.0 && factor != 1.0)
+        throw Error(
+            fmt::format("{}: rotary scaling {} = {} is not supported", file_of(f), key, factor),
+            hint);
+    }
+}
+
+}  // namespace
+
+model::ModelConfig gguf_llama_config(const GgufFile& f) {
+  const std::string file = file_of(f);
+  if (!f.find_metadata("general.architecture"))
+    throw Error(fmt::format("{} has no metadata 'general.architecture'", file),
+                "a model file written by llama.cpp's converters names its architecture; this "
+                "one may hold only a vocabulary");
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama")
+    throw Error(fmt::format("{}: model architecture \"{}\" is not supported", file, arch),
+                std::string(k_arch_hint));
+
+  model::ModelConfig c;
+  c.family = model::Family::Llama;
+  c.n_layer = count_key(f, "llama.block_count");
+  c.n_embd = count_key(f, "llama.embedding_length");
+  c.n_head = count_key(f, "llama.attention.head_count");
+  c.n_kv_head = count_key(f, "llama.attention.head_count_kv", c.n_head);
+  c.intermediate_size = count_key(f, "llama.feed_forward_length");
+  c.block_size = count_key(f, "llama.context_length");
+  c.rope_theta = real_key(f, "llama.rope.freq_base", 10000.0);
+  c.norm_eps = real_key(f, "llama.attention.layer_norm_rms_epsilon");
+  c.tie_embeddings = f.find("output.weight") == nullptr;
+
+  if (f.find_metadata("llama.expert_count") && f.get_int("llama.expert_count") > 0)
+    throw Error(fmt::format("{}: a mixture of experts (llama.expert_count = {}) is not supported",
+                            file, f.get_int("llama.expert_count")),
+                "tessera's llama family has one dense MLP per layer");
+  refuse_rope_scaling(f);
+
+  // The vocabulary: the rows of the token embedding, (vocab, C) stored with dims [C, vocab].
+  const GgufTensorInfo* emb = f.find("token_embd.weight");
+  if (!emb)
+    throw Error(fmt::format("{} has no tensor 'token_embd.weight'", file),
+                "the file holds no model weights (a vocabulary-only file?)");
+  if (emb->dims.size() < 2 || !dims_match(*emb, {emb->dims[1], emb->dims[0]}) ||
+      emb->dims[0] != c.n_embd)
+    throw Error(fmt::format("{}: token_embd.weight has GGUF dims {}, expected [{}, vocab] "
+                            "(llama.embedding_length = {})",
+                            file, shape_str(emb->dims), c.n_embd, c.n_embd),
+                "the file is damaged, or was written for another architecture");
+  if (emb->dims[1] <= 0 || emb->dims[1] > model::k_max_vocab)
+    throw Error(fmt::format("{}: token_embd.weight has {} rows, expected a vocabulary of 1 to {}",
+                            file, emb->dims[1], model::k_max_vocab),
+                "the file is damaged");
+  c.vocab_size = static_cast<int>(emb->dims[1]);
+  if (f.find_metadata("llama.vocab_size") && f.get_int("llama.vocab_size") != c.vocab_size)
+    throw Error(fmt::format("{}: llama.vocab_size is {}, but token_embd.weight has {} rows", file,
+                            f.get_int("llama.vocab_size"), c.vocab_size),
+                "the file is damaged");
+  if (const GgufValue* tokens = f.find_metadata("tokenizer.ggml.tokens")) {
+    if (tokens->type() != GgufType::Array || tokens->element_type() != GgufType::String)
+      throw Error(fmt::format("{}: metadata 'tokenizer.ggml.tokens' is {}, expected an array of "
+                              "strings",
+                              file, tokens->describe()),
+                  "the file is damaged, or was not written by llama.cpp's converters");
+    if (tokens->size() != static_cast<std::uint64_t>(c.vocab_size))
+      throw Error(fmt::format("{}: the tokenizer has {} tokens, but token_embd.weight has {} rows",
+                              file, tokens->size(), c.vocab_size),
+                  "every token must have a row of the embedding; the file is damaged");
+  }
+
+  try {
+    model::validate(c);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: the model it describes is not valid: {}", file, e.what()),
+                e.hint());
+  }
+
+  // Head sizes other than n_embd / n_head, and partial rotary dimensions, are llama.cpp options
+  // that tessera's llama family does not have.
+  const int head_dim = c.head_dim();
+  for (std::string_view key :
+       {"llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"})
+    if (f.find_metadata(key) && f.get_int(key) != head_dim)
+      throw Error(fmt::format("{}: metadata '{}' is {}, but the head size "
+                              "(embedding_length / head_count) is {}",
+                              file, key, f.get_int(key), head_dim),
+                  "tessera's llama family rotates whole heads of embedding_length / head_count");
+  return c;
+}
+
+LoadedModel load_gguf_model(const std::filesystem::path& file) {
+  return load_gguf_model(GgufFile::open(file));
+}
+
+LoadedModel load_gguf_model(const GgufFile& f) {
+  const std::string file = file_of(f);
+  const model::ModelConfig cfg = gguf_llama_config(f);
+  const model::ParamLayout layout(cfg);
+
+  // Every tensor of the model, found and checked before anything is allocated.
+  struct Source {
+    const model::ParamTensor* dst;
+    const GgufTensorInfo* src;
+    std::int64_t qk_heads;  // q_proj, k_proj: the heads to permute the rows with; else 0
+  };
+  std::vector<Source> sources;
+  std::set<std::string, std::less<>> used;
+  for (const auto& t : layout.tensors()) {
+    const auto name = llama_hf_to_gguf_name(t.name);
+    TESSERA_CHECK(name.has_value(), "no GGUF name for {}", t.name);
+    const GgufTensorInfo* g = f.find(*name);
+    if (!g)
+      throw Error(fmt::format("{} has no tensor '{}' ({}), which the model ({}) needs", file, *name,
+                              t.name, model::describe(cfg)),
+                  "the file is incomplete, or holds another kind of model");
+    std::vector<std::int64_t> shape = t.shape;
+    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = cfg.vocab_size;  // unpadded
+    if (!dims_match(*g, shape))
+      throw Error(fmt::format("{}: tensor '{}' ({}) has shape {} (GGUF dims {}), but the model "
+                              "({}) needs {}",
+                              file, *name, t.name, shape_str(g->shape()), shape_str(g->dims),
+                              model::describe(cfg), shape_str(shape)),
+                  "the file's metadata does not describe its tensors; the file is damaged");
+    if (!can_dequantize(g->type))
+      throw Error(fmt::format("tensor '{}' in {} has type {}, which tessera cannot dequantize",
+                              *name, file, ggml_type_name(g->type)),
+                  fmt::format("tessera dequantizes {}; requantize the model to one of these with "
+                              "llama.cpp's llama-quantize",
+                              dequantizable_type_names()));
+    std::int64_t qk_heads = 0;
+    if (t.name.ends_with("self_attn.q_proj.weight")) qk_heads = cfg.n_head;
+    if (t.name.ends_with("self_attn.k_proj.weight")) qk_heads = cfg.kv_heads();
+    sources.push_back({&t, g, qk_heads});
+    used.insert(*name);
+  }
+
+  // Anything else changes what the model computes (or belongs to another model): refused, but
+  // for a rope_freqs.weight of all ones (frequency factors that scale nothing).
+  for (const auto& g : f.tensors()) {
+    if (used.contains(g.name)) continue;
+    if (g.name == "rope_freqs.weight") {
+      const bool shape_ok = dims_match(g, {cfg.head_dim() / 2}) && can_dequantize(g.type);
+      bool ones = shape_ok;
+      if (shape_ok)
+        for (float x : f.dequantize(g)) ones = ones && x == 1.0f;
+      if (ones) continue;
+      throw Error(fmt::format("{}: tensor 'rope_freqs.weight' scales the rotary frequencies "
+                              "(Llama 3.1-style rope scaling), which is not supported",
+                              file),
+                  "tessera applies plain rotary positions (no frequency scaling)");
+    }
+    const auto hf = llama_gguf_to_hf_name(g.name);
+    if (hf && hf->ends_with(".bias"))
+      throw Error(fmt::format("{}: tensor '{}' is a bias, which tessera's llama family does not "
+                              "have",
+                              file, g.name),
+                  "tessera runs llama models without biases (attention_bias = mlp_bias = false)");
+    if (g.name.find("_exps.") != std::string::npos || g.name.find("_shexp.") != std::string::npos ||
+        g.name.find("ffn_gate_inp.") != std::string::npos)
+      throw Error(fmt::format("{}: tensor '{}' belongs to a mixture of experts, which is not "
+                              "supported",
+                              file, g.name),
+                  "tessera's llama family has one dense MLP per layer");
+    throw Error(fmt::format("{} holds tensor '{}', which the model ({}) does not have", file,
+                            g.name, model::describe(cfg)),
+                "the file holds a variant of the llama architecture that tessera does not run");
+  }
+
+  check_model_fits(layout, f.path());
+  LoadedModel out{cfg, Buffer<float>(layout.total())};
+  std::vector<float> tmp;
+  for (const auto& s : sources) {
+    const auto n = static_cast<std::size_t>(s.src->numel());
+    std::span<float> dst(out.params.data() + s.dst->offset, n);
+    if (s.qk_heads == 0) {
+      f.dequantize(*s.src, dst);
+      continue;
+    }
+    // llama.cpp's converter interleaved each head's rows for its RoPE; undo it.
+    tmp.resize(n);
+    f.dequantize(*s.src, tmp);
+    permute_qk_rows(std::as_bytes(std::span<const float>(tmp)), std::as_writable_bytes(dst),
+                    s.qk_heads, s.dst->shape[0], /*to_hf=*/true);
+  }
+  check_finite(layout, out.params.data(), file);
+  return out;
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,36 @@
+// Pretrained Llama-family models from GGUF files (llama.cpp's format; io/gguf.hpp reads it),
+// e.g. SmolLM2-135M. docs/gguf.md describes the file; this maps it onto tessera's llama family
+// (model/config.hpp) and Hugging Face's parameter layout (model/layout.hpp):
+//   config   general.architecture "llama"; llama.block_count, .embedding_length,
+//            .attention.head_count, .attention.head_count_kv (default head_count),
+//            .feed_forward_length, .context_length (block_size), .rope.freq_base (default
+//            10000), .attention.layer_norm_rms_epsilon; the vocabulary is the rows of
+//            token_embd.weight; the head is tied when the file has no output.weight.
+//   tensors  every tensor of the layout, by llama_hf_to_gguf_name, in any type the reader
+//            dequantizes, its dims the reverse of the layout's (out, in) shape; q_proj and k_proj
+//            rows are put back in Hugging Face's order (permute_qk_to_hf, with the heads and the
+//            key-value heads). The padded vocabulary rows stay zero.
+// Refused, each with one tessera::Error naming the file: another architecture (e.g. "gemma3"),
+// a missing or out-of-range key, values that disagree (rope.dimension_count, attention
+// key_length / value_length, vocab_size and the tokenizer's token count against the embedding),
+// rotary scaling (rope.scaling.type other than "none", a scaling factor, a rope_freqs.weight
+// that is not all ones), mixture of experts, biases, a tensor of the wrong shape, any tensor the
+// model does not use, and NaN or infinite weights.
+#pragma once
+
+#include <filesystem>
+
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/io/gguf.hpp"
+#include "tessera/model/config.hpp"
+
+namespace tessera::io {
+
+// The model configuration of a llama GGUF file (validated with model::validate).
+model::ModelConfig gguf_llama_config(const GgufFile& f);
+
+// The model of a llama GGUF file, its parameters in tessera's layout (fp32).
+LoadedModel load_gguf_model(const GgufFile& f);
+LoadedModel load_gguf_model(const std::filesystem::path& file);
+
+}  // namespace tessera::io

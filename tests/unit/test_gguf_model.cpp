@@ -1,0 +1,630 @@
+// Llama models from GGUF files (io/gguf_model.hpp).
+//
+// The round trips need no downloaded data: a tiny llama (random weights, or the Hugging Face
+// fixture tests/fixtures/llama_tiny*) is written as llama.cpp's converter writes it (llama.*
+// metadata, GGUF names, q/k rows permuted to GGUF's order), read back and compared bit for bit,
+// config, parameters and loss. The bad-input tests edit such a file one thing at a time. The
+// SmolLM2-135M tests run on the real file when scripts/setup --with-models has fetched it: they
+// check its shape, that it completes "The capital of France is" with " Paris", and print its
+// perplexity on a paragraph of English (and what it would be with the q/k rows left in GGUF's
+// order, the mistake the permutation guards against).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "expect_error.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/io/gguf.hpp"
+#include "tessera/io/gguf_model.hpp"
+#include "tessera/io/safetensors.hpp"
+#include "tessera/io/tokenizer_files.hpp"
+#include "tessera/model/gpt.hpp"
+
+using namespace tessera;
+using io::GgmlType;
+using io::GgufFile;
+using io::GgufValue;
+using io::GgufWriter;
+using tessera::test::expect_error;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path k_fixtures = TESSERA_FIXTURES;
+const fs::path k_smollm2 =
+    fs::path(TESSERA_DATA) / "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+model::ModelConfig tiny_llama(bool tied) {
+  model::ModelConfig c;
+  c.family = model::Family::Llama;
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 48;
+  c.vocab_size = 100;
+  c.block_size = 16;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+// The content of a llama GGUF file, editable before it is written.
+struct LlamaGguf {
+  struct Tensor {
+    std::string name;
+    std::vector<std::int64_t> dims;  // innermost first
+    std::vector<float> values;
+  };
+  std::vector<std::pair<std::string, GgufValue>> meta;
+  std::vector<Tensor> tensors;
+
+  void set(const std::string& key, GgufValue v) {
+    for (auto& [k, old] : meta)
+      if (k == key) {
+        old = std::move(v);
+        return;
+      }
+    meta.emplace_back(key, std::move(v));
+  }
+  void erase(const std::string& key) {
+    std::erase_if(meta, [&](const auto& m) { return m.first == key; });
+  }
+  Tensor& tensor(const std::string& name) {
+    for (auto& t : tensors)
+      if (t.name == name) return t;
+    throw std::runtime_error("test: no tensor " + name);
+  }
+  void erase_tensor(const std::string& name) {
+    std::erase_if(tensors, [&](const Tensor& t) { return t.name == name; });
+  }
+  GgufWriter writer() const {
+    GgufWriter w;
+    for (const auto& [k, v] : meta) w.set_metadata(k, v);
+    for (const auto& t : tensors) w.add_f32(t.name, GgmlType::F32, t.dims, t.values);
+    return w;
+  }
+  std::string bytes() const { return writer().to_bytes(); }
+  GgufFile file(const std::string& name = "tiny.gguf") const {
+    return GgufFile::from_bytes(bytes(), name);
+  }
+};
+
+// What llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM.
+LlamaGguf to_gguf(const model::ModelConfig& c, const float* params) {
+  LlamaGguf g;
+  g.set("general.architecture", GgufValue::string("llama"));
+  g.set("general.name", GgufValue::string("tiny"));
+  g.set("llama.block_count", GgufValue::u32(c.n_layer));
+  g.set("llama.context_length", GgufValue::u32(c.block_size));
+  g.set("llama.embedding_length", GgufValue::u32(c.n_embd));
+  g.set("llama.feed_forward_length", GgufValue::u32(c.ffn()));
+  g.set("llama.attention.head_count", GgufValue::u32(c.n_head));
+  g.set("llama.attention.head_count_kv", GgufValue::u32(c.kv_heads()));
+  g.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
+  g.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(c.norm_eps)));
+  g.set("general.file_type", GgufValue::u32(0));
+  g.set("llama.vocab_size", GgufValue::u32(c.vocab_size));
+  g.set("llama.rope.dimension_count", GgufValue::u32(c.head_dim()));
+  std::vector<std::string> tokens;
+  for (int i = 0; i < c.vocab_size; ++i) tokens.push_back("t" + std::to_string(i));
+  g.set("tokenizer.ggml.tokens", GgufValue::array_string(tokens));
+  const model::ParamLayout layout(c);
+  for (const auto& t : layout.tensors()) {
+    std::vector<std::int64_t> shape = t.shape;
+    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = c.vocab_size;
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> v(params + t.offset, params + t.offset + n);
+    if (t.name.ends_with("q_proj.weight"))
+      v = io::permute_qk_to_gguf(v, c.n_head, shape[0], shape[1]);
+    if (t.name.ends_with("k_proj.weight"))
+      v = io::permute_qk_to_gguf(v, c.kv_heads(), shape[0], shape[1]);
+    g.tensors.push_back({*io::llama_hf_to_gguf_name(t.name), {shape.rbegin(), shape.rend()}, v});
+  }
+  return g;
+}
+
+Buffer<float> random_params(const model::ModelConfig& c, std::uint64_t seed) {
+  const model::ParamLayout layout(c);
+  Buffer<float> p(layout.total());
+  model::init_params(layout, p.data(), seed);
+  // init_params gives norm weights of exactly 1: make them random too, so that a mixed-up norm
+  // would show.
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::normal_distribution<float> nd(1.0f, 0.1f);
+  for (const auto& t : layout.tensors())
+    if (t.shape.size() == 1)
+      for (std::size_t i = 0; i < t.numel; ++i) p[t.offset + i] = nd(rng);
+  return p;
+}
+
+void expect_same_params(const io::LoadedModel& got, const model::ModelConfig& cfg,
+                        const float* want) {
+  ASSERT_EQ(got.config, cfg);
+  const model::ParamLayout layout(cfg);
+  ASSERT_EQ(got.params.size(), layout.total());
+  for (const auto& t : layout.tensors())
+    for (std::size_t i = 0; i < t.numel; ++i)
+      ASSERT_EQ(got.params[t.offset + i], want[t.offset + i]) << t.name << " element " << i;
+}
+
+float loss_of(const model::ModelConfig& cfg, const float* params,
+              const std::vector<std::int32_t>& tokens) {
+  const model::ParamLayout layout(cfg);
+  model::Activations acts;
+  const int T = static_cast<int>(tokens.size()) - 1;
+  return model::forward(layout, params, acts, tokens.data(), tokens.data() + 1, 1, T, {});
+}
+
+std::vector<std::int32_t> some_tokens(int n, int vocab) {
+  std::vector<std::int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 37 + 11) % vocab);
+  return t;
+}
+
+}  // namespace
+
+// ---- round trips ----
+
+class GgufModelRoundTrip : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GgufModelRoundTrip, ConfigParamsAndLossAreExact) {
+  const model::ModelConfig cfg = tiny_llama(GetParam());
+  const Buffer<float> params = random_params(cfg, 7);
+  const LlamaGguf g = to_gguf(cfg, params.data());
+  EXPECT_EQ(g.file().find("output.weight") == nullptr, cfg.tie_embeddings);
+  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  const io::LoadedModel loaded = io::load_gguf_model(g.file());
+  expect_same_params(loaded, cfg, params.data());
+  const auto tokens = some_tokens(cfg.block_size + 1, cfg.vocab_size);
+  const float want = loss_of(cfg, params.data(), tokens);
+  EXPECT_TRUE(std::isfinite(want));
+  EXPECT_EQ(loss_of(loaded.config, loaded.params.data(), tokens), want);
+}
+
+TEST_P(GgufModelRoundTrip, LoadModelReadsAGgufFile) {
+  const model::ModelConfig cfg = tiny_llama(GetParam());
+  const Buffer<float> params = random_params(cfg, 11);
+  const fs::path file = fs::temp_directory_path() /
+                        (std::string("tessera_gguf_model_") + (GetParam() ? "tied" : "untied") +
+                         std::to_string(::getpid()) + ".gguf");
+  to_gguf(cfg, params.data()).writer().write(file);
+  const io::LoadedModel loaded = io::load_model(file);  // dispatches on the .gguf extension
+  expect_same_params(loaded, cfg, params.data());
+  fs::remove(file);
+}
+
+TEST(GgufModelFiles, LoadModelErrors) {
+  expect_error([] { io::load_model("/nonexistent/model.gguf"); },
+               "GGUF file not found: /nonexistent/model.gguf");
+  // llama.cpp's vocabulary-only files: a Llama 3 tokenizer with Llama 3's hyperparameters.
+  const fs::path vocab = fs::path(TESSERA_DATA) / "models/vocab/ggml-vocab-llama-bpe.gguf";
+  if (fs::exists(vocab))
+    expect_error([&] { io::load_model(vocab); }, "has no tensor 'token_embd.weight'");
+  const fs::path gemma = fs::path(TESSERA_DATA) / "models/gemma3-270m/gemma-3-270m-q4_k_m.gguf";
+  if (!fs::exists(gemma)) GTEST_SKIP() << gemma << " is absent: run scripts/setup --with-models";
+  expect_error([&] { io::load_model(gemma); }, "model architecture \"gemma3\" is not supported");
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndUntied, GgufModelRoundTrip, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Tied" : "Untied"; });
+
+// The Hugging Face fixtures (transformers' LlamaForCausalLM), converted as llama.cpp converts
+// them, give the same parameters and PyTorch's loss.
+TEST(GgufModelFixture, HuggingFaceFixturesThroughGgufMatchPyTorch) {
+  for (const char* name : {"llama_tiny", "llama_tiny_tied"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = k_fixtures / name;
+    if (!fs::exists(dir / "expected.safetensors")) GTEST_SKIP() << dir << " missing";
+    const io::LoadedModel hf = io::load_model(dir);
+    const io::LoadedModel loaded = io::load_gguf_model(to_gguf(hf.config, hf.params.data()).file());
+    expect_same_params(loaded, hf.config, hf.params.data());
+    // PyTorch's loss on the fixture's batch (as test_model_fixture.cpp reads it).
+    const auto expected = io::SafetensorsFile::open(dir / "expected.safetensors");
+    const auto tok = expected.read_i64("tokens");  // (B, T+1)
+    constexpr int B = 2, T = 8;
+    ASSERT_EQ(tok.size(), std::size_t(B * (T + 1)));
+    std::vector<std::int32_t> inputs, targets;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        inputs.push_back(static_cast<std::int32_t>(tok[b * (T + 1) + t]));
+        targets.push_back(static_cast<std::int32_t>(tok[b * (T + 1) + t + 1]));
+      }
+    const model::ParamLayout layout(loaded.config);
+    model::Activations acts;
+    const float loss =
+        model::forward(layout, loaded.params.data(), acts, inputs.data(), targets.data(), B, T, {});
+    const float want = expected.read_f32("loss")[0];
+    EXPECT_NEAR(loss, want, 2e-6 * std::fabs(want));
+  }
+}
+
+// Other value types than llama.cpp's (a float64 epsilon, a uint64 count), a rope_freqs.weight of
+// ones and llama.rope.scaling.type "none" change nothing.
+TEST(GgufModelConfig, HarmlessVariantsLoad) {
+  const model::ModelConfig cfg = tiny_llama(true);
+  const Buffer<float> params = random_params(cfg, 3);
+  LlamaGguf g = to_gguf(cfg, params.data());
+  g.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f64(1e-5));
+  g.set("llama.block_count", GgufValue::u64(2));
+  g.set("llama.rope.scaling.type", GgufValue::string("none"));
+  g.erase("llama.rope.freq_base");  // default 10000
+  g.erase("llama.attention.head_count_kv");
+  g.tensors.push_back(
+      {"rope_freqs.weight", {cfg.head_dim() / 2}, std::vector<float>(cfg.head_dim() / 2, 1.0f)});
+  model::ModelConfig want = cfg;
+  want.n_kv_head = cfg.n_head;  // head_count_kv absent: as many as the heads
+  EXPECT_EQ(io::gguf_llama_config(g.file()), want);
+  // The k_proj is now (C, C): give it one.
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (const char* kv : {"attn_k", "attn_v"}) {
+      auto& t = g.tensor("blk." + std::to_string(l) + "." + kv + ".weight");
+      t.dims = {cfg.n_embd, cfg.n_embd};
+      t.values.resize(static_cast<std::size_t>(cfg.n_embd) * cfg.n_embd, 0.01f);
+    }
+  EXPECT_EQ(io::load_gguf_model(g.file()).config, want);
+}
+
+TEST(GgufModelConfig, SmolLM2StyleValues) {
+  // float32 metadata reads back as the decimal the converter was given.
+  model::ModelConfig cfg = tiny_llama(true);
+  cfg.norm_eps = 1e-6;
+  cfg.rope_theta = 100000.0;
+  const Buffer<float> params = random_params(cfg, 5);
+  EXPECT_EQ(io::gguf_llama_config(to_gguf(cfg, params.data()).file()), cfg);
+}
+
+// ---- bad inputs: one tessera::Error each ----
+
+class GgufModelBadInput : public ::testing::Test {
+ protected:
+  const model::ModelConfig cfg = tiny_llama(false);
+  const Buffer<float> params = random_params(cfg, 1);
+  LlamaGguf g = to_gguf(cfg, params.data());
+  void expect_refused(const std::string& needle) {
+    expect_error([&] { io::load_gguf_model(g.file("bad.gguf")); }, needle);
+    expect_error([&] { io::load_gguf_model(g.file("bad.gguf")); }, "bad.gguf");
+  }
+};
+
+TEST_F(GgufModelBadInput, OtherArchitecture) {
+  g.set("general.architecture", GgufValue::string("gemma3"));
+  expect_refused("model architecture \"gemma3\" is not supported");
+  g.erase("general.architecture");
+  expect_refused("no metadata 'general.architecture'");
+}
+
+TEST_F(GgufModelBadInput, MissingOrBadKeys) {
+  for (const char* key : {"llama.block_count", "llama.embedding_length",
+                          "llama.attention.head_count", "llama.feed_forward_length",
+                          "llama.context_length", "llama.attention.layer_norm_rms_epsilon"}) {
+    SCOPED_TRACE(key);
+    const LlamaGguf saved = g;
+    g.erase(key);
+    expect_refused(key);
+    g = saved;
+  }
+  g.set("llama.block_count", GgufValue::string("2"));
+  expect_refused("llama.block_count");
+  g.set("llama.block_count", GgufValue::u32(0));
+  expect_refused("'llama.block_count' is 0");
+  g.set("llama.block_count", GgufValue::u64(1ull << 40));
+  expect_refused("'llama.block_count' is 1099511627776");
+  g.set("llama.block_count", GgufValue::u32(2));
+  g.set("llama.attention.head_count_kv", GgufValue::u32(3));  // does not divide 4
+  expect_refused("not divisible by model.n_kv_head");
+  g.set("llama.attention.head_count_kv", GgufValue::u32(2));
+  g.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(NAN));
+  expect_refused("norm_eps");
+}
+
+TEST_F(GgufModelBadInput, InconsistentValues) {
+  g.set("llama.rope.dimension_count", GgufValue::u32(4));
+  expect_refused("'llama.rope.dimension_count' is 4, but the head size");
+  g.set("llama.rope.dimension_count", GgufValue::u32(8));
+  g.set("llama.attention.key_length", GgufValue::u32(16));
+  expect_refused("'llama.attention.key_length' is 16");
+  g.erase("llama.attention.key_length");
+  g.set("llama.vocab_size", GgufValue::u32(99));
+  expect_refused("llama.vocab_size is 99, but token_embd.weight has 100 rows");
+  g.erase("llama.vocab_size");
+  g.set("tokenizer.ggml.tokens", GgufValue::array_string(std::vector<std::string>(101, "x")));
+  expect_refused("the tokenizer has 101 tokens, but token_embd.weight has 100 rows");
+  g.set("tokenizer.ggml.tokens", GgufValue::u32(100));
+  expect_refused("'tokenizer.ggml.tokens' is uint32");
+  g.erase("tokenizer.ggml.tokens");
+  g.set("llama.expert_count", GgufValue::u32(8));
+  expect_refused("mixture of experts");
+}
+
+TEST_F(GgufModelBadInput, RopeScaling) {
+  g.set("llama.rope.scaling.type", GgufValue::string("linear"));
+  g.set("llama.rope.scaling.factor", GgufValue::f32(4.0f));
+  expect_refused("llama.rope.scaling.type = \"linear\" is not supported");
+  g.erase("llama.rope.scaling.type");
+  expect_refused("llama.rope.scaling.factor = 4 is not supported");
+  g.erase("llama.rope.scaling.factor");
+  std::vector<float> factors(cfg.head_dim() / 2, 1.0f);
+  factors.back() = 8.0f;
+  g.tensors.push_back({"rope_freqs.weight", {cfg.head_dim() / 2}, factors});
+  expect_refused("rope_freqs.weight");
+  g.tensor("rope_freqs.weight") = {"rope_freqs.weight", {3}, {1, 1, 1}};
+  expect_refused("rope_freqs.weight");
+}
+
+TEST_F(GgufModelBadInput, WrongShapes) {
+  auto& down = g.tensor("blk.1.ffn_down.weight");  // (C, F) stored as dims [F, C]
+  std::swap(down.dims[0], down.dims[1]);
+  expect_refused(
+      "tensor 'blk.1.ffn_down.weight' (model.layers.1.mlp.down_proj.weight) has shape "
+      "[48, 32] (GGUF dims [32, 48]), but the model");
+  std::swap(down.dims[0], down.dims[1]);
+  auto& emb = g.tensor("token_embd.weight");
+  emb.dims = {16, 200};
+  expect_refused("token_embd.weight has GGUF dims [16, 200]");
+  emb.dims = {32, 100};
+  auto& head = g.tensor("output.weight");
+  head.dims = {32, 50};
+  head.values.resize(32 * 50);
+  expect_refused("tensor 'output.weight' (lm_head.weight) has shape [50, 32]");
+  g.erase_tensor("output.weight");  // tied now, a valid file
+  EXPECT_TRUE(io::load_gguf_model(g.file()).config.tie_embeddings);
+  g.tensor("output_norm.weight").dims = {32, 1};  // a trailing dim of 1: the same tensor
+  EXPECT_NO_THROW(io::load_gguf_model(g.file()));
+  g.tensor("output_norm.weight").dims = {16, 2};
+  expect_refused("output_norm.weight");
+}
+
+TEST_F(GgufModelBadInput, MissingAndUnknownTensors) {
+  LlamaGguf good = g;
+  g.erase_tensor("blk.1.ffn_up.weight");
+  expect_refused("has no tensor 'blk.1.ffn_up.weight' (model.layers.1.mlp.up_proj.weight)");
+  g = good;
+  g.tensors.push_back({"blk.0.attn_q.bias", {32}, std::vector<float>(32)});
+  expect_refused("tensor 'blk.0.attn_q.bias' is a bias");
+  g = good;
+  g.tensors.push_back({"blk.2.attn_norm.weight", {32}, std::vector<float>(32, 1.0f)});
+  expect_refused("holds tensor 'blk.2.attn_norm.weight', which the model");
+  g = good;
+  g.tensors.push_back({"blk.0.ffn_gate_exps.weight", {32, 48, 2}, std::vector<float>(32 * 48 * 2)});
+  expect_refused("mixture of experts");
+  g = good;
+  g.tensors.push_back({"something_else", {4}, std::vector<float>(4)});
+  expect_refused("holds tensor 'something_else'");
+  g = good;
+  g.erase_tensor("token_embd.weight");
+  expect_refused("no tensor 'token_embd.weight'");
+}
+
+TEST_F(GgufModelBadInput, NonFiniteWeights) {
+  g.tensor("blk.0.attn_v.weight").values[5] = INFINITY;
+  expect_refused("tensor 'model.layers.0.self_attn.v_proj.weight' holds 1 non-finite value");
+}
+
+TEST_F(GgufModelBadInput, UndecodableType) {
+  // A tensor of a type tessera cannot dequantize (Q8_1), refused before anything is allocated.
+  GgufWriter w;
+  for (const auto& [k, v] : g.meta) w.set_metadata(k, v);
+  for (const auto& t : g.tensors) {
+    if (t.name != "blk.0.ffn_up.weight") {
+      w.add_f32(t.name, GgmlType::F32, t.dims, t.values);
+      continue;
+    }
+    const auto& info = io::ggml_type_info(GgmlType::Q8_1);
+    std::vector<std::byte> bytes(static_cast<std::size_t>(t.dims[0] / info.block_size) *
+                                 info.block_bytes * t.dims[1]);
+    w.add_encoded(t.name, GgmlType::Q8_1, t.dims, bytes);
+  }
+  expect_error([&] { io::load_gguf_model(GgufFile::from_bytes(w.to_bytes(), "q81.gguf")); },
+               "has type Q8_1, which tessera cannot dequantize");
+}
+
+// Damaged files: every single-byte change of a valid file either loads or is one tessera::Error.
+TEST_F(GgufModelBadInput, ByteFlipsNeverCrash) {
+  const std::string good = g.bytes();
+  const GgufFile f = GgufFile::from_bytes(good, "x.gguf");
+  const std::size_t header_end = f.data_offset();
+  std::mt19937 rng(42);
+  int refused = 0, loaded = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes = good;
+    // Mostly the header, metadata and tensor infos; some of the data.
+    const std::size_t pos = (i % 4 == 3) ? rng() % bytes.size() : rng() % header_end;
+    bytes[pos] = static_cast<char>(rng() & 0xff);
+    try {
+      const auto m = io::load_gguf_model(GgufFile::from_bytes(bytes, "flipped.gguf"));
+      ++loaded;
+    } catch (const Error& e) {
+      ++refused;
+      ASSERT_NE(std::string(e.what()).find("flipped.gguf"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(loaded, 100);
+}
+
+// ---- SmolLM2-135M (scripts/setup --with-models) ----
+
+namespace {
+
+struct SmolLM2 {
+  io::LoadedModel model;
+  data::Tokenizer tok;
+};
+
+// Logits (Vp per position) of one sequence.
+std::vector<float> logits_of(const io::LoadedModel& m, const std::vector<std::int32_t>& tokens) {
+  const model::ParamLayout layout(m.config);
+  model::Activations acts;
+  const int T = static_cast<int>(tokens.size());
+  model::forward(layout, m.params.data(), acts, tokens.data(), nullptr, 1, T, {});
+  const float* p = acts.at(acts.logits);
+  return std::vector<float>(p, p + static_cast<std::size_t>(T) * m.config.padded_vocab());
+}
+
+std::vector<std::int32_t> ids_of(const data::Tokenizer& tok, const std::string& text) {
+  std::vector<std::int32_t> out;
+  for (auto id : tok.encode(text)) out.push_back(static_cast<std::int32_t>(id));
+  return out;
+}
+
+// The top k of the first `vocab` logits, best first.
+std::vector<int> top_k(const float* logits, int vocab, int k) {
+  std::vector<int> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int a, int b) { return logits[a] > logits[b]; });
+  idx.resize(k);
+  return idx;
+}
+
+// About 300 tokens of plain English prose.
+constexpr const char* k_english =
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, "
+    "a goldsmith from the German city of Mainz, developed a system of movable metal type. Before "
+    "his invention, books in Europe were copied by hand, usually by monks working in "
+    "monasteries, and a single volume could take months or even years to complete. As a result, "
+    "books were rare and expensive, and only the wealthy and the clergy could afford to own "
+    "them. Gutenberg's press changed this almost overnight. By combining a screw press, similar "
+    "to those used for making wine and olive oil, with individual letters cast in metal, he made "
+    "it possible to print hundreds of identical pages in a single day. The first major book he "
+    "produced was the Bible, and about one hundred and eighty copies were made. Within a few "
+    "decades, printing shops had opened in more than two hundred cities across Europe, and "
+    "millions of books had been printed. The spread of printed material helped to increase "
+    "literacy, made scientific knowledge easier to share, and played an important role in the "
+    "religious and political changes of the following century. Today, historians often "
+    "describe the printing press as one of the most important inventions in human history, "
+    "because it allowed ideas to travel faster and further than ever before.";
+
+}  // namespace
+
+class GgufSmolLM2 : public ::testing::Test {
+ protected:
+  // Loaded once for the suite; a file that is present but does not load fails every test.
+  static void SetUpTestSuite() {
+    if (!fs::exists(k_smollm2)) return;
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto m = io::load_model(k_smollm2);  // through the .gguf dispatch
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("loaded %s in %.2f s: %s\n", k_smollm2.filename().c_str(), s,
+                  model::describe(m.config).c_str());
+      smol_ = new SmolLM2{std::move(m), io::load_tokenizer(k_smollm2)};
+    } catch (const std::exception& e) {
+      load_error_ = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete smol_;
+    smol_ = nullptr;
+  }
+  void SetUp() override {
+    if (!fs::exists(k_smollm2))
+      GTEST_SKIP() << k_smollm2 << " is absent: run scripts/setup --with-models";
+    ASSERT_NE(smol_, nullptr) << "loading " << k_smollm2 << " failed: " << load_error_;
+  }
+  static SmolLM2* smol_;
+  static std::string load_error_;
+};
+SmolLM2* GgufSmolLM2::smol_ = nullptr;
+std::string GgufSmolLM2::load_error_;
+
+TEST_F(GgufSmolLM2, Shape) {
+  const auto& c = smol_->model.config;
+  EXPECT_TRUE(c.llama());
+  EXPECT_EQ(c.n_layer, 30);
+  EXPECT_EQ(c.n_embd, 576);
+  EXPECT_EQ(c.n_head, 9);
+  EXPECT_EQ(c.kv_heads(), 3);
+  EXPECT_EQ(c.ffn(), 1536);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.block_size, 8192);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 100000.0);
+  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-5);
+  EXPECT_EQ(smol_->tok.vocab_size(), 49152u);
+  const model::ParamLayout layout(c);
+  EXPECT_EQ(layout.count_unpadded(), 134515008u);  // SmolLM2-135M's parameters
+}
+
+TEST_F(GgufSmolLM2, CapitalOfFranceIsParis) {
+  const auto& m = smol_->model;
+  const auto prompt = ids_of(smol_->tok, "The capital of France is");
+  ASSERT_FALSE(prompt.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto logits = logits_of(m, prompt);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int Vp = m.config.padded_vocab(), V = m.config.vocab_size;
+  const float* last = logits.data() + (prompt.size() - 1) * Vp;
+  for (int v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(last[v])) << v;
+  const auto top = top_k(last, V, 5);
+  std::printf("forward of %zu tokens: %.3f s; top 5 after \"The capital of France is\":\n",
+              prompt.size(), s);
+  for (int id : top)
+    std::printf("  %6d %-12s logit %.3f\n", id,
+                ("\"" + smol_->tok.token_bytes(static_cast<std::uint32_t>(id)) + "\"").c_str(),
+                last[id]);
+  EXPECT_EQ(smol_->tok.token_bytes(static_cast<std::uint32_t>(top[0])), " Paris");
+
+  // The KV-cache decoder gives the same logits, and greedy decoding goes on sensibly.
+  const model::ParamLayout layout(m.config);
+  model::Decoder dec(layout, m.params.data(), 64, kernels::GemmLibrary::OneDnn);
+  const float* step = nullptr;
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    step = dec.step(prompt[i], i + 1 == prompt.size());
+  float worst = 0;
+  for (int v = 0; v < V; ++v) worst = std::max(worst, std::fabs(step[v] - last[v]));
+  std::printf("decoder vs forward logits: largest difference %.3g\n", worst);
+  EXPECT_LT(worst, 1e-3f) << "decoder and forward logits differ";
+  std::vector<std::uint32_t> generated;
+  for (int i = 0; i < 12; ++i) {
+    const int next = top_k(step, V, 1)[0];
+    generated.push_back(static_cast<std::uint32_t>(next));
+    step = dec.step(next);
+  }
+  std::printf("greedy: \"The capital of France is%s\"\n", smol_->tok.decode(generated).c_str());
+}
+
+TEST_F(GgufSmolLM2, PerplexityOnEnglish) {
+  const auto& m = smol_->model;
+  const auto ids = ids_of(smol_->tok, k_english);
+  ASSERT_GT(ids.size(), 200u);
+  const auto t0 = std::chrono::steady_clock::now();
+  const float loss = loss_of(m.config, m.params.data(), ids);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(std::isfinite(loss));
+  std::printf("SmolLM2-135M Q4_1 on %zu tokens of English: loss %.4f, perplexity %.2f (%.2f s)\n",
+              ids.size(), loss, std::exp(loss), s);
+  EXPECT_LT(std::exp(loss), 40.0);  // a damaged model (e.g. q/k rows out of order) is far above
+
+  // The same with the q/k rows left in GGUF's order: RoPE then pairs the wrong elements.
+  const model::ParamLayout layout(m.config);
+  Buffer<float> wrong(layout.total());
+  std::copy(m.params.data(), m.params.data() + layout.total(), wrong.data());
+  for (const auto& t : layout.tensors()) {
+    const bool q = t.name.ends_with("q_proj.weight"), k = t.name.ends_with("k_proj.weight");
+    if (!q && !k) continue;
+    const auto v =
+        io::permute_qk_to_gguf(std::span<const float>(m.params.data() + t.offset, t.numel),
+                               q ? m.config.n_head : m.config.kv_heads(), t.shape[0], t.shape[1]);
+    std::copy(v.begin(), v.end(), wrong.data() + t.offset);
+  }
+  const float wrong_loss = loss_of(m.config, wrong.data(), ids);
+  std::printf("with q/k rows in GGUF's order instead: loss %.4f, perplexity %.2f\n", wrong_loss,
+              std::exp(wrong_loss));
+  EXPECT_GT(wrong_loss, loss + 0.5f);
+}
