@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "eval_protocols.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
@@ -21,8 +22,6 @@
 
 namespace tessera::app {
 
-std::filesystem::path resolve_model_path(const std::filesystem::path& p);
-
 namespace {
 
 // tessera eval memorization: greedy continuation of each document's prefix vs its true suffix.
@@ -33,13 +32,14 @@ CLI::App* add_memorization_command(CLI::App& eval) {
     std::string model;
     std::string docs;
     std::string out = "memorization";
-    std::string tokenizer = "data/gpt2";
+    std::string tokenizer;  // "": the model's own, else GPT-2's
     int suffix = 50;
     int max_docs = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, or model.safetensors")
+                  "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
+                  "or a pretrained model's short name (smollm2-135m)")
       ->required();
   cmd->add_option("--docs", a->docs, "JSONL file, one document per line (field \"text\")")
       ->required();
@@ -48,9 +48,8 @@ CLI::App* add_memorization_command(CLI::App& eval) {
   cmd->add_option("--out,-o", a->out, "folder for memorization.csv and memorization_summary.json")
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "the model's tokenizer: a .gguf file, a tokenizer.json, or a directory holding "
-                  "one (or GPT-2's encoder.json and vocab.bpe)")
-      ->capture_default_str();
+                  "the tokenizer (default: the model's own, from its .gguf file or a "
+                  "tokenizer.json beside it, else GPT-2's in data/gpt2)");
   cmd->add_option("--max-docs", a->max_docs, "score only the first N documents (0 = all)")
       ->capture_default_str();
   cmd->callback([a] {
@@ -65,7 +64,7 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       texts.resize(static_cast<std::size_t>(a->max_docs));
     auto loaded = io::load_model(resolve_model_path(a->model));
     model::ParamLayout layout(loaded.config);
-    auto tok = io::load_tokenizer(a->tokenizer);
+    auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
     io::require_tokenizer_fits(tok, loaded.config.vocab_size);
     std::vector<std::vector<std::int32_t>> docs;
     docs.reserve(texts.size());
@@ -143,7 +142,8 @@ void add_eval_command(CLI::App& root) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, or model.safetensors");
+                  "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
+                  "or a pretrained model's short name (smollm2-135m)");
   cmd->add_option("--protocol", a->protocol,
                   "windows (non-overlapping, every token), llama (chunks, second half) or both");
   cmd->add_option("--reference", a->reference,

@@ -7,14 +7,13 @@
 
 #include "calib_flags.hpp"
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/quant/outliers.hpp"
 #include "tessera/quant/quantize.hpp"
 
 namespace tessera::app {
-
-std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
 void add_outliers_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(

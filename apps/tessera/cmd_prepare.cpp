@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/core/timer.hpp"
@@ -68,7 +69,7 @@ void run_prepare(const PrepareOptions& o) {
                 "use 0 for no validation set, or N >= 2 to hold out every N-th document");
   Timer total;
   // The tokenizer first, so that a bad --tokenizer fails before any corpus is read.
-  const auto tok = io::load_tokenizer(o.tokenizer);
+  const auto tok = io::load_tokenizer(resolve_tokenizer_path(o.tokenizer));
   const std::uint32_t eot = tok.eot_id();
   const auto docs = load_documents(o);
   std::size_t bytes = 0;

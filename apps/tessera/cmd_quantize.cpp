@@ -8,13 +8,12 @@
 
 #include "calib_flags.hpp"
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/quant/quantize.hpp"
 #include "tessera/quant/study.hpp"
 
 namespace tessera::app {
-
-std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
 void add_quantize_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(

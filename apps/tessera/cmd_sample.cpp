@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
@@ -19,23 +20,13 @@ namespace tessera::app {
 
 namespace fs = std::filesystem;
 
-// A run directory, a checkpoint directory or a model file: resolves to something load_model takes.
-fs::path resolve_model_path(const fs::path& p) {
-  if (input_kind(p, "model") == InputKind::Directory &&
-      input_kind(p / "model.safetensors", "model file") == InputKind::Missing) {
-    if (auto latest = io::latest_checkpoint(p / "checkpoints")) return *latest;
-    if (auto latest = io::latest_checkpoint(p)) return *latest;
-  }
-  return p;
-}
-
 void add_sample_command(CLI::App& root) {
   auto* cmd =
       root.add_subcommand("sample", "generate text from a trained model (KV-cache decoding)");
   struct Args {
     std::string model;
     std::string prompt;
-    std::string tokenizer = "data/gpt2";
+    std::string tokenizer;  // "": the model's own, else GPT-2's
     int tokens = 128;
     double temperature = 1.0;
     int top_k = 40;
@@ -47,7 +38,8 @@ void add_sample_command(CLI::App& root) {
   auto a = std::make_shared<Args>();
   cmd->add_option(
          "--model,-m", a->model,
-         "run directory, checkpoint directory, or model.safetensors (Hugging Face GPT-2 works too)")
+         "run directory, checkpoint directory, model.safetensors (Hugging Face GPT-2 and "
+         "Llama work too), a llama .gguf file, or a pretrained model's short name (smollm2-135m)")
       ->required();
   cmd->add_option("--prompt,-p", a->prompt, "text to continue (default: start of a document)");
   cmd->add_option("--tokens,-n", a->tokens, "tokens to generate")->capture_default_str();
@@ -56,9 +48,9 @@ void add_sample_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "the model's tokenizer: a .gguf file, a tokenizer.json, or a directory holding "
-                  "one (or GPT-2's encoder.json and vocab.bpe)")
-      ->capture_default_str();
+                  "the tokenizer (default: the model's own, from its .gguf file or a "
+                  "tokenizer.json beside it, else GPT-2's in data/gpt2): a .gguf file, a "
+                  "tokenizer.json, a directory holding one, or a pretrained model's short name");
   cmd->add_flag("--ids", a->ids, "print token ids instead of text");
   cmd->add_flag("--stop-at-eot", a->stop_at_eot,
                 "stop at the end-of-text token (<|endoftext|>, or the model's end of sequence)");
@@ -85,7 +77,7 @@ void add_sample_command(CLI::App& root) {
                   "sample this model on the CPU");
     auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
-    auto tok = io::load_tokenizer(a->tokenizer);
+    auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
     io::require_tokenizer_fits(tok, loaded.config.vocab_size);
     // The model's start: BOS for models that expect it (Llama 3), else an empty prompt starts
     // after an end of text, as a new document would.

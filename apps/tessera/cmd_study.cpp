@@ -8,14 +8,13 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/quant/quantize.hpp"
 #include "tessera/quant/study.hpp"
 
 namespace tessera::app {
-
-std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
 namespace {
 std::vector<std::string> split_list(const std::string& s) {

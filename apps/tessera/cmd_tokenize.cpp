@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
@@ -38,7 +39,7 @@ void write_stdout(const std::string& s) {
 
 void run_tokenize(const TokenizeOptions& o) {
   const std::string input = read_input(o.input);
-  const auto tok = io::load_tokenizer(o.tokenizer);
+  const auto tok = io::load_tokenizer(resolve_tokenizer_path(o.tokenizer));
   if (!o.decode) {
     const auto ids = tok.encode(input, !o.no_special);
     std::string out;

@@ -1,5 +1,7 @@
 #include "eval_protocols.hpp"
 
+#include "model_paths.hpp"
+
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -9,8 +11,6 @@
 #include "tessera/quant/study.hpp"
 
 namespace tessera::app {
-
-std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
 void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   const auto& cfg = m.model.config;

@@ -458,3 +458,37 @@ TEST_F(BadInput, LlamaTrainsAndBadLlamaConfigsAreRefused) {
       cli::run(train(cli::scratch("llama_tx"), 1, llama + "parallel.tx=2")),
       "tensor and pipeline parallelism");
 }
+
+// train.init_from starts from a trained model's weights: the validation loss at step 0 of a run
+// initialized from another run equals that run's last validation loss (the same validation
+// windows, the same weights, the same arithmetic); its shape comes from the model, and a model
+// that is not there is one clear error.
+TEST_F(BadInput, InitFromStartsFromTheModelsWeights) {
+  auto val_losses = [](const fs::path& out) {
+    std::vector<std::pair<std::int64_t, double>> v;
+    std::istringstream in(cli::slurp(out / "metrics.jsonl"));
+    for (std::string l; std::getline(in, l);) {
+      auto row = nlohmann::json::parse(l, nullptr, false);
+      if (!row.is_discarded() && row.contains("val_loss"))
+        v.emplace_back(row["step"].get<std::int64_t>(), row["val_loss"].get<double>());
+    }
+    return v;
+  };
+  const std::string llama =
+      "model.family=llama model.n_head=4 model.n_kv_head=2 train.val_every=3 ";
+  auto a = cli::scratch("init_from_a"), b = cli::scratch("init_from_b");
+  auto ra = cli::run(train(a, 3, llama));
+  ASSERT_EQ(ra.code, 0) << ra.err;
+  // b names no model shape: it comes from a's checkpoint (a gpt2 [model] is ignored)
+  auto rb = cli::run(train(b, 1, "train.val_every=3 'train.init_from=\"" + a.string() + "\"'"));
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  const auto va = val_losses(a), vb = val_losses(b);
+  ASSERT_FALSE(va.empty());
+  ASSERT_FALSE(vb.empty());
+  EXPECT_EQ(va.back().first, 3);
+  EXPECT_EQ(vb.front().first, 0);
+  EXPECT_EQ(vb.front().second, va.back().second);
+  expect_refused_before_output(
+      cli::run(train(cli::scratch("init_from_missing"), 1, "train.init_from=no/such/model")),
+      "not found");
+}

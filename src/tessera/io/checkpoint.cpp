@@ -251,7 +251,8 @@ LoadedModel load_model(const fs::path& path) {
   const auto [file, config_path] = model_files(path);
   if (input_kind(file, "model file") == InputKind::Missing)
     throw Error(fmt::format("model file not found: {}", file.string()),
-                "pass a checkpoint directory (with model.safetensors) or a .safetensors file");
+                "pass a run or checkpoint directory, a .safetensors or .gguf file, or a "
+                "pretrained model's short name (smollm2-135m)");
   auto st = SafetensorsFile::open(file);
   const model::ModelConfig cfg = model_config_of(st, config_path);
   // Names may carry "transformer." (GPT2LMHeadModel.save_pretrained) or not (the official files).

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace tessera::train {
 
 std::string Peak::describe() const {

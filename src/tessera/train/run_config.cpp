@@ -61,6 +61,7 @@ void for_each_field(Config& c, F&& f) {
   f("train", "keep_checkpoints", c.train.keep_checkpoints);
   f("train", "log_every", c.train.log_every);
   f("train", "out_dir", c.train.out_dir);
+  f("train", "init_from", c.train.init_from);
   f("train", "threads", c.train.threads);
   f("train", "precision", c.train.precision);
 
@@ -658,7 +659,7 @@ void validate(const RunConfig& c) {
   const auto& t = c.train;
   v.at_least("train.batch_size", t.batch_size, 1);
   v.at_least("train.seq_len", t.seq_len, 1);
-  if (t.seq_len > m.block_size)
+  if (t.seq_len > m.block_size && t.init_from.empty())  // else: checked against that model
     v.fail("train.seq_len", t.seq_len,
            fmt::format("must be <= model.block_size = {}", m.block_size),
            "lower train.seq_len or raise model.block_size (the number of positions)");

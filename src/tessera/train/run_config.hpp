@@ -70,6 +70,10 @@ struct TrainSection {
   int keep_checkpoints = 2;  // newest checkpoints kept; 0 = keep all
   int log_every = 1;
   std::string out_dir = "runs/demo";
+  // A pretrained model to start from instead of random weights (a checkpoint or run directory,
+  // model.safetensors, a llama .gguf file, or a short name such as "smollm2-135m"). The model's
+  // shape then comes from it; [model] is not used.
+  std::string init_from;
   int threads = 0;  // CPU threads; 0 = all cores, at most k_max_threads
   // "fp32", or "bf16": mixed precision (bf16 GEMM and attention inputs, fp32 master weights,
   // gradients and optimizer state); on the GPU only so far

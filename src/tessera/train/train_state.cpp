@@ -4,6 +4,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/pretrained.hpp"
 
 namespace tessera::train {
 
@@ -66,10 +67,22 @@ io::TrainState load_into_model(const fs::path& checkpoint, RunModel& model) {
   return st;
 }
 
-void initialize_params(RunModel& model, std::uint64_t seed) {
+// Random weights (init_params), or a pretrained model's (train.init_from) when given.
+void initialize_params(RunModel& model, const RunConfig& cfg) {
   const model::ParamLayout& layout = *model.layout;
   Buffer<float> p_full(layout.total());
-  model::init_params(layout, p_full.data(), seed);
+  if (cfg.train.init_from.empty()) {
+    model::init_params(layout, p_full.data(), cfg.train.seed);
+  } else {
+    const auto path = io::resolve_model_path(cfg.train.init_from);
+    io::LoadedModel pre = io::load_model(path);
+    if (!(pre.config == layout.config()))
+      throw Error(fmt::format("train.init_from {}: its model ({}) is not the run's ({})",
+                              path.string(), model::describe(pre.config),
+                              model::describe(layout.config())));
+    std::copy(pre.params.data(), pre.params.data() + layout.total(), p_full.data());
+    log_info("initialized from {} ({})", path.string(), model::describe(pre.config));
+  }
   if (model.tensor) {
     Buffer<float> p_l(model.local_layout().total());
     model.tensor->extract(p_full.data(), p_l.data());
@@ -99,7 +112,7 @@ TrainProgress resume_or_initialize(const RunConfig& cfg, bool resume, RunModel& 
       log_info("no checkpoint in {}: starting from scratch", ckpt_dir.string());
     }
   }
-  if (!progress.resumed) initialize_params(model, cfg.train.seed);
+  if (!progress.resumed) initialize_params(model, cfg);
   return progress;
 }
 

@@ -7,6 +7,7 @@
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
+#include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/core/process_memory.hpp"
@@ -15,6 +16,7 @@
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/eval/generate.hpp"
+#include "tessera/io/pretrained.hpp"
 #include "tessera/io/tokenizer_files.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/metrics_rows.hpp"
@@ -29,6 +31,8 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 
 model::ModelConfig model_config(const RunConfig& cfg) {
+  if (!cfg.train.init_from.empty())  // the pretrained model's shape; [model] is not used
+    return io::read_model_config(io::resolve_model_path(cfg.train.init_from));
   model::ModelConfig m = model_config(cfg.model);
   model::validate(m);
   return m;
@@ -39,7 +43,7 @@ namespace {
 void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const float* params,
                   Rng& rng, std::int64_t step) {
   if (cfg.sample.tokens <= 0) return;
-  const fs::path tok_path = cfg.data.tokenizer;
+  const fs::path tok_path = io::resolve_pretrained(cfg.data.tokenizer);
   std::error_code ec;
   if (!fs::exists(tok_path, ec)) {
     log_info("(no sample: tokenizer not found at {})", tok_path.string());
@@ -217,6 +221,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   const auto& pc = cfg.parallel;
   if (tc.threads > 0) omp_set_num_threads(tc.threads);
   const model::ModelConfig mcfg = model_config(cfg);
+  if (tc.seq_len > mcfg.block_size)  // [model] was checked in validation; init_from's is here
+    throw Error(fmt::format("train.seq_len = {} is longer than the context of train.init_from's "
+                            "model ({})",
+                            tc.seq_len, mcfg.block_size),
+                "lower train.seq_len");
   check_out_dir(tc.out_dir);  // a file there is bad input, found before any output
   const model::ParamLayout layout(mcfg);
 

@@ -1,0 +1,22 @@
+// What the commands accept for --model and --tokenizer, resolved in one place:
+//   --model      a run directory (its newest checkpoint), a checkpoint directory, a
+//                model.safetensors or .gguf file, or the short name of a pretrained model that
+//                scripts/setup --with-models fetched ("smollm2-135m", "gemma3-270m").
+//   --tokenizer  "" (the default where a model is given): the model's own tokenizer when it has
+//                one (a .gguf file, or tokenizer.json beside the checkpoint), else GPT-2's in
+//                data/gpt2; or a path / short name as tessera tokenize takes it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace tessera::app {
+
+inline constexpr const char* k_gpt2_tokenizer = "data/gpt2";
+
+std::filesystem::path resolve_model_path(const std::filesystem::path& p);
+// The tokenizer for a model given as `model_arg` when --tokenizer was `tokenizer_arg`.
+std::filesystem::path resolve_tokenizer_path(const std::string& tokenizer_arg,
+                                             const std::string& model_arg = "");
+
+}  // namespace tessera::app
