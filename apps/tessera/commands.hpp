@@ -11,6 +11,7 @@ void add_tokenize_command(CLI::App& root);
 void add_train_command(CLI::App& root);
 void add_sample_command(CLI::App& root);
 void add_eval_command(CLI::App& root);
+void add_convert_command(CLI::App& root);
 void add_plan_command(CLI::App& root);
 void add_simulate_command(CLI::App& root);
 void add_probe_command(CLI::App& root);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tessera::app::add_train_command(app);
   tessera::app::add_sample_command(app);
   tessera::app::add_eval_command(app);
+  tessera::app::add_convert_command(app);
   tessera::app::add_plan_command(app);
   tessera::app::add_simulate_command(app);
   tessera::app::add_probe_command(app);

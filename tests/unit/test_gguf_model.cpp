@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <span>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "expect_error.hpp"
 #include "tessera/core/error.hpp"
@@ -627,4 +630,54 @@ TEST_F(GgufSmolLM2, PerplexityOnEnglish) {
   std::printf("with q/k rows in GGUF's order instead: loss %.4f, perplexity %.2f\n", wrong_loss,
               std::exp(wrong_loss));
   EXPECT_GT(wrong_loss, loss + 0.5f);
+}
+
+// The same weights in Hugging Face transformers 4.45.2 (LlamaForCausalLM, fp32, eager attention;
+// tools/make_smollm2_logits.py wrote tests/fixtures/smollm2_logits.json from the checkpoint
+// `tessera convert` makes of the GGUF file): for three prompts, at every position the argmax,
+// the max logit and the log-sum-exp, and at the last position the 10 largest logits. Bound: both
+// sides are fp32 through 30 layers with sums in other orders (and tessera's polynomial exp,
+// ~2e-7 relative); relative differences of ~1e-6 per layer compound to ~1e-5 relative on
+// logits of magnitude ~20, i.e. ~2e-4 absolute at most. Measured: 4.4e-5 (printed); the bound,
+// 5e-4, is ~10x that. An argmax may differ only where the top two logits are within the bound.
+TEST_F(GgufSmolLM2, LogitsMatchTransformers) {
+  const fs::path fixture = fs::path(TESSERA_FIXTURES) / "smollm2_logits.json";
+  std::ifstream in(fixture);
+  ASSERT_TRUE(in) << fixture;
+  const auto ref = nlohmann::json::parse(in);
+  constexpr double bound = 5e-4;
+  const auto& m = smol_->model;
+  const int Vp = m.config.padded_vocab(), V = m.config.vocab_size;
+  double worst = 0;
+  for (const auto& p : ref["prompts"]) {
+    SCOPED_TRACE(p["text"].get<std::string>());
+    const auto ids = p["ids"].get<std::vector<std::int32_t>>();
+    EXPECT_EQ(ids_of(smol_->tok, p["text"].get<std::string>()), ids) << "tokenization";
+    const auto logits = logits_of(m, ids);
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      const float* row = logits.data() + t * Vp;
+      const int arg = static_cast<int>(std::max_element(row, row + V) - row);
+      double lse = 0;
+      for (int v = 0; v < V; ++v) lse += std::exp(double(row[v]) - row[arg]);
+      lse = row[arg] + std::log(lse);
+      const double d_max = std::abs(row[arg] - p["max"][t].get<double>());
+      const double d_lse = std::abs(lse - p["logsumexp"][t].get<double>());
+      worst = std::max({worst, d_max, d_lse});
+      EXPECT_LE(d_max, bound) << "position " << t;
+      EXPECT_LE(d_lse, bound) << "position " << t;
+      const int want = p["argmax"][t].get<int>();
+      if (arg != want) {
+        EXPECT_LE(std::abs(row[arg] - row[want]), bound) << "position " << t;
+      }
+    }
+    const float* last = logits.data() + (ids.size() - 1) * Vp;
+    for (std::size_t k = 0; k < 10; ++k) {
+      const int id = p["top10_ids"][k].get<int>();
+      const double d = std::abs(last[id] - p["top10_logits"][k].get<double>());
+      worst = std::max(worst, d);
+      EXPECT_LE(d, bound) << "top-" << k << " token " << id;
+    }
+  }
+  std::printf("SmolLM2-135M vs transformers on %zu prompts: worst logit difference %.3g\n",
+              ref["prompts"].size(), worst);
 }
