@@ -62,6 +62,28 @@ TEST_P(DataParallel, LossesAndWeightsEqualSingleProcess) {
 }
 INSTANTIATE_TEST_SUITE_P(Accumulation, DataParallel, ::testing::Values(1, 4));
 
+// The same for a llama model (4 heads over 2 key-value heads, SwiGLU, untied head): data
+// parallelism and ZeRO work on the flat buffer whatever the family, under the same bounds.
+TEST(DataParallelLlama, LossesAndWeightsEqualSingleProcess) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const std::string llama =
+      " model.family=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=48"
+      " model.tie_embeddings=false";
+  const auto data = data_dir();
+  auto ref = scratch("llama_ref");
+  auto r = sh(train_args(data, ref, 8, 1, 20) + llama);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(losses(ref / "metrics.jsonl").size(), 20u);
+  for (int dp : {2, 4})
+    for (int zero : {0, 1, 2, 3}) {
+      auto out = scratch("llama_dp" + std::to_string(dp) + "_z" + std::to_string(zero));
+      auto run = sh(mpirun(dp) + train_args(data, out, 8 / dp, 1, 20) + llama + " parallel.dp=" +
+                    std::to_string(dp) + " parallel.zero=" + std::to_string(zero));
+      ASSERT_EQ(run.code, 0) << "dp=" << dp << " zero=" << zero << "\n" << run.output;
+      expect_same_run(ref, out, "llama dp=" + std::to_string(dp) + " zero=" + std::to_string(zero));
+    }
+}
+
 TEST(Resharding, SaveAtDp4Zero3ResumeAtDp2Zero1AndDp1) {
   if (!have_tokenizer()) GTEST_SKIP();
   const auto data = data_dir();
