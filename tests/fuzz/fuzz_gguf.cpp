@@ -1,13 +1,24 @@
 // Fuzz target: a GGUF model file (pretrained models imported from llama.cpp's format).
 // Any bytes: header, metadata, tensor infos and the data layout are validated; then every
 // metadata value is decoded and every tensor read back and, when modest, dequantized; a
-// tokenizer in the metadata is built and encodes and decodes a text.
+// tokenizer in the metadata is built and encodes and decodes a text, and a llama model in it
+// loads (or is refused).
 #include "fuzz_util.hpp"
 #include "tessera/io/gguf.hpp"
+#include "tessera/io/gguf_model.hpp"
 #include "tessera/io/tokenizer_files.hpp"
 #include "tokenizer_check.hpp"
 
 namespace {
+
+// A llama file loads as a model or is refused (a small one only: the fuzzer's memory limit).
+void check_model(const tessera::io::GgufFile& file) {
+  if (!file.find_metadata("general.architecture")) return;
+  const auto cfg = tessera::io::gguf_llama_config(file);
+  if (tessera::model::param_count(cfg) > 1e6) return;
+  const auto m = tessera::io::load_gguf_model(file);
+  tessera::fuzz::require(m.config == cfg, "the loaded model has the file's configuration");
+}
 
 void check_tokenizer(const tessera::io::GgufFile& file) {
   if (!file.find_metadata("tokenizer.ggml.model")) return;
@@ -51,5 +62,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (can_dequantize(t.type) && t.numel() <= (1 << 20)) (void)file.dequantize(t);
     }
     check_tokenizer(file);
+    check_model(file);
   });
 }
