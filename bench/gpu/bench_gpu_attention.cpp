@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
              reps),
          bwd_flop);
   std::string why;
-  if (auto cudnn = gpu::CudnnAttention::create(C, NH, &why); cudnn && cudnn->supports(B, T)) {
+  if (auto cudnn = gpu::CudnnAttention::create(NH, NH, hs, &why); cudnn && cudnn->supports(B, T)) {
     std::printf("# %s\n", cudnn->version().c_str());
     report("cuDNN bf16 forward",
            time_ms(
@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
   report("fp32 reference forward",
          time_ms(
              [&] {
-               gpu::attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), B, T, C,
-                                      NH, nullptr);
+               gpu::attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), B, T, NH,
+                                      NH, hs, nullptr);
              },
              std::max(2, reps / 5)),
          fwd_flop);
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
          time_ms(
              [&] {
                gpu::attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(),
-                                       out.as<float>(), lse.as<float>(), B, T, C, NH, nullptr);
+                                       out.as<float>(), lse.as<float>(), B, T, NH, NH, hs, nullptr);
              },
              std::max(2, reps / 5)),
          bwd_flop);

@@ -43,8 +43,13 @@ model::ModelConfig shape(const std::string& name, int T) {
     c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
   } else if (name == "gpt2-774m") {
     c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
+  } else if (name == "llama-160m") {  // bench/gpu/torch_train_step.py's Llama of GPT-2 124M's width
+    c.family = model::Family::Llama;
+    c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.n_kv_head = 12;
+    c.intermediate_size = 2048, c.vocab_size = 32000, c.tie_embeddings = false;
+    c.rope_theta = 10000.0, c.norm_eps = 1e-5;
   } else {
-    throw Error("unknown model shape " + name, "gpt2-124m, gpt2-350m or gpt2-774m");
+    throw Error("unknown model shape " + name, "gpt2-124m, gpt2-350m, gpt2-774m or llama-160m");
   }
   return c;
 }

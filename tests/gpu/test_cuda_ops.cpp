@@ -309,17 +309,18 @@ TEST(CudaOps, GeluForwardBackward) {
 }
 
 // ---------------------------------------------------------------- attention
-TEST(CudaOps, AttentionForwardBackward) {
-  REQUIRE_GPU();
-  Rng rng(51);
-  const int B = 2, T = 37, C = 48, NH = 3;  // hs = 16
-  std::vector<float> qkv = randn(rng, static_cast<std::size_t>(B) * T * 3 * C);
-  std::vector<float> ref(B * T * C), ref_lse(B * NH * T);
-  cpu::attention_forward(GemmLibrary::OneDnn, ref.data(), ref_lse.data(), qkv.data(), B, T, NH, NH,
-                         C / NH);
+// Against the CPU op; KV < NH is grouped-query attention (llama), KV = NH GPT-2's.
+static void check_attention(int B, int T, int NH, int KV, int hs, std::uint64_t seed) {
+  SCOPED_TRACE("NH=" + std::to_string(NH) + " KV=" + std::to_string(KV));
+  Rng rng(seed);
+  const std::size_t W = static_cast<std::size_t>(NH + 2 * KV) * hs, OC = std::size_t(NH) * hs;
+  std::vector<float> qkv = randn(rng, B * T * W);
+  std::vector<float> ref(B * T * OC), ref_lse(B * NH * T);
+  cpu::attention_forward(GemmLibrary::OneDnn, ref.data(), ref_lse.data(), qkv.data(), B, T, NH, KV,
+                         hs);
   auto d_qkv = upload(qkv);
   gpu::DeviceBuffer d_out(ref.size() * 4), d_lse(ref_lse.size() * 4);
-  gpu::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), B, T, C, NH,
+  gpu::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), B, T, NH, KV, hs,
                          nullptr);
   // Rounding budget (inputs N(0,1), scores O(1), hs = 16, T = 37): scores are hs-term dots
   // (2*hs*u relative to sum|q||k| ~ hs/sqrt(hs)); exp ~2e-7; softmax sums and P V are <= T
@@ -330,16 +331,70 @@ TEST(CudaOps, AttentionForwardBackward) {
   std::vector<float> dout = randn(rng, ref.size());
   std::vector<float> ref_dqkv(qkv.size(), 777.0f);  // overwrite contract: sentinel prefill
   cpu::attention_backward(GemmLibrary::OneDnn, ref_dqkv.data(), dout.data(), qkv.data(), ref.data(),
-                          ref_lse.data(), B, T, NH, NH, C / NH);
+                          ref_lse.data(), B, T, NH, KV, hs);
   std::vector<float> sentinel(qkv.size(), 777.0f);
   auto d_dout = upload(dout), d_dqkv = upload(sentinel), d_ref = upload(ref),
        d_rlse = upload(ref_lse);
   // The GPU backward gets the CPU forward's out and lse, so only the backward is compared.
   gpu::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(),
-                          d_ref.as<float>(), d_rlse.as<float>(), B, T, C, NH, nullptr);
+                          d_ref.as<float>(), d_rlse.as<float>(), B, T, NH, KV, hs, nullptr);
   // Two more stages than the forward (dP and D, then the T-term sums of dS into dq/dk and of P
-  // into dv), on O(1) values with dS ~ P * O(1): atol = rtol = 5e-5.
-  expect_close(download<float>(d_dqkv, qkv.size()), ref_dqkv, 5e-5, 5e-5, "attention dqkv");
+  // into dv), on O(1) values with dS ~ P * O(1): atol = rtol = 5e-5; a shared kv head sums the
+  // NH/KV heads of its group (x2 here): 1e-4.
+  const double tol = KV == NH ? 5e-5 : 1e-4;
+  expect_close(download<float>(d_dqkv, qkv.size()), ref_dqkv, tol, tol, "attention dqkv");
+}
+
+TEST(CudaOps, AttentionForwardBackward) {
+  REQUIRE_GPU();
+  check_attention(2, 37, 3, 3, 16, 51);
+  check_attention(2, 37, 4, 2, 16, 52);  // grouped-query
+}
+
+// RMSNorm, rotary positions and SwiGLU (llama) against the CPU ops, fp32. The norm: C-term sums
+// of squares (C = 96) on both sides, a few u relative: 1e-5; its backward adds the dw sums over
+// N = 74 rows (atomics here): 1e-4. Rotation and SwiGLU are elementwise: 1e-6 (the rotation's
+// angles are computed in double on both sides; exp differs by ~2e-7 relative).
+TEST(CudaOps, LlamaOpsMatchCpu) {
+  REQUIRE_GPU();
+  Rng rng(53);
+  const int B = 2, T = 37, C = 96, NH = 4, KV = 2, hs = 16, F = 40;
+  const std::int64_t N = B * T;
+  std::vector<float> x = randn(rng, N * C), w = randn(rng, C), g = randn(rng, N * C);
+  std::vector<float> out(N * C), rstd(N), dx(N * C, 0.5f), dw(C, 0.25f);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  cpu::rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  auto d_x = upload(x), d_w = upload(w), d_g = upload(g);
+  gpu::DeviceBuffer d_out(out.size() * 4), d_rstd(rstd.size() * 4);
+  auto d_dx = upload(std::vector<float>(N * C, 0.5f)), d_dw = upload(std::vector<float>(C, 0.25f));
+  gpu::rmsnorm_forward(d_out.as<float>(), d_rstd.as<float>(), d_x.as<float>(), d_w.as<float>(), N,
+                       C, 1e-5f, nullptr);
+  gpu::rmsnorm_backward(d_dx.as<float>(), d_dw.as<float>(), d_g.as<float>(), d_x.as<float>(),
+                        d_w.as<float>(), d_rstd.as<float>(), N, C, nullptr);
+  expect_close(download<float>(d_out, out.size()), out, 1e-5, 1e-5, "rmsnorm out");
+  expect_close(download<float>(d_rstd, rstd.size()), rstd, 1e-5, 1e-5, "rmsnorm rstd");
+  expect_close(download<float>(d_dx, dx.size()), dx, 1e-4, 1e-4, "rmsnorm dx (+=)");
+  expect_close(download<float>(d_dw, dw.size()), dw, 1e-4, 1e-4, "rmsnorm dw (+=)");
+
+  const std::size_t W = static_cast<std::size_t>(NH + 2 * KV) * hs;
+  std::vector<float> qkv = randn(rng, B * T * W), r = qkv;
+  cpu::rope_forward(r.data(), B, T, NH, KV, hs, 10000.0);
+  auto d_qkv = upload(qkv);
+  gpu::rope_forward(d_qkv.as<float>(), B, T, NH, KV, hs, 10000.0, nullptr);
+  expect_close(download<float>(d_qkv, qkv.size()), r, 1e-6, 1e-6, "rope forward");
+  cpu::rope_backward(r.data(), B, T, NH, KV, hs, 10000.0);
+  gpu::rope_backward(d_qkv.as<float>(), B, T, NH, KV, hs, 10000.0, nullptr);
+  expect_close(download<float>(d_qkv, qkv.size()), r, 1e-6, 1e-6, "rope backward");
+
+  std::vector<float> in = randn(rng, N * 2 * F), gd = randn(rng, N * F), so(N * F), sd(N * 2 * F);
+  cpu::swiglu_forward(so.data(), in.data(), N, F);
+  cpu::swiglu_backward(sd.data(), gd.data(), in.data(), N, F);
+  auto d_in = upload(in), d_gd = upload(gd);
+  gpu::DeviceBuffer d_so(so.size() * 4), d_sd(sd.size() * 4);
+  gpu::swiglu_forward(d_so.as<float>(), d_in.as<float>(), N, F, nullptr);
+  gpu::swiglu_backward(d_sd.as<float>(), d_gd.as<float>(), d_in.as<float>(), N, F, nullptr);
+  expect_close(download<float>(d_so, so.size()), so, 1e-6, 1e-6, "swiglu forward");
+  expect_close(download<float>(d_sd, sd.size()), sd, 1e-6, 1e-6, "swiglu backward");
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -201,12 +201,12 @@ TEST(FlashAttention, MatchesDoubleReferenceForwardAndBackward) {
 TEST(CudnnAttention, MatchesDoubleReferenceForwardAndBackward) {
   REQUIRE_GPU();
   std::string why;
-  if (!gpu::CudnnAttention::create(64, 1, &why)) GTEST_SKIP() << why;
+  if (!gpu::CudnnAttention::create(1, 1, 64, &why)) GTEST_SKIP() << why;
   check_against_reference(
       "cuDNN",
       [](const Case& cs, gpu::DeviceBuffer& out, gpu::DeviceBuffer& lse, gpu::DeviceBuffer& dqkv,
          const gpu::DeviceBuffer& qkv, const gpu::DeviceBuffer& dout) {
-        auto att = gpu::CudnnAttention::create(cs.NH * cs.hs, cs.NH, nullptr);
+        auto att = gpu::CudnnAttention::create(cs.NH, cs.NH, cs.hs, nullptr);
         ASSERT_TRUE(att && att->supports(cs.B, cs.T)) << "no cuDNN engine";
         att->forward(out.as<std::uint16_t>(), lse.as<float>(), qkv.as<std::uint16_t>(), cs.B, cs.T,
                      nullptr);
@@ -229,10 +229,10 @@ TEST(FlashAttention, AgreesWithFp32KernelNormwise) {
   auto f_qkv = upload(qkv), f_dout = upload(dout);
   gpu::DeviceBuffer f_out(dout.size() * 4), f_lse(static_cast<std::size_t>(B) * NH * T * 4),
       f_dqkv(qkv.size() * 4);
-  gpu::attention_forward(f_out.as<float>(), f_lse.as<float>(), f_qkv.as<float>(), B, T, C, NH,
+  gpu::attention_forward(f_out.as<float>(), f_lse.as<float>(), f_qkv.as<float>(), B, T, NH, NH, hs,
                          nullptr);
   gpu::attention_backward(f_dqkv.as<float>(), f_dout.as<float>(), f_qkv.as<float>(),
-                          f_out.as<float>(), f_lse.as<float>(), B, T, C, NH, nullptr);
+                          f_out.as<float>(), f_lse.as<float>(), B, T, NH, NH, hs, nullptr);
   auto b_qkv = upload(qkv_bits), b_dout = upload(dout_bits);
   gpu::DeviceBuffer b_out(dout.size() * 2), b_lse(static_cast<std::size_t>(B) * NH * T * 4),
       b_dqkv(qkv.size() * 2), ws(gpu::flash_attention_workspace_bytes(B, T, C, NH));

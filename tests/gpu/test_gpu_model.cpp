@@ -183,10 +183,27 @@ TEST(GpuModel, Bf16MatchesPyTorchFixtureWithinBf16Bounds) {
   check_against_fixture("gpt2_tiny_hs32", DevicePrecision::Bf16);
 }
 
+// The llama fixtures (transformers' LlamaForCausalLM: 4 heads over 2 kv heads, SwiGLU, untied and
+// tied heads) under the same bounds: fp32 with the reference kernels, bf16 with cuDNN's
+// grouped-query attention.
+TEST(GpuModel, LlamaFp32MatchesPyTorchFixtures) {
+  REQUIRE_GPU();
+  check_against_fixture("llama_tiny", DevicePrecision::Fp32);
+  check_against_fixture("llama_tiny_tied", DevicePrecision::Fp32);
+}
+
+TEST(GpuModel, LlamaBf16WithCudnnMatchesPyTorchFixtures) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!tessera::kernels::cuda::CudnnAttention::create(4, 2, 8, &why)) GTEST_SKIP() << why;
+  check_against_fixture("llama_tiny", DevicePrecision::Bf16, model::DeviceAttention::Cudnn);
+  check_against_fixture("llama_tiny_tied", DevicePrecision::Bf16, model::DeviceAttention::Cudnn);
+}
+
 TEST(GpuModel, Bf16WithCudnnAttentionMatchesPyTorchFixture) {
   REQUIRE_GPU();
   std::string why;
-  if (!tessera::kernels::cuda::CudnnAttention::create(64, 1, &why)) GTEST_SKIP() << why;
+  if (!tessera::kernels::cuda::CudnnAttention::create(1, 1, 64, &why)) GTEST_SKIP() << why;
   check_against_fixture("gpt2_tiny_hs32", DevicePrecision::Bf16, model::DeviceAttention::Cudnn);
 }
 

@@ -126,22 +126,70 @@ void layernorm_backward(float* dinp, bf16* dinp_copy, float* dw, float* db, cons
   cu::layernorm_backward_bf16(dinp, dinp_copy, dw, db, dout, inp, w, mean, rstd, N, C, st);
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                       void* st) {
-  cu::attention_forward(out, lse, qkv, B, T, C, NH, st);
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
+                       int hs, void* st) {
+  cu::attention_forward(out, lse, qkv, B, T, NH, KV, hs, st);
 }
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
+// bf16 without cuDNN: tessera's flash kernels (as many kv heads as heads only).
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int KV, int hs,
                        void* st) {
-  cu::flash_attention_forward(out, lse, qkv, B, T, C, NH, st);
+  TESSERA_CHECK(KV == NH, "the flash kernels have no grouped kv heads (DeviceGpt needs cuDNN)");
+  cu::flash_attention_forward(out, lse, qkv, B, T, NH * hs, NH, st);
 }
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* /*workspace*/, int B, int T, int C, int NH,
-                        void* st) {
-  cu::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, st);
+                        const float* lse, float* /*workspace*/, int B, int T, int NH, int KV,
+                        int hs, void* st) {
+  cu::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, KV, hs, st);
 }
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                        const float* lse, float* workspace, int B, int T, int C, int NH, void* st) {
-  cu::flash_attention_backward(dqkv, dout, qkv, out, lse, workspace, B, T, C, NH, st);
+                        const float* lse, float* workspace, int B, int T, int NH, int KV, int hs,
+                        void* st) {
+  TESSERA_CHECK(KV == NH, "the flash kernels have no grouped kv heads (DeviceGpt needs cuDNN)");
+  cu::flash_attention_backward(dqkv, dout, qkv, out, lse, workspace, B, T, NH * hs, NH, st);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, std::int64_t N,
+                     int C, float eps, void* st) {
+  cu::rmsnorm_forward(out, rstd, inp, w, N, C, eps, st);
+}
+void rmsnorm_forward(bf16* out, float* rstd, const float* inp, const float* w, std::int64_t N,
+                     int C, float eps, void* st) {
+  cu::rmsnorm_forward_bf16(out, rstd, inp, w, N, C, eps, st);
+}
+void rmsnorm_backward(float* dinp, float* /*dinp_copy: dinp itself*/, float* dw, const float* dout,
+                      const float* inp, const float* w, const float* rstd, std::int64_t N, int C,
+                      void* st) {
+  cu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, st);
+}
+void rmsnorm_backward(float* dinp, bf16* dinp_copy, float* dw, const bf16* dout, const float* inp,
+                      const float* w, const float* rstd, std::int64_t N, int C, void* st) {
+  cu::rmsnorm_backward_bf16(dinp, dinp_copy, dw, dout, inp, w, rstd, N, C, st);
+}
+void rope(float* qkv, int B, int T, int NH, int KV, int hs, double theta, bool back, void* st) {
+  if (back)
+    cu::rope_backward(qkv, B, T, NH, KV, hs, theta, st);
+  else
+    cu::rope_forward(qkv, B, T, NH, KV, hs, theta, st);
+}
+void rope(bf16* qkv, int B, int T, int NH, int KV, int hs, double theta, bool back, void* st) {
+  if (back)
+    cu::rope_backward_bf16(qkv, B, T, NH, KV, hs, theta, st);
+  else
+    cu::rope_forward_bf16(qkv, B, T, NH, KV, hs, theta, st);
+}
+void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* st) {
+  cu::swiglu_forward(out, inp, N, F, st);
+}
+void swiglu_forward(bf16* out, const bf16* inp, std::int64_t N, int F, void* st) {
+  cu::swiglu_forward_bf16(out, inp, N, F, st);
+}
+void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F,
+                     void* st) {
+  cu::swiglu_backward(dinp, dout, inp, N, F, st);
+}
+void swiglu_backward(bf16* dinp, const bf16* dout, const bf16* inp, std::int64_t N, int F,
+                     void* st) {
+  cu::swiglu_backward_bf16(dinp, dout, inp, N, F, st);
 }
 
 void cross_entropy(float* losses, float* logits, const std::int32_t* targets, std::int64_t N, int V,
@@ -164,11 +212,11 @@ void cross_entropy(float* losses, bf16* logits, const std::int32_t* targets, std
 struct ActOffsets {
   struct Layer {
     std::size_t ln1, ln1_mean, ln1_rstd;  // A (N,C), f32 (N), f32 (N)
-    std::size_t qkv;                      // A (N,3C)
+    std::size_t qkv;                      // A (N,qkv_rows)
     std::size_t atty, lse;                // A (N,C), f32 (B,NH,T)
     std::size_t res2;                     // f32 (N,C)
     std::size_t ln2, ln2_mean, ln2_rstd;  // A (N,C), f32 (N), f32 (N)
-    std::size_t fch, fch_gelu;            // A (N,4C), A (N,4C)
+    std::size_t fch, fch_gelu;            // A (N,fc_rows), A (N,ffn)
     std::size_t res3;                     // f32 (N,C)
   };
   std::size_t encoded = 0;  // f32 (N,C)
@@ -182,8 +230,9 @@ struct ActOffsets {
   std::size_t d_res_a = 0;                // A (N,C) its copy in A (bf16 only)
   std::size_t d_ln = 0;                   // A (N,C)
   std::size_t d_atty = 0;                 // A (N,C)
-  std::size_t d_qkv = 0;                  // A (N,3C)
-  std::size_t d_fch = 0;                  // A (N,4C)
+  std::size_t d_qkv = 0;                  // A (N,qkv_rows)
+  std::size_t d_fch = 0;                  // A (N,fc_rows)
+  std::size_t d_act = 0;                  // A (N,ffn), llama only
   std::size_t attn_ws = 0;                // flash attention backward workspace (bf16 only)
   std::size_t norm_ws = 0, norm_out = 0;  // gradient norm
   std::size_t bytes = 0;
@@ -191,6 +240,7 @@ struct ActOffsets {
   ActOffsets(const ModelConfig& cfg, int B, int T, std::size_t a) {
     const std::size_t N = static_cast<std::size_t>(B) * T, C = cfg.n_embd, NH = cfg.n_head;
     const std::size_t Vp = cfg.padded_vocab(), f = sizeof(float);
+    const std::size_t QKV = cfg.qkv_rows(), FC = cfg.fc_rows(), F = cfg.ffn();
     auto take = [&](std::size_t n) {
       std::size_t o = bytes;
       bytes += (n + 255) / 256 * 256;
@@ -202,15 +252,15 @@ struct ActOffsets {
       l.ln1 = take(N * C * a);
       l.ln1_mean = take(N * f);
       l.ln1_rstd = take(N * f);
-      l.qkv = take(N * 3 * C * a);
+      l.qkv = take(N * QKV * a);
       l.atty = take(N * C * a);
       l.lse = take(N * NH * f);
       l.res2 = take(N * C * f);
       l.ln2 = take(N * C * a);
       l.ln2_mean = take(N * f);
       l.ln2_rstd = take(N * f);
-      l.fch = take(N * 4 * C * a);
-      l.fch_gelu = take(N * 4 * C * a);
+      l.fch = take(N * FC * a);
+      l.fch_gelu = take(N * F * a);
       l.res3 = take(N * C * f);
     }
     lnf = take(N * C * a);
@@ -224,9 +274,12 @@ struct ActOffsets {
     d_res_a = a == f ? d_res : take(N * C * a);
     d_ln = take(N * C * a);
     d_atty = take(N * C * a);
-    d_qkv = take(N * 3 * C * a);
-    d_fch = take(N * 4 * C * a);
-    attn_ws = take(a == f ? 0 : cu::flash_attention_workspace_bytes(B, T, cfg.n_embd, cfg.n_head));
+    d_qkv = take(N * QKV * a);
+    d_fch = take(N * FC * a);
+    d_act = take(cfg.llama() ? N * F * a : 0);
+    attn_ws = take(a == f || cfg.llama()
+                       ? 0
+                       : cu::flash_attention_workspace_bytes(B, T, cfg.n_embd, cfg.n_head));
     norm_ws = take(cu::sum_of_squares_workspace_bytes());
     norm_out = take(f);
   }
@@ -277,36 +330,39 @@ class DeviceOps {
                                    int IC, int OC) {
     model::linear_backward_input_dgelu(dinp, dout, w, pre, N, IC, OC, st_);
   }
-  // GPT-2 attention (KV = NH; the constructor refuses llama models).
-  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int NH, int /*KV*/,
-                         int hs) {
+  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int NH, int KV, int hs) {
     if constexpr (std::is_same_v<A, bf16>)
       if (cudnn_ && cudnn_->supports(B, T)) return cudnn_->forward(out, lse, qkv, B, T, st_);
-    model::attention_forward(out, lse, qkv, B, T, NH * hs, NH, st_);
+    model::attention_forward(out, lse, qkv, B, T, NH, KV, hs, st_);
   }
   // The same kernels as the forward of the shape (their lse conventions differ).
   void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const float* lse,
-                          int B, int T, int NH, int /*KV*/, int hs) {
+                          int B, int T, int NH, int KV, int hs) {
     if constexpr (std::is_same_v<A, bf16>)
       if (cudnn_ && cudnn_->supports(B, T))
         return cudnn_->backward(dqkv, dout, qkv, out, lse, B, T, st_);
-    model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, NH * hs, NH, st_);
+    model::attention_backward(dqkv, dout, qkv, out, lse, attn_ws_, B, T, NH, KV, hs, st_);
   }
-  // The llama ops have no CUDA kernels yet; DeviceGpt refuses llama models before any runs.
-  [[noreturn]] static void no_llama() {
-    throw InternalError("the llama family has no CUDA kernels (DeviceGpt refuses it)");
+  void rmsnorm_forward(A* out, float* rstd, const float* inp, const float* w, std::int64_t N, int C,
+                       float eps) {
+    model::rmsnorm_forward(out, rstd, inp, w, N, C, eps, st_);
   }
-  void rmsnorm_forward(A*, float*, const float*, const float*, std::int64_t, int, float) {
-    no_llama();
+  void rmsnorm_backward(float* dinp, A* dinp_a, float* dw, const A* dout, const float* inp,
+                        const float* w, const float* rstd, std::int64_t N, int C) {
+    model::rmsnorm_backward(dinp, dinp_a, dw, dout, inp, w, rstd, N, C, st_);
   }
-  void rmsnorm_backward(float*, A*, float*, const A*, const float*, const float*, const float*,
-                        std::int64_t, int) {
-    no_llama();
+  void swiglu_forward(A* out, const A* inp, std::int64_t N, int F) {
+    model::swiglu_forward(out, inp, N, F, st_);
   }
-  void swiglu_forward(A*, const A*, std::int64_t, int) { no_llama(); }
-  void swiglu_backward(A*, const A*, const A*, std::int64_t, int) { no_llama(); }
-  void rope_forward(A*, int, int, int, int, int, double) { no_llama(); }
-  void rope_backward(A*, int, int, int, int, int, double) { no_llama(); }
+  void swiglu_backward(A* dinp, const A* dout, const A* inp, std::int64_t N, int F) {
+    model::swiglu_backward(dinp, dout, inp, N, F, st_);
+  }
+  void rope_forward(A* qkv, int B, int T, int NH, int KV, int hs, double theta) {
+    model::rope(qkv, B, T, NH, KV, hs, theta, false, st_);
+  }
+  void rope_backward(A* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
+    model::rope(dqkv, B, T, NH, KV, hs, theta, true, st_);
+  }
 
  private:
   cu::DeviceProfiler* profiler_;
@@ -347,7 +403,7 @@ struct DeviceGpt::Impl {
   // cuDNN's attention if it loads and has an engine for the largest micro-batch; otherwise the
   // flash kernels, or (required) an error saying why.
   void use_cudnn(bool required) {
-    cudnn = cu::CudnnAttention::create(cfg.n_embd, cfg.n_head, &cudnn_why_not);
+    cudnn = cu::CudnnAttention::create(cfg.n_head, cfg.kv_heads(), cfg.head_dim(), &cudnn_why_not);
     if (cudnn && !cudnn->supports(B_max, T_max)) {
       cudnn_why_not = fmt::format("{} has no fused attention engine for B={} T={} head size {}",
                                   cudnn->version(), B_max, T_max, cfg.head_dim());
@@ -363,11 +419,13 @@ struct DeviceGpt::Impl {
   T* at(std::size_t byte_offset) const {
     return reinterpret_cast<T*>(static_cast<char*>(acts.data()) + byte_offset);
   }
-  float* P(std::size_t o) const { return params.as<float>() + o; }  // fp32 masters
-  float* G(std::size_t o) const { return grads.as<float>() + o; }
+  // fp32 masters and gradients; null for a tensor the family does not have (k_absent)
+  float* P(std::size_t o) const { return o == k_absent ? nullptr : params.as<float>() + o; }
+  float* G(std::size_t o) const { return o == k_absent ? nullptr : grads.as<float>() + o; }
   // the parameters as the GEMMs read them
   template <class A>
   const A* W(std::size_t o) const {
+    if (o == k_absent) return nullptr;
     if constexpr (std::is_same_v<A, float>)
       return params.as<float>() + o;
     else
@@ -419,11 +477,15 @@ void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
     residual = at<float>(off.layers[l].res3);
   }
   mark(OpFamily::LayerNorm);
-  layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
-                    P(layout.lnf_w), P(layout.lnf_b), N, C, st);
-  // LM head tied to the token embedding: logits (N,Vp) = lnf (N,C) @ wte^T (C,Vp)
+  if (cfg.llama())
+    rmsnorm_forward(at<A>(off.lnf), at<float>(off.lnf_rstd), residual, P(layout.lnf_w), N, C,
+                    static_cast<float>(cfg.norm_eps), st);
+  else
+    layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
+                      P(layout.lnf_w), P(layout.lnf_b), N, C, st);
+  // LM head (tied: the token embedding): logits (N,Vp) = lnf (N,C) @ head^T (C,Vp)
   mark(OpFamily::Gemm);
-  gemm(false, true, N, Vp, C, at<A>(off.lnf), C, W<A>(layout.wte), C, 0.0f, at<A>(off.logits), Vp,
+  gemm(false, true, N, Vp, C, at<A>(off.lnf), C, W<A>(layout.head), C, 0.0f, at<A>(off.logits), Vp,
        st);
   if (with_targets) {
     mark(OpFamily::CrossEntropy);
@@ -441,17 +503,26 @@ void DeviceGpt::Impl::backward() {
   A* d_ln = at<A>(off.d_ln);
   // LM head: the logits hold dlogits (N,Vp)
   mark(OpFamily::Gemm);
-  linear_backward<A>(d_ln, G(layout.wte), nullptr, at<A>(off.logits), at<A>(off.lnf),
-                     W<A>(layout.wte), N, C, Vp, st);
+  linear_backward<A>(d_ln, G(layout.head), nullptr, at<A>(off.logits), at<A>(off.lnf),
+                     W<A>(layout.head), N, C, Vp, st);
   mark(OpFamily::Elementwise);
   cu::memset_zero(d_res, static_cast<std::size_t>(N) * C * sizeof(float), st);
   const float* last = cfg.n_layer > 0 ? at<float>(off.layers.back().res3) : at<float>(off.encoded);
   mark(OpFamily::LayerNorm);
-  layernorm_backward(d_res, d_res_a, G(layout.lnf_w), G(layout.lnf_b), d_ln, last, P(layout.lnf_w),
-                     at<float>(off.lnf_mean), at<float>(off.lnf_rstd), N, C, st);
+  if (cfg.llama())
+    rmsnorm_backward(d_res, d_res_a, G(layout.lnf_w), d_ln, last, P(layout.lnf_w),
+                     at<float>(off.lnf_rstd), N, C, st);
+  else
+    layernorm_backward(d_res, d_res_a, G(layout.lnf_w), G(layout.lnf_b), d_ln, last,
+                       P(layout.lnf_w), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), N, C, st);
   const BlockShape shape = block_shape(cfg, B, T);
-  const BlockScratch<A> scratch{
-      d_res, d_res_a, d_ln, at<A>(off.d_atty), at<A>(off.d_qkv), at<A>(off.d_fch), nullptr};
+  const BlockScratch<A> scratch{d_res,
+                                d_res_a,
+                                d_ln,
+                                at<A>(off.d_atty),
+                                at<A>(off.d_qkv),
+                                at<A>(off.d_fch),
+                                cfg.llama() ? at<A>(off.d_act) : nullptr};
   auto block_ops = ops<A>();
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const float* x = l == 0 ? at<float>(off.encoded) : at<float>(off.layers[l - 1].res3);
@@ -468,18 +539,22 @@ DeviceGpt::DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, i
   if (cu::device_count() == 0)
     throw Error("no CUDA device: " + cu::describe_devices(),
                 "run on a machine with an NVIDIA GPU and its driver, or on the CPU");
-  if (cfg.llama())
-    throw Error("the llama family does not run on the GPU yet", "use hardware.device = \"cpu\"");
+  if (cfg.llama() && precision == DevicePrecision::Bf16 && attention == DeviceAttention::Flash &&
+      cfg.kv_heads() != cfg.n_head)
+    throw Error("the flash kernels have no grouped-query attention",
+                "use the cuDNN attention (attention auto), or fp32");
   if (B <= 0 || T <= 0 || T > cfg.block_size)
     throw Error(fmt::format("micro-batch ({}, {}) does not fit the model (block_size {})", B, T,
                             cfg.block_size));
-  if (precision == DevicePrecision::Bf16 && !cu::flash_attention_supports(cfg.n_embd, cfg.n_head))
+  if (precision == DevicePrecision::Bf16 && !cfg.llama() &&
+      !cu::flash_attention_supports(cfg.n_embd, cfg.n_head))
     throw Error(fmt::format("bf16 on the GPU needs a head size of 32, 64 or 128 (this model: {})",
                             cfg.head_dim()),
                 "use precision fp32, or a model whose n_embd / n_head is one of those");
   p_ = std::make_unique<Impl>(cfg, precision, B, T);
+  // llama in bf16: cuDNN's attention (grouped kv heads) is required.
   if (precision == DevicePrecision::Bf16 && attention != DeviceAttention::Flash)
-    p_->use_cudnn(attention == DeviceAttention::Cudnn);
+    p_->use_cudnn(attention == DeviceAttention::Cudnn || cfg.llama());
   const std::size_t n = p_->layout.total();
   p_->params = cu::DeviceBuffer(n * sizeof(float));
   p_->grads = cu::DeviceBuffer(n * sizeof(float));

@@ -1,4 +1,4 @@
-// GPT-2 on one CUDA device: the blocks of model/gpt_block.hpp (the ones the CPU model runs) over
+// The model (both families, model/config.hpp) on one CUDA device: the blocks of model/gpt_block.hpp (the ones the CPU model runs) over
 // the CUDA op table (kernels/cuda/ops.hpp), with the parameters (fp32 masters), gradients (fp32),
 // AdamW moments and activations each in one device allocation, and the same ParamLayout as the CPU
 // model, so parameters and gradients move between the two as flat buffers.
@@ -37,7 +37,8 @@ class DeviceGpt {
  public:
   // Allocates everything for micro-batches of up to (B, T) on the current device; throws
   // tessera::Error when CUDA is unavailable, when T exceeds the block size, or (Bf16) when the
-  // head size has no flash kernel. Parameters start at zero: upload_params().
+  // attention cannot run (a GPT-2 head size without flash kernel and no cuDNN; llama without
+  // cuDNN, whose attention has the grouped kv heads). Parameters start at zero: upload_params().
   DeviceGpt(const ModelConfig& cfg, DevicePrecision precision, int B, int T,
             DeviceAttention attention = DeviceAttention::Auto);
   ~DeviceGpt();

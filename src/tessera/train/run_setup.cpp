@@ -129,8 +129,6 @@ void check_tensor_options(const RunConfig& cfg, const RunPlan& plan) {
 
 void check_device_options(const RunConfig& cfg, const RunPlan& plan, int world_size) {
   if (cfg.hardware.device != "cuda") return;
-  if (cfg.model.family == "llama")
-    throw Error("the llama family does not run on the GPU yet", "set hardware.device = \"cpu\"");
   if (world_size != 1 || plan.grid.world_size() != 1)
     throw Error(fmt::format("hardware.device = \"cuda\" trains in one process on one GPU so far; "
                             "this run has {} ranks, grid {}",

@@ -66,7 +66,7 @@ std::shared_ptr<Graph> new_graph() {
   return g;
 }
 
-// A (B, NH, T, hs) view with the row stride of its buffer: qkv rows are 3C wide, out rows C.
+// A (B, heads, T, hs) view with the row stride of its buffer (a qkv row or an out row).
 std::shared_ptr<TensorAttrs> head_view(Graph& g, const char* name, Uid uid, std::int64_t B,
                                        std::int64_t NH, std::int64_t T, std::int64_t hs,
                                        std::int64_t row) {
@@ -91,23 +91,29 @@ void finish(Graph& g, cudnnHandle_t handle) {
 }
 
 struct Shape {
-  std::int64_t B, T, C, NH;
-  std::int64_t hs() const { return C / NH; }
+  std::int64_t B, T, NH, KV, hs;
+  std::int64_t W() const { return (NH + 2 * KV) * hs; }  // a qkv row
+  std::int64_t OC() const { return NH * hs; }            // an out row
 };
+
+std::shared_ptr<TensorAttrs> qkv_views(Graph& g, const Shape& s, std::shared_ptr<TensorAttrs>* k,
+                                       std::shared_ptr<TensorAttrs>* v) {
+  *k = head_view(g, "k", kK, s.B, s.KV, s.T, s.hs, s.W());
+  *v = head_view(g, "v", kV, s.B, s.KV, s.T, s.hs, s.W());
+  return head_view(g, "q", kQ, s.B, s.NH, s.T, s.hs, s.W());
+}
 
 std::shared_ptr<Graph> forward_graph(const Shape& s, cudnnHandle_t handle) {
   auto g = new_graph();
-  const std::int64_t hs = s.hs(), C3 = 3 * s.C;
-  auto q = head_view(*g, "q", kQ, s.B, s.NH, s.T, hs, C3);
-  auto k = head_view(*g, "k", kK, s.B, s.NH, s.T, hs, C3);
-  auto v = head_view(*g, "v", kV, s.B, s.NH, s.T, hs, C3);
+  std::shared_ptr<TensorAttrs> k, v;
+  auto q = qkv_views(*g, s, &k, &v);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("causal_attention")
                   .set_generate_stats(true)
                   .set_causal_mask(true)
-                  .set_attn_scale(1.0f / std::sqrt(static_cast<float>(hs)));
+                  .set_attn_scale(1.0f / std::sqrt(static_cast<float>(s.hs)));
   auto [o, stats] = g->sdpa(q, k, v, opts);
-  set_head_output(*o, kO, s.B, s.NH, s.T, hs, s.C);
+  set_head_output(*o, kO, s.B, s.NH, s.T, s.hs, s.OC());
   stats->set_output(true)
       .set_uid(kStats)
       .set_data_type(fe::DataType_t::FLOAT)
@@ -119,12 +125,10 @@ std::shared_ptr<Graph> forward_graph(const Shape& s, cudnnHandle_t handle) {
 
 std::shared_ptr<Graph> backward_graph(const Shape& s, cudnnHandle_t handle) {
   auto g = new_graph();
-  const std::int64_t hs = s.hs(), C3 = 3 * s.C;
-  auto q = head_view(*g, "q", kQ, s.B, s.NH, s.T, hs, C3);
-  auto k = head_view(*g, "k", kK, s.B, s.NH, s.T, hs, C3);
-  auto v = head_view(*g, "v", kV, s.B, s.NH, s.T, hs, C3);
-  auto o = head_view(*g, "o", kO, s.B, s.NH, s.T, hs, s.C);
-  auto dout = head_view(*g, "dout", kdO, s.B, s.NH, s.T, hs, s.C);
+  std::shared_ptr<TensorAttrs> k, v;
+  auto q = qkv_views(*g, s, &k, &v);
+  auto o = head_view(*g, "o", kO, s.B, s.NH, s.T, s.hs, s.OC());
+  auto dout = head_view(*g, "dout", kdO, s.B, s.NH, s.T, s.hs, s.OC());
   auto stats = g->tensor(TensorAttrs()
                              .set_name("stats")
                              .set_uid(kStats)
@@ -134,11 +138,11 @@ std::shared_ptr<Graph> backward_graph(const Shape& s, cudnnHandle_t handle) {
   auto opts = fe::graph::SDPA_backward_attributes()
                   .set_name("causal_attention_backward")
                   .set_causal_mask(true)
-                  .set_attn_scale(1.0f / std::sqrt(static_cast<float>(hs)));
+                  .set_attn_scale(1.0f / std::sqrt(static_cast<float>(s.hs)));
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
-  set_head_output(*dq, kdQ, s.B, s.NH, s.T, hs, C3);
-  set_head_output(*dk, kdK, s.B, s.NH, s.T, hs, C3);
-  set_head_output(*dv, kdV, s.B, s.NH, s.T, hs, C3);
+  set_head_output(*dq, kdQ, s.B, s.NH, s.T, s.hs, s.W());
+  set_head_output(*dk, kdK, s.B, s.KV, s.T, s.hs, s.W());
+  set_head_output(*dv, kdV, s.B, s.KV, s.T, s.hs, s.W());
   finish(*g, handle);
   return g;
 }
@@ -156,7 +160,7 @@ void check_cuda(cudaError_t e, const char* what) {
 }  // namespace
 
 struct CudnnAttention::Impl {
-  int C = 0, NH = 0;
+  int NH = 0, KV = 0, hs = 0;
   cudnnHandle_t handle = nullptr;
   struct Graphs {
     std::shared_ptr<Graph> fwd, bwd;  // both null: cuDNN has no engine for the shape
@@ -176,7 +180,7 @@ struct CudnnAttention::Impl {
     if (it != graphs.end()) return it->second;
     Graphs gs;
     try {
-      const Shape s{B, T, C, NH};
+      const Shape s{B, T, NH, KV, hs};
       gs.fwd = forward_graph(s, handle);
       gs.bwd = backward_graph(s, handle);
       reserve(static_cast<std::size_t>(
@@ -203,13 +207,14 @@ struct CudnnAttention::Impl {
   }
 };
 
-std::unique_ptr<CudnnAttention> CudnnAttention::create(int C, int NH, std::string* why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::create(int NH, int KV, int hs, std::string* why) {
   std::string err = load_cudnn();
   if (err.empty() && fe::detail::get_backend_version() < 90000)
     err = fmt::format("cuDNN {} is older than 9.0", fe::detail::get_backend_version());
   auto impl = std::make_unique<Impl>();
-  impl->C = C;
   impl->NH = NH;
+  impl->KV = KV;
+  impl->hs = hs;
   if (err.empty()) {
     try {
       check_status(fe::detail::create_handle(&impl->handle), "cudnnCreate");
@@ -237,9 +242,9 @@ void CudnnAttention::forward(std::uint16_t* out, float* lse, const std::uint16_t
   const auto& g = p_->get(B, T);
   if (!g.fwd) throw Error(fmt::format("cuDNN has no attention engine for B={} T={}", B, T));
   auto* q = const_cast<std::uint16_t*>(qkv);
-  const int C = p_->C;
+  const int k = p_->NH * p_->hs, v = (p_->NH + p_->KV) * p_->hs;  // column offsets in a row
   std::unordered_map<std::int64_t, void*> pack{
-      {kQ, q}, {kK, q + C}, {kV, q + 2 * C}, {kO, out}, {kStats, lse}};
+      {kQ, q}, {kK, q + k}, {kV, q + v}, {kO, out}, {kStats, lse}};
   p_->run(*g.fwd, pack, stream);
 }
 
@@ -249,16 +254,16 @@ void CudnnAttention::backward(std::uint16_t* dqkv, const std::uint16_t* dout,
   const auto& g = p_->get(B, T);
   if (!g.bwd) throw Error(fmt::format("cuDNN has no attention engine for B={} T={}", B, T));
   auto* q = const_cast<std::uint16_t*>(qkv);
-  const int C = p_->C;
+  const int k = p_->NH * p_->hs, v = (p_->NH + p_->KV) * p_->hs;
   std::unordered_map<std::int64_t, void*> pack{{kQ, q},
-                                               {kK, q + C},
-                                               {kV, q + 2 * C},
+                                               {kK, q + k},
+                                               {kV, q + v},
                                                {kO, const_cast<std::uint16_t*>(out)},
                                                {kdO, const_cast<std::uint16_t*>(dout)},
                                                {kStats, const_cast<float*>(lse)},
                                                {kdQ, dqkv},
-                                               {kdK, dqkv + C},
-                                               {kdV, dqkv + 2 * C}};
+                                               {kdK, dqkv + k},
+                                               {kdV, dqkv + v}};
   p_->run(*g.bwd, pack, stream);
 }
 
@@ -279,7 +284,7 @@ namespace tessera::kernels::cuda {
 
 struct CudnnAttention::Impl {};
 
-std::unique_ptr<CudnnAttention> CudnnAttention::create(int, int, std::string* why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::create(int, int, int, std::string* why) {
   if (why) *why = "this build has no cuDNN (its headers come with scripts/setup --with-cuda)";
   return nullptr;
 }

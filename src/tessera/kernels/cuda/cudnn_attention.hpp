@@ -16,9 +16,10 @@ namespace tessera::kernels::cuda {
 
 class CudnnAttention {
  public:
-  // For qkv (B,T,3C) holding q, k, v each (B,T,NH,hs). Null (and *why set) when this build has no
-  // cuDNN headers, libcudnn.so.9 cannot be loaded, or it is older than 9.0.
-  static std::unique_ptr<CudnnAttention> create(int C, int NH, std::string* why);
+  // For qkv rows (NH + 2 KV) hs wide holding q (NH heads), k and v (KV heads each; grouped-query
+  // attention when KV < NH). Null (and *why set) when this build has no cuDNN headers,
+  // libcudnn.so.9 cannot be loaded, or it is older than 9.0.
+  static std::unique_ptr<CudnnAttention> create(int NH, int KV, int hs, std::string* why);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -26,10 +27,10 @@ class CudnnAttention {
   // Whether cuDNN has an engine for micro-batches (B, T): builds (once per shape) the forward and
   // backward graphs. Forward and backward of one shape always go to the same implementation.
   bool supports(int B, int T);
-  // out (B,T,C) and lse (B,NH,T) (natural-log sum of exponentials of the scaled scores).
+  // out (B,T,NH*hs) and lse (B,NH,T) (natural-log sum of exponentials of the scaled scores).
   void forward(std::uint16_t* out, float* lse, const std::uint16_t* qkv, int B, int T,
                void* stream);
-  // dqkv (B,T,3C) = (overwrite) the gradients of q, k and v, from the forward's out and lse.
+  // dqkv = (overwrite) the gradients of q, k and v, from the forward's out and lse.
   void backward(std::uint16_t* dqkv, const std::uint16_t* dout, const std::uint16_t* qkv,
                 const std::uint16_t* out, const float* lse, int B, int T, void* stream);
 

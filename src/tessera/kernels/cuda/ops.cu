@@ -135,7 +135,7 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* inp, co
     int c = static_cast<int>(i - row * C);
     int t = static_cast<int>(row % T);
     out[i] = wte[static_cast<std::int64_t>(inp[row]) * C + c] +
-             wpe[static_cast<std::int64_t>(t) * C + c];
+             (wpe ? wpe[static_cast<std::int64_t>(t) * C + c] : 0.0f);
   }
 }
 
@@ -148,7 +148,7 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float*
     int t = static_cast<int>(row % T);
     float d = dout[i];
     atomicAdd(dwte + static_cast<std::int64_t>(inp[row]) * C + c, d);
-    atomicAdd(dwpe + static_cast<std::int64_t>(t) * C + c, d);
+    if (dwpe) atomicAdd(dwpe + static_cast<std::int64_t>(t) * C + c, d);
   }
 }
 

@@ -95,10 +95,11 @@ void float_to_bf16(std::uint16_t* out, const float* in, std::int64_t n, void* st
 void bf16_to_float(float* out, const std::uint16_t* in, std::int64_t n, void* stream);
 
 // ---- token + position embedding ----
-// out (B,T,C) = wte[inp[b,t]] + wpe[t]; inp (B,T)
+// out (B,T,C) = wte[inp[b,t]] + wpe[t] (wpe null: no learned positions); inp (B,T)
 void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe,
                        int B, int T, int C, void* stream);
-// dwte (V,C) +=, dwpe (maxT,C) += from dout (B,T,C) (atomicAdd: not bit-reproducible)
+// dwte (V,C) +=, dwpe (maxT,C) += (if not null) from dout (B,T,C) (atomicAdd: not
+// bit-reproducible)
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
                         int T, int C, void* stream);
 
@@ -116,14 +117,44 @@ void gelu_forward(float* out, const float* inp, std::int64_t n, void* stream);
 // dinp = dout * gelu'(inp) (overwrite; dinp may alias dout)
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n, void* stream);
 
-// ---- causal multi-head self-attention (a straightforward kernel, not a flash kernel) ----
-// qkv (B,T,3C) holds q, k, v each (B,T,NH,hs), hs = C/NH; out (B,T,C); lse (B,NH,T).
-// Needs T * 4 bytes of shared memory per block (T <= ~50k on sm_80+).
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+// ---- the llama family: RMSNorm, rotary positions, SwiGLU (kernels::cpu's contracts) ----
+// out (N,C) fp32 or bf16; rstd (N) saved for backward
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
+                     int C, float eps, void* stream);
+void rmsnorm_forward_bf16(std::uint16_t* out, float* rstd, const float* inp, const float* weight,
+                          std::int64_t N, int C, float eps, void* stream);
+// dinp (N,C) fp32 +=; dweight (C) += (atomics); dout fp32, or bf16 with dinp_bf16 (if not null)
+// = the updated dinp rounded to bf16
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, std::int64_t N, int C, void* stream);
+void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight,
+                           const std::uint16_t* dout, const float* inp, const float* weight,
+                           const float* rstd, std::int64_t N, int C, void* stream);
+// In place on the q and k heads of qkv rows (NH + 2 KV) hs wide; backward rotates back.
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, void* stream);
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta, void* stream);
+void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs, double theta,
                        void* stream);
-// dqkv (B,T,3C) = (overwrite) from dout (B,T,C); needs out and lse from the forward.
+void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs, double theta,
+                        void* stream);
+// out (N,F) = silu(gate) up from inp (N,2F) = [gate | up]; backward: dinp (N,2F) = (overwrite)
+void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* stream);
+void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F,
+                     void* stream);
+void swiglu_forward_bf16(std::uint16_t* out, const std::uint16_t* inp, std::int64_t N, int F,
+                         void* stream);
+void swiglu_backward_bf16(std::uint16_t* dinp, const std::uint16_t* dout, const std::uint16_t* inp,
+                          std::int64_t N, int F, void* stream);
+
+// ---- causal grouped-query self-attention (a straightforward kernel, not a flash kernel) ----
+// qkv (B,T,(NH+2KV)*hs) holds q (NH heads), k and v (KV heads each); query head h reads
+// key-value head h / (NH/KV) (GPT-2: KV = NH). out (B,T,NH*hs); lse (B,NH,T).
+// Needs T * 4 bytes of shared memory per block (T <= ~50k on sm_80+).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
+                       int hs, void* stream);
+// dqkv = (overwrite) from dout (B,T,NH*hs); needs out and lse from the forward.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH, void* stream);
+                        const float* lse, int B, int T, int NH, int KV, int hs, void* stream);
 
 // ---- causal flash attention in bf16 (tensor cores, fp32 accumulation and softmax) ----
 // The contract of attention_forward/backward with bf16 qkv (B,T,3C), out (B,T,C), dout, dqkv;

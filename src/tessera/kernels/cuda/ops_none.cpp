@@ -86,11 +86,51 @@ void gelu_forward(float*, const float*, std::int64_t, void*) {
 void gelu_backward(float*, const float*, const float*, std::int64_t, void*) {
   no_cuda("gelu_backward");
 }
-void attention_forward(float*, float*, const float*, int, int, int, int, void*) {
+void rmsnorm_forward(float*, float*, const float*, const float*, std::int64_t, int, float, void*) {
+  no_cuda("rmsnorm_forward");
+}
+void rmsnorm_forward_bf16(std::uint16_t*, float*, const float*, const float*, std::int64_t, int,
+                          float, void*) {
+  no_cuda("rmsnorm_forward_bf16");
+}
+void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*,
+                      std::int64_t, int, void*) {
+  no_cuda("rmsnorm_backward");
+}
+void rmsnorm_backward_bf16(float*, std::uint16_t*, float*, const std::uint16_t*, const float*,
+                           const float*, const float*, std::int64_t, int, void*) {
+  no_cuda("rmsnorm_backward_bf16");
+}
+void rope_forward(float*, int, int, int, int, int, double, void*) {
+  no_cuda("rope_forward");
+}
+void rope_backward(float*, int, int, int, int, int, double, void*) {
+  no_cuda("rope_backward");
+}
+void rope_forward_bf16(std::uint16_t*, int, int, int, int, int, double, void*) {
+  no_cuda("rope_forward_bf16");
+}
+void rope_backward_bf16(std::uint16_t*, int, int, int, int, int, double, void*) {
+  no_cuda("rope_backward_bf16");
+}
+void swiglu_forward(float*, const float*, std::int64_t, int, void*) {
+  no_cuda("swiglu_forward");
+}
+void swiglu_backward(float*, const float*, const float*, std::int64_t, int, void*) {
+  no_cuda("swiglu_backward");
+}
+void swiglu_forward_bf16(std::uint16_t*, const std::uint16_t*, std::int64_t, int, void*) {
+  no_cuda("swiglu_forward_bf16");
+}
+void swiglu_backward_bf16(std::uint16_t*, const std::uint16_t*, const std::uint16_t*, std::int64_t,
+                          int, void*) {
+  no_cuda("swiglu_backward_bf16");
+}
+void attention_forward(float*, float*, const float*, int, int, int, int, int, void*) {
   no_cuda("attention_forward");
 }
 void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
-                        int, int, void*) {
+                        int, int, int, void*) {
   no_cuda("attention_backward");
 }
 void cross_entropy_forward(float*, const float*, const std::int32_t*, std::int64_t, int, int,
