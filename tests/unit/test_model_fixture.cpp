@@ -18,6 +18,9 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <string>
+
+#include <unistd.h>
 
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/safetensors.hpp"
@@ -149,7 +152,10 @@ TEST_P(ModelFixture, TenAdamWStepsMatchPyTorch) {
 
 TEST_P(ModelFixture, SaveLoadRoundTripIsExact) {
   model::ParamLayout layout(loaded.config);
-  auto dir = std::filesystem::temp_directory_path() / "tessera_fixture_roundtrip";
+  // one directory per fixture and process: ctest runs the fixtures' tests in parallel
+  auto dir =
+      std::filesystem::temp_directory_path() /
+      ("tessera_fixture_roundtrip_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   io::save_model(dir, layout, loaded.params.data());
   auto again = io::load_model(dir);
