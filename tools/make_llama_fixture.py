@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # from_pretrained reads a local directory only
@@ -44,6 +43,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from safetensors_io import check_roundtrip, write_safetensors  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -290,67 +291,6 @@ def run_reference(cls, params, tied, inputs, targets, dtype):
     return out
 
 
-# ----------------------------------------------------------------------------
-# safetensors (hand-written writer / reader, as in make_gpt2_fixture.py)
-# ----------------------------------------------------------------------------
-_DT = {
-    torch.float32: ("F32", "<f4"),
-    torch.int32: ("I32", "<i4"),
-}
-_NP = {"F32": "<f4", "I32": "<i4"}
-
-
-def write_safetensors(path, tensors, metadata=None):
-    header = {}
-    blobs = []
-    offset = 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous()
-        dt, npdt = _DT[t.dtype]
-        data = t.numpy().astype(npdt, copy=False).tobytes(order="C")
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = dict(metadata or {"format": "pt"})
-    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hjson += b" " * ((-len(hjson)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hjson)))
-        f.write(hjson)
-        for d in blobs:
-            f.write(d)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    assert n % 8 == 0, "header length not 8-byte aligned"
-    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
-    data = raw[8 + n :]
-    meta = header.pop("__metadata__", {})
-    out = {}
-    end_max = 0
-    for name, info in header.items():
-        b, e = info["data_offsets"]
-        arr = np.frombuffer(data[b:e], dtype=_NP[info["dtype"]]).reshape(info["shape"])
-        out[name] = torch.from_numpy(arr.copy())
-        end_max = max(end_max, e)
-    assert end_max == len(data), "trailing / missing data in safetensors file"
-    return out, meta
-
-
-def check_roundtrip(path, tensors, metadata):
-    back, meta = read_safetensors(path)
-    assert set(back) == set(tensors), (path, set(back) ^ set(tensors))
-    for k, v in tensors.items():
-        r = back[k]
-        assert r.dtype == v.dtype and tuple(r.shape) == tuple(v.shape), (k, r.dtype, r.shape, v.dtype, v.shape)
-        assert torch.equal(r, v), k
-    assert meta == metadata, (meta, metadata)
-
-
-# ----------------------------------------------------------------------------
 def maxdiff(a, b):
     return (a.double() - b.double()).abs().max().item()
 
