@@ -1,6 +1,7 @@
 // tessera convert: a model in any form tessera reads (a checkpoint or run directory, a
 // model.safetensors, a llama .gguf file, a short name) written as a Hugging Face checkpoint:
-// config.json and model.safetensors (fp32), ready for transformers' from_pretrained.
+// config.json and model.safetensors (fp32, bf16 or fp16), ready for transformers'
+// from_pretrained.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -18,7 +19,7 @@ void add_convert_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "convert", "write a model (checkpoint, .gguf, short name) as a Hugging Face checkpoint");
   struct Args {
-    std::string model, out;
+    std::string model, out, dtype = "fp32";
     bool overwrite = false;
   };
   auto a = std::make_shared<Args>();
@@ -28,6 +29,9 @@ void add_convert_command(CLI::App& root) {
       ->required();
   cmd->add_option("--out,-o", a->out, "the folder to write config.json and model.safetensors to")
       ->required();
+  cmd->add_option("--dtype", a->dtype, "the weights' type in the file: fp32, bf16 or fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_flag("--overwrite", a->overwrite, "replace a model already in --out");
   cmd->callback([a] {
     const std::filesystem::path out = a->out;
@@ -36,9 +40,12 @@ void add_convert_command(CLI::App& root) {
                   "choose another --out, or add --overwrite");
     const auto loaded = io::load_model(resolve_model_path(a->model));
     const model::ParamLayout layout(loaded.config);
-    io::save_model(out, layout, loaded.params.data());
-    log_info("wrote {} ({}): config.json, model.safetensors (fp32)", out.string(),
-             model::describe(loaded.config));
+    const io::DType dtype = a->dtype == "bf16"   ? io::DType::BF16
+                            : a->dtype == "fp16" ? io::DType::F16
+                                                 : io::DType::F32;
+    io::save_model(out, layout, loaded.params.data(), dtype);
+    log_info("wrote {} ({}): config.json, model.safetensors ({})", out.string(),
+             model::describe(loaded.config), a->dtype);
   });
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/gguf_quants.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -168,3 +169,28 @@ TEST_P(ModelFixture, SaveLoadRoundTripIsExact) {
 INSTANTIATE_TEST_SUITE_P(Families, ModelFixture,
                          ::testing::Values("gpt2_tiny", "llama_tiny", "llama_tiny_tied"),
                          [](const auto& info) { return std::string(info.param); });
+
+// Saved as bf16 or fp16 (round to nearest even), a model loads back as exactly those roundings of
+// its fp32 weights: the loader widens them exactly.
+TEST_P(ModelFixture, SavedInHalfPrecisionLoadsBackAsTheRoundedWeights) {
+  model::ParamLayout layout(loaded.config);
+  for (auto dtype : {io::DType::BF16, io::DType::F16}) {
+    auto dir =
+        std::filesystem::temp_directory_path() /
+        ("tessera_fixture_half_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    io::save_model(dir, layout, loaded.params.data(), dtype);
+    auto again = io::load_model(dir);
+    ASSERT_EQ(again.config, loaded.config);
+    for (const auto& t : layout.tensors()) {
+      const auto want = to_hf(t, loaded.config, loaded.params.data());
+      const auto got = to_hf(t, again.config, again.params.data());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const float r = dtype == io::DType::BF16 ? io::bf16_to_fp32(io::fp32_to_bf16(want[i]))
+                                                 : io::fp16_to_fp32(io::fp32_to_fp16(want[i]));
+        ASSERT_EQ(got[i], r) << t.name << "[" << i << "] " << io::dtype_name(dtype);
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
+}

@@ -11,6 +11,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/core/process_memory.hpp"
 #include "tessera/io/gguf_model.hpp"
+#include "tessera/io/gguf_quants.hpp"
 #include "tessera/io/safetensors.hpp"
 
 namespace tessera::io {
@@ -47,26 +48,59 @@ std::int64_t step_of(const fs::path& dir) {
 
 }  // namespace
 
-void save_model(const fs::path& dir, const model::ParamLayout& layout, const float* params) {
+namespace {
+
+// The fp32 values of a tensor as `dtype` (fp16 / bf16 bits), round to nearest even.
+std::vector<std::uint16_t> to_half(const float* p, std::size_t n, DType dtype,
+                                   const std::string& name) {
+  std::vector<std::uint16_t> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = dtype == DType::BF16 ? fp32_to_bf16(p[i]) : fp32_to_fp16(p[i]);
+    if (dtype == DType::F16 && std::isfinite(p[i]) && !std::isfinite(fp16_to_fp32(out[i])))
+      throw Error(fmt::format("{} holds {} (element {}), beyond fp16's range", name, p[i], i),
+                  "save as bf16 or fp32");
+  }
+  return out;
+}
+
+const char* torch_dtype_name(DType dtype) {
+  return dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32";
+}
+
+}  // namespace
+
+void save_model(const fs::path& dir, const model::ParamLayout& layout, const float* params,
+                DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    throw Error(fmt::format("models are saved as F32, BF16 or F16, not {}", dtype_name(dtype)));
   fs::create_directories(dir);
   const auto& cfg = layout.config();
   SafetensorsWriter w;
   std::vector<std::vector<float>> transposed;  // keeps transposed copies alive until write()
+  std::vector<std::vector<std::uint16_t>> halves;
   transposed.reserve(layout.tensors().size());
+  halves.reserve(layout.tensors().size());
   for (const auto& t : layout.tensors()) {
     auto shape = hf_shape(t, cfg);
+    const float* src = params + t.offset;
     if (t.transposed_in_hf) {
       transposed.emplace_back(t.numel);
       transpose(params + t.offset, transposed.back().data(), t.shape[0], t.shape[1]);
-      w.add_f32(t.name, shape, transposed.back().data());
+      src = transposed.back().data();
+    }
+    std::size_t n = 1;  // the file's elements (wte: only the first vocab_size rows)
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    if (dtype == DType::F32) {
+      w.add_f32(t.name, shape, src);
     } else {
-      w.add_f32(t.name, shape, params + t.offset);  // wte: only the first vocab_size rows
+      halves.push_back(to_half(src, n, dtype, t.name));
+      w.add(t.name, dtype, shape, halves.back().data(), n * 2);
     }
   }
   w.set_metadata("format", "pt");
-  w.set_metadata("tessera_config", hf_config_text(cfg));
+  w.set_metadata("tessera_config", hf_config_text(cfg, -1, torch_dtype_name(dtype)));
   w.write(dir / "model.safetensors");
-  write_file_atomic(dir / "config.json", hf_config_text(cfg, 2) + "\n");
+  write_file_atomic(dir / "config.json", hf_config_text(cfg, 2, torch_dtype_name(dtype)) + "\n");
 }
 
 namespace {
@@ -586,7 +620,7 @@ TrainState load_checkpoint(const fs::path& dir, const model::ParamLayout& layout
   return load_checkpoint(dir, layout, params, 0, layout.total(), adam_m, adam_v);
 }
 
-std::string hf_config_text(const model::ModelConfig& c, int indent) {
+std::string hf_config_text(const model::ModelConfig& c, int indent, const char* torch_dtype) {
   if (c.llama()) {
     const json j{{"model_type", "llama"},
                  {"architectures", {"LlamaForCausalLM"}},
@@ -604,15 +638,16 @@ std::string hf_config_text(const model::ModelConfig& c, int indent) {
                  {"hidden_act", "silu"},
                  {"attention_bias", false},
                  {"mlp_bias", false},
-                 {"torch_dtype", "float32"}};
+                 {"torch_dtype", torch_dtype}};
     return j.dump(indent);
   }
-  const json j{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
-               {"n_layer", c.n_layer},       {"n_head", c.n_head},
-               {"n_embd", c.n_embd},         {"n_positions", c.block_size},
-               {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
-               {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
-               {"tie_word_embeddings", true}};
+  json j{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+         {"n_layer", c.n_layer},       {"n_head", c.n_head},
+         {"n_embd", c.n_embd},         {"n_positions", c.block_size},
+         {"n_ctx", c.block_size},      {"vocab_size", c.vocab_size},
+         {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
+         {"tie_word_embeddings", true}};
+  if (std::string_view(torch_dtype) != "float32") j["torch_dtype"] = torch_dtype;
   return j.dump(indent);
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/io/safetensors.hpp"
 #include "tessera/model/layout.hpp"
 
 namespace tessera::io {
@@ -27,8 +28,10 @@ namespace tessera::io {
 class SafetensorsFile;
 
 // ---- model files ----
+// A Hugging Face checkpoint: config.json and model.safetensors with the weights as fp32, bf16 or
+// fp16 (rounded to nearest even; fp16 refuses weights beyond its range).
 void save_model(const std::filesystem::path& dir, const model::ParamLayout& layout,
-                const float* params);
+                const float* params, DType dtype = DType::F32);
 
 struct LoadedModel {
   model::ModelConfig config;
@@ -42,7 +45,9 @@ LoadedModel load_model(const std::filesystem::path& path);
 model::ModelConfig read_hf_config(const std::filesystem::path& config_json);
 // The Hugging Face GPT2Config of a model shape, as config.json and the safetensors metadata hold
 // it.
-std::string hf_config_text(const model::ModelConfig& cfg, int indent = -1);
+// torch_dtype: "float32", "bfloat16" or "float16", what the weights are stored as (llama).
+std::string hf_config_text(const model::ModelConfig& cfg, int indent = -1,
+                           const char* torch_dtype = "float32");
 model::ModelConfig parse_hf_config(std::string_view json_text, const std::string& source);
 
 // The pieces of load_model, for loaders of other formats (quantized files):
