@@ -15,13 +15,17 @@
 // zero gradient; their f32-vs-f64 noise after 10 steps is up to ~1e-6.)
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
-#include <unistd.h>
-
+#include "tessera/core/error.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_quants.hpp"
 #include "tessera/io/safetensors.hpp"
@@ -193,4 +197,46 @@ TEST_P(ModelFixture, SavedInHalfPrecisionLoadsBackAsTheRoundedWeights) {
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+// A checkpoint in two files with model.safetensors.index.json (Hugging Face's form for large
+// models) loads as the single file does; an index naming a missing tensor or a path outside the
+// directory is one clear error.
+TEST_P(ModelFixture, ShardedCheckpointLoadsAsTheSingleFile) {
+  auto dir =
+      std::filesystem::temp_directory_path() /
+      ("tessera_fixture_sharded_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(k_dir / "config.json", dir / "config.json");
+  const auto whole = io::SafetensorsFile::open(k_dir / "model.safetensors");
+  io::SafetensorsWriter w[2];
+  std::vector<std::vector<float>> keep;
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
+  int i = 0;
+  for (const auto& t : whole.tensors()) {
+    keep.push_back(whole.read_f32(t.name));
+    const int f = i++ % 2;
+    w[f].add_copy(t.name, io::DType::F32, t.shape, keep.back().data(), keep.back().size() * 4);
+    index["weight_map"][t.name] = fmt::format("model-{:05d}-of-00002.safetensors", f + 1);
+  }
+  w[0].write(dir / "model-00001-of-00002.safetensors");
+  w[1].write(dir / "model-00002-of-00002.safetensors");
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump(1);
+  const auto sharded = io::load_model(dir);
+  ASSERT_EQ(sharded.config, loaded.config);
+  const model::ParamLayout layout(loaded.config);
+  for (std::size_t k = 0; k < layout.total(); ++k) ASSERT_EQ(sharded.params[k], loaded.params[k]);
+
+  const std::string first = layout.tensors().front().name;  // the token embedding
+  auto broken = index;
+  broken["weight_map"].erase(first);
+  std::ofstream(dir / "model.safetensors.index.json", std::ios::trunc) << broken.dump();
+  EXPECT_THROW(io::load_model(dir), Error);
+  broken = index;
+  broken["weight_map"][first] = "../elsewhere.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json", std::ios::trunc) << broken.dump();
+  EXPECT_THROW(io::load_model(dir), Error);
+  std::filesystem::remove_all(dir);
 }

@@ -278,10 +278,87 @@ void check_model_fits(const model::ParamLayout& layout, const fs::path& file) {
       "use a machine with more memory, or check the model's config.json");
 }
 
+namespace {
+
+// Reads every tensor of the layout (HF name prefix + name) from the file `shard_of` names for it.
+LoadedModel read_model(const model::ModelConfig& cfg, const model::ParamLayout& layout,
+                       const std::string& prefix,
+                       const std::function<const SafetensorsFile&(const std::string&)>& shard_of,
+                       const fs::path& source) {
+  check_model_fits(layout, source);
+  LoadedModel out{cfg, Buffer<float>(layout.total())};
+  std::vector<float> tmp;
+  for (const auto& t : layout.tensors()) {
+    auto shape = hf_shape(t, cfg);
+    const std::string name = prefix + t.name;
+    const SafetensorsFile& st = shard_of(name);
+    if (t.transposed_in_hf) {
+      tmp.resize(t.numel);
+      st.read_f32(name, shape, tmp.data());
+      transpose(tmp.data(), out.params.data() + t.offset, shape[0], shape[1]);
+    } else {
+      st.read_f32(name, shape, out.params.data() + t.offset);
+    }
+  }
+  check_finite(layout, out.params.data(), source.string());
+  return out;
+}
+
+// A Hugging Face checkpoint in several files: model.safetensors.index.json maps every tensor
+// name to its file in the same directory.
+LoadedModel load_sharded_model(const fs::path& dir) {
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  const json index = json::parse(read_file(index_path, "model index"), nullptr, false);
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("{}: {}", index_path.string(), what),
+                 "expected Hugging Face's {\"weight_map\": {tensor name: file name}}");
+  };
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object())
+    throw bad("not a safetensors index");
+  std::map<std::string, std::string> file_of;
+  std::map<std::string, SafetensorsFile> shards;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) throw bad(fmt::format("the file of '{}' is not a string", name));
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      throw bad(fmt::format("'{}' is not a file name in the same directory", f));
+    file_of[name] = f;
+    if (!shards.count(f)) shards.emplace(f, SafetensorsFile::open(dir / f));
+  }
+  const model::ModelConfig cfg = read_hf_config(dir / "config.json");
+  std::string prefix;
+  if (!file_of.count("wte.weight") && file_of.count("transformer.wte.weight"))
+    prefix = "transformer.";
+  const model::ParamLayout layout(cfg);
+  for (const auto& t : layout.tensors())
+    if (!file_of.count(prefix + t.name))
+      throw bad(fmt::format("no file holds the tensor '{}' of the model in config.json ({})",
+                            prefix + t.name, model::describe(cfg)));
+  for (const auto& [f, st] : shards) {  // each file: its tensors' shapes, nothing unexpected
+    check_model_tensors(st, layout, prefix, [&, &fname = f](const model::ParamTensor& t) {
+      return file_of.at(prefix + t.name) != fname;
+    });
+    check_no_unexpected_tensors(st, layout, prefix);
+  }
+  return read_model(
+      cfg, layout, prefix,
+      [&](const std::string& name) -> const SafetensorsFile& {
+        return shards.at(file_of.at(name));
+      },
+      index_path);
+}
+
+}  // namespace
+
 LoadedModel load_model(const fs::path& path) {
   // A llama.cpp GGUF file (io/gguf_model.hpp); a missing one is reported as a GGUF file.
   if (path.extension() == ".gguf" && input_kind(path, "model file") != InputKind::Directory)
     return load_gguf_model(path);
+  if (input_kind(path, "model") == InputKind::Directory &&
+      input_kind(path / "model.safetensors", "model file") == InputKind::Missing &&
+      input_kind(path / "model.safetensors.index.json", "model index") != InputKind::Missing)
+    return load_sharded_model(path);
   const auto [file, config_path] = model_files(path);
   if (input_kind(file, "model file") == InputKind::Missing)
     throw Error(fmt::format("model file not found: {}", file.string()),
@@ -296,22 +373,8 @@ LoadedModel load_model(const fs::path& path) {
   // The file must hold this model before its memory is allocated.
   check_model_tensors(st, layout, prefix);
   check_no_unexpected_tensors(st, layout, prefix);
-  check_model_fits(layout, file);
-  LoadedModel out{cfg, Buffer<float>(layout.total())};
-  std::vector<float> tmp;
-  for (const auto& t : layout.tensors()) {
-    auto shape = hf_shape(t, cfg);
-    std::string name = prefix + t.name;
-    if (t.transposed_in_hf) {
-      tmp.resize(t.numel);
-      st.read_f32(name, shape, tmp.data());
-      transpose(tmp.data(), out.params.data() + t.offset, shape[0], shape[1]);
-    } else {
-      st.read_f32(name, shape, out.params.data() + t.offset);
-    }
-  }
-  check_finite(layout, out.params.data(), file.string());
-  return out;
+  return read_model(
+      cfg, layout, prefix, [&](const std::string&) -> const SafetensorsFile& { return st; }, file);
 }
 
 namespace {
