@@ -12,6 +12,8 @@
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/gguf_model.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 
 namespace tessera::app {
 
@@ -19,7 +21,7 @@ void add_convert_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "convert", "write a model (checkpoint, .gguf, short name) as a Hugging Face checkpoint");
   struct Args {
-    std::string model, out, dtype = "fp32";
+    std::string model, out, dtype = "fp32", format = "hf", tokenizer;
     bool overwrite = false;
   };
   auto a = std::make_shared<Args>();
@@ -27,19 +29,43 @@ void add_convert_command(CLI::App& root) {
                   "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
                   "or a pretrained model's short name (smollm2-135m)")
       ->required();
-  cmd->add_option("--out,-o", a->out, "the folder to write config.json and model.safetensors to")
+  cmd->add_option("--out,-o", a->out,
+                  "hf: the folder to write config.json and model.safetensors to; gguf: the file")
       ->required();
-  cmd->add_option("--dtype", a->dtype, "the weights' type in the file: fp32, bf16 or fp16")
+  cmd->add_option("--format", a->format,
+                  "hf (a Hugging Face checkpoint) or gguf (llama.cpp's file, llama models)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      ->check(CLI::IsMember({"hf", "gguf"}));
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "gguf: the tokenizer to write into the file (default: the model's own)");
+  cmd->add_option("--dtype", a->dtype,
+                  "the weights' type in the file: fp32, bf16 or fp16 (gguf: also q8_0)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "q8_0"}));
   cmd->add_flag("--overwrite", a->overwrite, "replace a model already in --out");
   cmd->callback([a] {
     const std::filesystem::path out = a->out;
-    if (std::filesystem::exists(out / "model.safetensors") && !a->overwrite)
-      throw Error(fmt::format("{} already holds a model", out.string()),
+    const bool gguf = a->format == "gguf";
+    const std::filesystem::path target = gguf ? out : out / "model.safetensors";
+    if (std::filesystem::exists(target) && !a->overwrite)
+      throw Error(fmt::format("{} already exists", target.string()),
                   "choose another --out, or add --overwrite");
+    if (a->dtype == "q8_0" && !gguf)
+      throw Error("--dtype q8_0 is a GGUF type", "add --format gguf");
     const auto loaded = io::load_model(resolve_model_path(a->model));
     const model::ParamLayout layout(loaded.config);
+    if (gguf) {
+      const auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
+      io::require_tokenizer_fits(tok, loaded.config.vocab_size);
+      const io::GgmlType type = a->dtype == "bf16"   ? io::GgmlType::BF16
+                                : a->dtype == "fp16" ? io::GgmlType::F16
+                                : a->dtype == "q8_0" ? io::GgmlType::Q8_0
+                                                     : io::GgmlType::F32;
+      io::save_gguf_model(out, layout, loaded.params.data(), type, &tok.vocab());
+      log_info("wrote {} ({}): GGUF, {} matrices, with its tokenizer", out.string(),
+               model::describe(loaded.config), a->dtype);
+      return;
+    }
     const io::DType dtype = a->dtype == "bf16"   ? io::DType::BF16
                             : a->dtype == "fp16" ? io::DType::F16
                                                  : io::DType::F32;

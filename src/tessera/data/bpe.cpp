@@ -186,6 +186,7 @@ struct Tokenizer::Impl {
   std::optional<std::uint32_t> eot, bos, eos;
   std::string source;
   bool add_bos = false;
+  BpeVocab vocab;
 
   using Bad = std::function<Error(const std::string&)>;
   void index_tokens(BpeVocab& vocab, const Bad& bad);
@@ -538,6 +539,7 @@ Tokenizer Tokenizer::from_vocab(BpeVocab vocab) {
     return Error(fmt::format("{} is not a usable byte-level BPE tokenizer: {}", source, why));
   };
   auto impl = std::make_unique<Impl>();
+  impl->vocab = vocab;  // as given, for writing it out again (vocab())
   impl->pre = vocab.pre;
   impl->ignore_merges = vocab.ignore_merges;
   impl->bos = vocab.bos;
@@ -580,6 +582,10 @@ void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>&
     out.push_back(sp->id);
     pos = hit + sp->text.size();
   }
+}
+
+const BpeVocab& Tokenizer::vocab() const {
+  return impl_->vocab;
 }
 
 std::string Tokenizer::decode(std::span<const std::uint32_t> ids) const {

@@ -74,6 +74,9 @@ class Tokenizer {
   Tokenizer& operator=(const Tokenizer&) = delete;
   ~Tokenizer();
 
+  // What the tokenizer was built from (to write it into a model file).
+  const BpeVocab& vocab() const;
+
   // text (any bytes) -> ids (n_tokens,)
   std::vector<std::uint32_t> encode(std::string_view text, bool allow_special = true) const;
   // Same, appending to `out` (n_tokens,) instead of returning a new vector.

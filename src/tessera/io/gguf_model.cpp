@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/model/layout.hpp"
 
 namespace tessera::io {
@@ -269,6 +270,54 @@ LoadedModel load_gguf_model(const GgufFile& f) {
   }
   check_finite(layout, out.params.data(), file);
   return out;
+}
+
+void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
+                     const float* params, GgmlType type, const data::BpeVocab* vocab) {
+  const model::ModelConfig& c = layout.config();
+  if (!c.llama())
+    throw Error("GGUF files are written for llama models (this one is gpt2)",
+                "save it as a Hugging Face checkpoint (tessera convert without --format gguf)");
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
+      type != GgmlType::Q8_0)
+    throw Error("GGUF models are written as F32, F16, BF16 or Q8_0");
+  GgufWriter w;
+  auto u32 = [](int v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
+  w.set_metadata("general.architecture", GgufValue::string("llama"));
+  w.set_metadata("general.name", GgufValue::string(file.stem().string()));
+  w.set_metadata("general.file_type", GgufValue::u32(type == GgmlType::F32   ? 0
+                                                     : type == GgmlType::F16 ? 1
+                                                                             : 7));
+  w.set_metadata("llama.block_count", u32(c.n_layer));
+  w.set_metadata("llama.context_length", u32(c.block_size));
+  w.set_metadata("llama.embedding_length", u32(c.n_embd));
+  w.set_metadata("llama.feed_forward_length", u32(c.ffn()));
+  w.set_metadata("llama.attention.head_count", u32(c.n_head));
+  w.set_metadata("llama.attention.head_count_kv", u32(c.kv_heads()));
+  w.set_metadata("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
+  w.set_metadata("llama.rope.dimension_count", u32(c.head_dim()));
+  w.set_metadata("llama.attention.layer_norm_rms_epsilon",
+                 GgufValue::f32(static_cast<float>(c.norm_eps)));
+  w.set_metadata("llama.vocab_size", u32(c.vocab_size));
+  if (vocab && vocab->tokens.size() != static_cast<std::size_t>(c.vocab_size))
+    throw Error(fmt::format("the tokenizer has {} tokens and the model's vocabulary {}: a GGUF "
+                            "model needs them equal",
+                            vocab->tokens.size(), c.vocab_size),
+                "write the model with the tokenizer it was trained with");
+  if (vocab) set_gguf_tokenizer(w, *vocab);
+  for (const auto& t : layout.tensors()) {
+    std::vector<std::int64_t> shape = t.shape;
+    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = c.vocab_size;
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> v(params + t.offset, params + t.offset + n);
+    if (t.name.ends_with("q_proj.weight")) v = permute_qk_to_gguf(v, c.n_head, shape[0], shape[1]);
+    if (t.name.ends_with("k_proj.weight"))
+      v = permute_qk_to_gguf(v, c.kv_heads(), shape[0], shape[1]);
+    const GgmlType tt = shape.size() == 1 ? GgmlType::F32 : type;  // norms stay F32
+    w.add_f32(*llama_hf_to_gguf_name(t.name), tt, {shape.rbegin(), shape.rend()}, v);
+  }
+  w.write(file);
 }
 
 }  // namespace tessera::io

@@ -20,6 +20,7 @@
 
 #include <filesystem>
 
+#include "tessera/data/bpe.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf.hpp"
 #include "tessera/model/config.hpp"
@@ -32,5 +33,12 @@ model::ModelConfig gguf_llama_config(const GgufFile& f);
 // The model of a llama GGUF file, its parameters in tessera's layout (fp32).
 LoadedModel load_gguf_model(const GgufFile& f);
 LoadedModel load_gguf_model(const std::filesystem::path& file);
+
+// Writes a llama model as llama.cpp's converter does (llama.* metadata, GGUF names, q/k rows in
+// GGUF's order, the norms in F32 and the matrices in `type`: F32, F16, BF16 or Q8_0), with the
+// tokenizer's tokenizer.ggml.* metadata when `vocab` is given. Throws tessera::Error for a gpt2
+// model or another type.
+void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
+                     const float* params, GgmlType type, const data::BpeVocab* vocab);
 
 }  // namespace tessera::io

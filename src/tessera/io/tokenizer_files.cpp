@@ -340,6 +340,34 @@ data::Tokenizer load_tokenizer(const std::filesystem::path& path) {
   return data::Tokenizer::from_vocab(hf_bpe_vocab(path));
 }
 
+void set_gguf_tokenizer(GgufWriter& w, const data::BpeVocab& vocab) {
+  const char* pre = vocab.pre == PreTokenizer::Digits   ? "smollm"
+                    : vocab.pre == PreTokenizer::Llama3 ? "llama-bpe"
+                                                        : "gpt-2";
+  std::vector<bool> special(vocab.tokens.size(), false);
+  for (auto id : vocab.special_ids)
+    if (id < special.size()) special[id] = true;
+  std::vector<std::string> tokens;
+  std::vector<std::int32_t> types;
+  tokens.reserve(vocab.tokens.size());
+  for (std::size_t i = 0; i < vocab.tokens.size(); ++i) {
+    tokens.push_back(special[i] ? vocab.tokens[i] : data::byte_level_encode(vocab.tokens[i]));
+    types.push_back(special[i] ? static_cast<std::int32_t>(k_token_control) : 1);
+  }
+  std::vector<std::string> merges;
+  merges.reserve(vocab.merges.size());
+  for (const auto& [left, right] : vocab.merges)
+    merges.push_back(data::byte_level_encode(left) + " " + data::byte_level_encode(right));
+  w.set_metadata("tokenizer.ggml.model", GgufValue::string("gpt2"));
+  w.set_metadata("tokenizer.ggml.pre", GgufValue::string(pre));
+  w.set_metadata("tokenizer.ggml.tokens", GgufValue::array_string(tokens));
+  w.set_metadata("tokenizer.ggml.token_type", GgufValue::array_i32(types));
+  w.set_metadata("tokenizer.ggml.merges", GgufValue::array_string(merges));
+  if (vocab.bos) w.set_metadata("tokenizer.ggml.bos_token_id", GgufValue::u32(*vocab.bos));
+  if (vocab.eos) w.set_metadata("tokenizer.ggml.eos_token_id", GgufValue::u32(*vocab.eos));
+  w.set_metadata("tokenizer.ggml.add_bos_token", GgufValue::boolean(vocab.add_bos));
+}
+
 void require_tokenizer_fits(const data::Tokenizer& tok, std::int64_t model_vocab) {
   if (static_cast<std::int64_t>(tok.vocab_size()) <= model_vocab) return;
   throw Error(fmt::format("the tokenizer has {} tokens but the model only {}", tok.vocab_size(),

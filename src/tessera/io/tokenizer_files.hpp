@@ -39,6 +39,11 @@ data::BpeVocab hf_bpe_vocab_from_text(std::string_view text, const std::string& 
 // tokenizer.json, or encoder.json and vocab.bpe (GPT-2), or exactly one .gguf file.
 data::Tokenizer load_tokenizer(const std::filesystem::path& path);
 
+// The inverse of gguf_bpe_vocab: the tokenizer.ggml.* metadata of `vocab` (model "gpt2", the
+// pre-tokenizer's llama.cpp name, tokens spelled in the byte-level alphabet with special tokens
+// as their text and type control, merges, BOS/EOS and add_bos_token).
+void set_gguf_tokenizer(GgufWriter& writer, const data::BpeVocab& vocab);
+
 // Throws tessera::Error unless every id of `tok` is a row of a model with `model_vocab` tokens
 // (the tokenizer given with --tokenizer belongs to another model).
 void require_tokenizer_fits(const data::Tokenizer& tok, std::int64_t model_vocab);
