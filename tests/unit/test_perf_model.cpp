@@ -337,6 +337,44 @@ TEST(PerfPlanner, EnumeratesRanksAndCountsRejections) {
   EXPECT_TRUE(plan(w, c, s).best.empty());
 }
 
+// The llama family in the performance model: the shipped model files load with their public
+// parameter counts (GQA projections, SwiGLU, tied or untied heads; SmolLM2-135M to the parameter,
+// as the layout counts it), FLOPs per step follow the shapes, and the planner ranks Llama 3
+// 405B on 16,384 H100s (the search is instant) with key-value heads that ty must divide.
+TEST(PerfPlanner, LlamaModelsAndTheirPlans) {
+  const std::pair<const char*, double> rows[] = {{"smollm2-360m", 0.362}, {"smollm2-1.7b", 1.711},
+                                                 {"llama3.2-1b", 1.236},  {"llama3-8b", 8.030},
+                                                 {"llama3-70b", 70.554},  {"llama3-405b", 405.85},
+                                                 {"mistral-7b", 7.242},   {"qwen2.5-0.5b", 0.494}};
+  for (const auto& [name, billions] : rows) {
+    auto m = load_model_spec(path(std::string("configs/models/") + name + ".toml"));
+    EXPECT_TRUE(m.cfg.llama()) << name;
+    EXPECT_NEAR(parameter_count(m.cfg) / 1e9, billions, 0.005 * billions) << name;
+  }
+  auto smol = load_model_spec(path("configs/models/smollm2-135m.toml"));
+  EXPECT_EQ(parameter_count(smol.cfg), 134515008.0);
+  // a step's FLOPs: 6 x (linear parameters) per token + attention, as for GPT-2
+  const auto& c8 = load_model_spec(path("configs/models/llama3-8b.toml")).cfg;
+  const double h = c8.n_embd, F = c8.ffn(), kv = c8.kv_heads() * c8.head_dim();
+  const double linear = c8.n_layer * (h * (h + 2 * kv) + h * h + 3 * h * F) + h * c8.padded_vocab();
+  const double want = 6 * linear * 8192 + 12 * c8.n_layer * 8192.0 * 8192.0 * h;
+  EXPECT_NEAR(step_flops(c8, 8192, 1, Recompute::None) / want, 1.0, 1e-12);
+
+  auto m = load_model_spec(path("configs/models/llama3-405b.toml"));
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  Workload w{m.cfg, 8192, 2048};
+  PlanSearch s;
+  s.devices = 16384;
+  s.top = 3;
+  auto r = plan(w, c, s);
+  ASSERT_EQ(r.best.size(), 3u);
+  EXPECT_GT(r.rejected["key-value heads not divisible by ty"], 0);
+  for (const auto& b : r.best) {
+    EXPECT_TRUE(b.fits);
+    EXPECT_EQ(m.cfg.kv_heads() % b.point.grid.ty, 0);
+  }
+}
+
 TEST(PerfSimulator, ReplayMatchesTheModelAndAccountsEverySecond) {
   auto m = gpt(32, 32, 4096);
   auto c = load_cluster(path("configs/clusters/selene.toml"));

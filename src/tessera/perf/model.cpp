@@ -93,7 +93,9 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
     double in, out;
     bool transposed;
   };
-  const Linear lin[4] = {{h, 3 * h, false}, {h, h, true}, {h, 4 * h, false}, {4 * h, h, true}};
+  // qkv (3h; llama: h + 2 kv heads), proj, fc (4h; llama: gate and up, 2 ffn), fcproj (ffn)
+  const double qkv = w.cfg.qkv_rows(), fc = w.cfg.fc_rows(), ffn = w.cfg.ffn();
+  const Linear lin[4] = {{h, qkv, false}, {h, h, true}, {h, fc, false}, {ffn, h, true}};
   double fwd_gemm = 0, bwd_gemm = 0;
   double fwd_ar[3] = {0, 0, 0}, bwd_ar[3] = {0, 0, 0}, bwd_ar_exposed = 0;
   double z_ag = 0, z_rs = 0;
@@ -137,7 +139,7 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   const double attn_f = seqs * heads * (per_head_qk + per_head_av);
   // elementwise traffic
   double traffic =
-      k_res_traffic * n * h / tx + k_mlp_traffic * n * 4 * h / ty + k_qkv_traffic * n * 3 * h / ty;
+      k_res_traffic * n * h / tx + k_mlp_traffic * n * ffn / ty + k_qkv_traffic * n * qkv / ty;
   double score_traffic = o.flash_attention ? 0 : k_score_traffic * seqs * heads * s * s;
   const double elem_f = (traffic + score_traffic) * e / bw;
 
@@ -205,7 +207,9 @@ std::string PlanPoint::describe() const {
 double step_flops(const model::ModelConfig& cfg, int seq, long B, Recompute r) {
   const double h = cfg.n_embd, l = cfg.n_layer, s = seq, V = cfg.padded_vocab();
   const double Bd = static_cast<double>(B);
-  const double layer_fwd = 24 * Bd * s * l * h * h + 4 * Bd * s * s * l * h;
+  // 2 FLOPs per multiply-add of the four linear layers (GPT-2: 12 h^2) and of QK^T and PV
+  const double linear = h * cfg.qkv_rows() + h * h + h * cfg.fc_rows() + cfg.ffn() * h;
+  const double layer_fwd = 2 * Bd * s * l * linear + 4 * Bd * s * s * l * h;
   const double logits_fwd = 2 * Bd * s * h * V;
   double f = 3 * (layer_fwd + logits_fwd);
   if (r == Recompute::Full) f += layer_fwd;
@@ -244,6 +248,7 @@ std::string infeasible_reason(const Workload& w, const PlanPoint& p, const Clust
     return "global batch not divisible by dp x micro-batch";
   if (p.micro_batch % g.tz != 0) return "micro-batch not divisible by tz";
   if (m.n_head % g.ty != 0) return "heads not divisible by ty";
+  if (m.kv_heads() % g.ty != 0) return "key-value heads not divisible by ty";
   if (m.n_embd % (static_cast<long>(g.tx) * g.ty) != 0) return "hidden not divisible by tx*ty";
   if (m.padded_vocab() % (g.tx * g.ty) != 0) return "vocabulary not divisible by tx*ty";
   if (p.zero < 0 || p.zero > 3) return "ZeRO stage not in 0-3";
@@ -448,7 +453,11 @@ void tensor_comm_totals(const PredictContext& x, double p2p, Prediction& r) {
 // Parameters of one layer per device, and of a pipeline stage (worst of first and last stage;
 // the LM head is tied to the embedding and held by both ends of the pipeline).
 double layer_params(const PredictContext& x) {
-  return (12 * x.h * x.h) / (x.t * x.tz) + 13 * x.h / x.tx;
+  const auto& c = x.cfg;
+  const double linear = x.h * c.qkv_rows() + x.h * x.h + x.h * c.fc_rows() + c.ffn() * x.h;
+  const double vectors = c.llama() ? 2 * x.h    // two RMSNorm weights
+                                   : 13 * x.h;  // biases and two LayerNorms (GPT-2)
+  return linear / (x.t * x.tz) + vectors / x.tx;
 }
 double stage_params(const PredictContext& x, int stg) {
   const auto& g = x.g;

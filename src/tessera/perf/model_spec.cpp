@@ -10,15 +10,16 @@ namespace tessera::perf {
 
 namespace {
 constexpr const char* k_hint =
-    "a model file has name, n_layer, n_head, n_embd, vocab_size and seq_len (see "
-    "configs/models/)";
+    "a model file has name, n_layer, n_head, n_embd, vocab_size and seq_len, and for a llama "
+    "family = \"llama\", n_kv_head, intermediate_size and tie_embeddings (see configs/models/)";
 }
 
 ModelSpec parse_model_spec(std::string_view text, std::string_view source_name) {
   detail::TomlReader r(text, std::string(source_name), k_hint);
   const auto* root = r.table("", true);
   r.only_keys(root, "",
-              {"name", "description", "n_layer", "n_head", "n_embd", "vocab_size", "seq_len"});
+              {"name", "description", "family", "n_layer", "n_head", "n_embd", "vocab_size",
+               "seq_len", "n_kv_head", "intermediate_size", "tie_embeddings"});
   ModelSpec m;
   m.source = std::string(source_name);
   m.name = r.string(root, "", "name", true);
@@ -27,6 +28,16 @@ ModelSpec parse_model_spec(std::string_view text, std::string_view source_name) 
   m.cfg.n_embd = r.integer(root, "", "n_embd", true);
   m.cfg.vocab_size = r.integer(root, "", "vocab_size", false, 50257);
   m.cfg.block_size = r.integer(root, "", "seq_len", false, 2048);
+  const std::string family = r.string(root, "", "family", false, "gpt2");
+  if (family != "gpt2" && family != "llama")
+    throw Error(fmt::format("{}: unknown family \"{}\"", m.source, family),
+                "family is \"gpt2\" or \"llama\"");
+  if (family == "llama") {
+    m.cfg.family = model::Family::Llama;
+    m.cfg.n_kv_head = r.integer(root, "", "n_kv_head", false, 0);
+    m.cfg.intermediate_size = r.integer(root, "", "intermediate_size", false, 0);
+    m.cfg.tie_embeddings = r.boolean(root, "", "tie_embeddings", false, false);
+  }
   try {
     model::validate(m.cfg);
   } catch (const Error& e) {
@@ -44,9 +55,7 @@ ModelSpec load_model_spec(const std::filesystem::path& file) {
 }
 
 double parameter_count(const model::ModelConfig& c) {
-  const double h = c.n_embd, l = c.n_layer, V = c.padded_vocab(), s = c.block_size;
-  // per layer: qkv 3h^2+3h, proj h^2+h, fc 4h^2+4h, fcproj 4h^2+h, 2 LayerNorms 4h
-  return l * (12 * h * h + 13 * h) + V * h + s * h + 2 * h;
+  return model::param_count(c);  // the model's own count (GPT-2: learned positions included)
 }
 
 }  // namespace tessera::perf

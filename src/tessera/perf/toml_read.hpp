@@ -74,6 +74,17 @@ class TomlReader {
     fail(where(section, key), "must be an integer");
   }
 
+  bool boolean(const toml::table* t, const std::string& section, const std::string& key,
+               bool required, bool def = false) const {
+    const toml::node* n = t ? t->get(key) : nullptr;
+    if (!n) {
+      if (required) fail(where(section, key), "missing");
+      return def;
+    }
+    if (auto v = n->value<bool>()) return *v;
+    fail(where(section, key), "must be true or false");
+  }
+
   std::string string(const toml::table* t, const std::string& section, const std::string& key,
                      bool required, std::string def = {}) const {
     const toml::node* n = t ? t->get(key) : nullptr;
