@@ -12,7 +12,7 @@
 inline std::vector<float> to_hf(const tessera::model::ParamTensor& t,
                                 const tessera::model::ModelConfig& cfg, const float* buf) {
   const float* p = buf + t.offset;
-  if (t.name == "wte.weight" || t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight")
+  if (t.vocab_rows)
     return std::vector<float>(p, p + std::size_t(cfg.vocab_size) * cfg.n_embd);
   if (!t.transposed_in_hf) return std::vector<float>(p, p + t.numel);
   std::vector<float> out(t.numel);

@@ -24,6 +24,7 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "expect_error.hpp"
@@ -107,38 +108,20 @@ struct LlamaGguf {
   }
 };
 
-// What llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM.
+// What llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM (io::llama_gguf_writer,
+// whose output gguf-py reads and which round-trips the real SmolLM2 file byte for byte), with a
+// token list of the vocabulary's size, as an editable file.
 LlamaGguf to_gguf(const model::ModelConfig& c, const float* params) {
+  const auto f = GgufFile::from_bytes(
+      io::llama_gguf_writer(model::ParamLayout(c), params, GgmlType::F32, nullptr, "tiny")
+          .to_bytes(),
+      "tiny.gguf");
   LlamaGguf g;
-  g.set("general.architecture", GgufValue::string("llama"));
-  g.set("general.name", GgufValue::string("tiny"));
-  g.set("llama.block_count", GgufValue::u32(c.n_layer));
-  g.set("llama.context_length", GgufValue::u32(c.block_size));
-  g.set("llama.embedding_length", GgufValue::u32(c.n_embd));
-  g.set("llama.feed_forward_length", GgufValue::u32(c.ffn()));
-  g.set("llama.attention.head_count", GgufValue::u32(c.n_head));
-  g.set("llama.attention.head_count_kv", GgufValue::u32(c.kv_heads()));
-  g.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
-  g.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(c.norm_eps)));
-  g.set("general.file_type", GgufValue::u32(0));
-  g.set("llama.vocab_size", GgufValue::u32(c.vocab_size));
-  g.set("llama.rope.dimension_count", GgufValue::u32(c.head_dim()));
+  for (const auto& m : f.metadata()) g.meta.emplace_back(m.key, m.value);
+  for (const auto& t : f.tensors()) g.tensors.push_back({t.name, t.dims, f.dequantize(t)});
   std::vector<std::string> tokens;
-  for (int i = 0; i < c.vocab_size; ++i) tokens.push_back("t" + std::to_string(i));
+  for (int i = 0; i < c.vocab_size; ++i) tokens.push_back(fmt::format("t{}", i));
   g.set("tokenizer.ggml.tokens", GgufValue::array_string(tokens));
-  const model::ParamLayout layout(c);
-  for (const auto& t : layout.tensors()) {
-    std::vector<std::int64_t> shape = t.shape;
-    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = c.vocab_size;
-    std::size_t n = 1;
-    for (auto d : shape) n *= static_cast<std::size_t>(d);
-    std::vector<float> v(params + t.offset, params + t.offset + n);
-    if (t.name.ends_with("q_proj.weight"))
-      v = io::permute_qk_to_gguf(v, c.n_head, shape[0], shape[1]);
-    if (t.name.ends_with("k_proj.weight"))
-      v = io::permute_qk_to_gguf(v, c.kv_heads(), shape[0], shape[1]);
-    g.tensors.push_back({*io::llama_hf_to_gguf_name(t.name), {shape.rbegin(), shape.rend()}, v});
-  }
   return g;
 }
 

@@ -31,8 +31,7 @@ void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t col
 
 std::vector<std::int64_t> hf_shape(const model::ParamTensor& t, const model::ModelConfig& cfg) {
   // The vocabulary matrices hold only the real vocabulary in files (tessera pads them).
-  if (t.name == "wte.weight" || t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight")
-    return {cfg.vocab_size, cfg.n_embd};
+  if (t.vocab_rows) return {cfg.vocab_size, cfg.n_embd};
   if (t.transposed_in_hf) return {t.shape[1], t.shape[0]};
   return t.shape;
 }

@@ -200,7 +200,7 @@ LoadedModel load_gguf_model(const GgufFile& f) {
                               t.name, model::describe(cfg)),
                   "the file is incomplete, or holds another kind of model");
     std::vector<std::int64_t> shape = t.shape;
-    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = cfg.vocab_size;  // unpadded
+    if (t.vocab_rows) shape[0] = cfg.vocab_size;  // unpadded
     if (!dims_match(*g, shape))
       throw Error(fmt::format("{}: tensor '{}' ({}) has shape {} (GGUF dims {}), but the model "
                               "({}) needs {}",
@@ -274,6 +274,11 @@ LoadedModel load_gguf_model(const GgufFile& f) {
 
 void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
                      const float* params, GgmlType type, const data::BpeVocab* vocab) {
+  llama_gguf_writer(layout, params, type, vocab, file.stem().string()).write(file);
+}
+
+GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
+                             const data::BpeVocab* vocab, const std::string& name) {
   const model::ModelConfig& c = layout.config();
   if (!c.llama())
     throw Error("GGUF files are written for llama models (this one is gpt2)",
@@ -284,7 +289,7 @@ void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout
   GgufWriter w;
   auto u32 = [](int v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
   w.set_metadata("general.architecture", GgufValue::string("llama"));
-  w.set_metadata("general.name", GgufValue::string(file.stem().string()));
+  w.set_metadata("general.name", GgufValue::string(name));
   w.set_metadata("general.file_type", GgufValue::u32(type == GgmlType::F32   ? 0
                                                      : type == GgmlType::F16 ? 1
                                                                              : 7));
@@ -307,7 +312,7 @@ void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout
   if (vocab) set_gguf_tokenizer(w, *vocab);
   for (const auto& t : layout.tensors()) {
     std::vector<std::int64_t> shape = t.shape;
-    if (t.offset == layout.wte || t.offset == layout.head) shape[0] = c.vocab_size;
+    if (t.vocab_rows) shape[0] = c.vocab_size;
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
     std::vector<float> v(params + t.offset, params + t.offset + n);
@@ -317,7 +322,7 @@ void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout
     const GgmlType tt = shape.size() == 1 ? GgmlType::F32 : type;  // norms stay F32
     w.add_f32(*llama_hf_to_gguf_name(t.name), tt, {shape.rbegin(), shape.rend()}, v);
   }
-  w.write(file);
+  return w;
 }
 
 }  // namespace tessera::io

@@ -40,5 +40,8 @@ LoadedModel load_gguf_model(const std::filesystem::path& file);
 // model or another type.
 void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
                      const float* params, GgmlType type, const data::BpeVocab* vocab);
+// The same file as a writer (general.name = name), to write or take the bytes of.
+GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
+                             const data::BpeVocab* vocab, const std::string& name);
 
 }  // namespace tessera::io

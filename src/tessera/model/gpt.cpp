@@ -158,7 +158,7 @@ void init_params(const ParamLayout& layout, float* params, std::uint64_t seed) {
                           ends_with("o_proj.weight") || ends_with("down_proj.weight");
     float stdev = residual ? std_resid : std_base;
     std::size_t n_init = t.numel;
-    if (t.offset == layout.wte || t.offset == layout.head)
+    if (t.vocab_rows)
       n_init = static_cast<std::size_t>(cfg.vocab_size) * cfg.n_embd;  // pad rows stay 0
     std::size_t chunks = (n_init + k_chunk - 1) / k_chunk;
 #pragma omp parallel for schedule(static)

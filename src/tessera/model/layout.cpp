@@ -145,6 +145,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, const LocalNumel& local_numel)
     head = wte;
   }
   total_ = (total_ + 15) / 16 * 16;
+  for (auto& t : tensors_) t.vocab_rows = t.offset == wte || t.offset == head;
 }
 
 // LlamaForCausalLM's tensors and names; no biases, no positions.

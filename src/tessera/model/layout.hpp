@@ -29,6 +29,9 @@ struct ParamTensor {
   bool decay = false;             // weight decay applies (2-D weights only)
   bool transposed_in_hf = false;  // HF Conv1D: stored (in, out) in HF files
   int layer = -1;                 // -1 for embeddings and the final LayerNorm
+  // A (padded vocabulary, C) matrix (the token embedding, an untied head): files hold only its
+  // first vocab_size rows.
+  bool vocab_rows = false;
 };
 
 // A layer's tensors; k_absent where the family has none (llama: every bias). llama's q, k and v
