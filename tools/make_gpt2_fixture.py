@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from safetensors_io import check_roundtrip, write_safetensors
+from safetensors_io import check_roundtrip, write_expected, write_safetensors
 
 # ----------------------------------------------------------------------------
 # Configuration
@@ -224,33 +224,7 @@ def main():
         f.write("\n")
 
     # ---- expected.safetensors
-    exp = {
-        "tokens": tokens.to(torch.int32),
-        "logits": r32["logits"],
-        "loss": r32["loss"].reshape(()),
-        "adamw_losses": r32["adamw_losses"],
-    }
-    for k in init:
-        exp["grad." + k] = r32["grads"][k]
-        exp["final." + k] = r32["final"][k]
-    for k, v in exp.items():
-        if k != "tokens":
-            assert v.dtype == torch.float32, k
-    exp_meta = {
-        "format": "pt",
-        "lr": repr(LR),
-        "beta1": repr(BETA1),
-        "beta2": repr(BETA2),
-        "eps": repr(ADAM_EPS),
-        "weight_decay": repr(WEIGHT_DECAY),
-        "steps": str(STEPS),
-        "B": str(B),
-        "T": str(T),
-        "seed": str(SEED),
-    }
-    epath = os.path.join(args.out, "expected.safetensors")
-    write_safetensors(epath, exp, exp_meta)
-    check_roundtrip(epath, exp, exp_meta)
+    exp = write_expected(args.out, tokens, r32, list(init), [("lr", repr(LR)), ("beta1", repr(BETA1)), ("beta2", repr(BETA2)), ("eps", repr(ADAM_EPS)), ("weight_decay", repr(WEIGHT_DECAY)), ("steps", str(STEPS)), ("B", str(B)), ("T", str(T)), ("seed", str(SEED))])
 
     # ---- float32 vs float64 noise levels
     def maxdiff(a, b):

@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from safetensors_io import check_roundtrip, write_safetensors  # noqa: E402
+from safetensors_io import check_roundtrip, write_expected, write_safetensors  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -322,33 +322,7 @@ def make_fixture(out, tied, all_params, tokens):
         f.write("\n")
 
     # ---- expected.safetensors
-    exp = {
-        "tokens": tokens.to(torch.int32),
-        "logits": hf32["logits"],
-        "loss": hf32["loss"].reshape(()),
-        "adamw_losses": hf32["adamw_losses"],
-    }
-    for k in names:
-        exp["grad." + k] = hf32["grads"][k]
-        exp["final." + k] = hf32["final"][k]
-    for k, v in exp.items():
-        if k != "tokens":
-            assert v.dtype == torch.float32, k
-    exp_meta = {
-        "format": "pt",
-        "lr": repr(LR),
-        "beta1": repr(BETA1),
-        "beta2": repr(BETA2),
-        "eps": repr(ADAM_EPS),
-        "weight_decay": repr(WEIGHT_DECAY),
-        "steps": str(STEPS),
-        "B": str(B),
-        "T": str(T),
-        "seed": str(SEED),
-    }
-    epath = os.path.join(out, "expected.safetensors")
-    write_safetensors(epath, exp, exp_meta)
-    check_roundtrip(epath, exp, exp_meta)
+    exp = write_expected(out, tokens, hf32, names, [("lr", repr(LR)), ("beta1", repr(BETA1)), ("beta2", repr(BETA2)), ("eps", repr(ADAM_EPS)), ("weight_decay", repr(WEIGHT_DECAY)), ("steps", str(STEPS)), ("B", str(B)), ("T", str(T)), ("seed", str(SEED))])
 
     # ---- the written checkpoint loads in transformers and gives the same logits
     loaded = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", torch_dtype=torch.float32)

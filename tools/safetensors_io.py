@@ -3,6 +3,7 @@ make_llama_fixture.py): written by hand so that the files are byte-deterministic
 compact JSON header padded with spaces to a multiple of 8, __metadata__ last), and read back to
 check them."""
 import json
+import os
 import struct
 
 import numpy as np
@@ -66,3 +67,27 @@ def check_roundtrip(path, tensors, metadata):
 
 
 # ----------------------------------------------------------------------------
+
+
+def write_expected(out, tokens, run, names, hyper):
+    """The expected.safetensors the C++ fixture tests read: tokens, logits, loss, adamw_losses,
+    grad.<name> and final.<name> of `run` for every parameter name, and the hyperparameters
+    (name, string) pairs as metadata after "format". Returns the tensors written."""
+    exp = {
+        "tokens": tokens.to(torch.int32),
+        "logits": run["logits"],
+        "loss": run["loss"].reshape(()),
+        "adamw_losses": run["adamw_losses"],
+    }
+    for k in names:
+        exp["grad." + k] = run["grads"][k]
+        exp["final." + k] = run["final"][k]
+    for k, v in exp.items():
+        if k != "tokens":
+            assert v.dtype == torch.float32, k
+    meta = {"format": "pt"}
+    meta.update(hyper)
+    path = os.path.join(out, "expected.safetensors")
+    write_safetensors(path, exp, meta)
+    check_roundtrip(path, exp, meta)
+    return exp
