@@ -1,0 +1,126 @@
+// The CPU op table of the one block (model/gpt_block.hpp): kernels::cpu in fp32. The CPU model
+// (model/gpt.cpp) trains through it; the quantization runner (quant/runner.cpp) derives from it to
+// see the input of every linear. Also the views of a layer's parameters and gradients that the
+// block reads, from a block of the ParamStore protocol (laid out from the layer's `begin`).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/profile.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_block.hpp"
+#include "tessera/model/layout.hpp"
+
+namespace tessera::model {
+
+// The op table of model/gpt_block.hpp on the CPU kernels (fp32; the residual add is a copy and an
+// accumulating GEMM, the GELU a kernel of its own).
+class CpuOps {
+ public:
+  using A = float;
+  using W = float;
+  CpuOps(kernels::GemmLibrary lib, kernels::Profile* profile, ParamStore* store = nullptr)
+      : lib_(lib), profile_(profile), store_(store) {}
+  ~CpuOps() { finish(); }
+
+  void mark(kernels::OpFamily f) {
+    if (!profile_) return;
+    finish();
+    current_ = f;
+    t0_ = std::chrono::steady_clock::now();
+  }
+  void finish() {
+    if (!profile_ || current_ == kernels::OpFamily::Count) return;
+    (*profile_)[current_] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    current_ = kernels::OpFamily::Count;
+  }
+  void progress() {
+    if (store_) store_->progress();
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, std::int64_t N, int C) {
+    kernels::cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* /*dinp_a: dinp itself*/, float* dw, float* db,
+                          const float* dout, const float* inp, const float* w, const float* mean,
+                          const float* rstd, std::int64_t N, int C) {
+    kernels::cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
+              int OC) {
+    kernels::cpu::linear_forward(lib_, out, inp, w, b, N, IC, OC);
+  }
+  void linear_residual(float* out, const float* residual, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int IC, int OC) {
+    kernels::cpu::copy(out, residual, N * OC);
+    kernels::cpu::linear_forward(lib_, out, inp, w, b, N, IC, OC, true);
+  }
+  void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
+                   std::int64_t N, int IC, int OC) {
+    kernels::cpu::linear_forward(lib_, pre, inp, w, b, N, IC, OC);
+    kernels::cpu::gelu_forward(out, pre, N * OC);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const float* w, std::int64_t N, int IC, int OC) {
+    kernels::cpu::linear_backward(lib_, dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void linear_backward_input_dgelu(float* dinp, const float* dout, const float* w, const float* pre,
+                                   std::int64_t N, int IC, int OC) {
+    kernels::cpu::linear_backward_input(lib_, dinp, dout, w, N, IC, OC);
+    kernels::cpu::gelu_backward(dinp, pre, dinp, N * IC);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, std::int64_t N,
+                       int C, float eps) {
+    kernels::cpu::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* /*dinp_a: dinp itself*/, float* dw, const float* dout,
+                        const float* inp, const float* w, const float* rstd, std::int64_t N,
+                        int C) {
+    kernels::cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
+    kernels::cpu::swiglu_forward(out, inp, N, F);
+  }
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F) {
+    kernels::cpu::swiglu_backward(dinp, dout, inp, N, F);
+  }
+  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta) {
+    kernels::cpu::rope_forward(qkv, B, T, NH, KV, hs, theta);
+  }
+  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
+    kernels::cpu::rope_backward(dqkv, B, T, NH, KV, hs, theta);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
+                         int hs) {
+    kernels::cpu::attention_forward(lib_, out, lse, qkv, B, T, NH, KV, hs);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int B, int T, int NH, int KV, int hs) {
+    kernels::cpu::attention_backward(lib_, dqkv, dout, qkv, out, lse, B, T, NH, KV, hs);
+  }
+
+ private:
+  kernels::GemmLibrary lib_;
+  kernels::Profile* profile_;
+  ParamStore* store_;
+  kernels::OpFamily current_ = kernels::OpFamily::Count;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// A layer's parameters (a block from the store, laid out from `w.begin`) and activations.
+inline BlockWeights<float> block_weights(const LayerOffsets& w, const float* blk) {
+  auto P = [&](std::size_t off) { return off == k_absent ? nullptr : blk + (off - w.begin); };
+  return {P(w.ln1_w), P(w.ln1_b), P(w.qkv_w), P(w.qkv_b), P(w.attproj_w), P(w.attproj_b),
+          P(w.ln2_w), P(w.ln2_b), P(w.fc_w),  P(w.fc_b),  P(w.fcproj_w),  P(w.fcproj_b)};
+}
+inline BlockGrads block_grads(const LayerOffsets& w, float* gblk) {
+  auto G = [&](std::size_t off) { return off == k_absent ? nullptr : gblk + (off - w.begin); };
+  return {G(w.ln1_w), G(w.ln1_b), G(w.qkv_w), G(w.qkv_b), G(w.attproj_w), G(w.attproj_b),
+          G(w.ln2_w), G(w.ln2_b), G(w.fc_w),  G(w.fc_b),  G(w.fcproj_w),  G(w.fcproj_b)};
+}
+}  // namespace tessera::model
