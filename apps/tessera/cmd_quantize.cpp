@@ -71,7 +71,7 @@ void add_quantize_command(CLI::App& root) {
     quant::QuantizeOptions qo;
     qo.method = quant::parse_method(a->method);
     qo.wq = quant::WeightQuant{a->bits, a->group, a->sym};
-    quant::validate(qo.wq, {});
+    quant::validate(qo.wq);
     qo.damp = a->damp;
     if (!(a->damp > 0 && a->damp < 1))  // NaN fails too
       throw Error(fmt::format("--damp must be in (0, 1), got {}", a->damp), "the default is 0.01");

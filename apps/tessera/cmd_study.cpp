@@ -83,7 +83,7 @@ void add_study_command(CLI::App& root) {
     so.eval_windows = a->windows;
     so.eval_shard = a->data;
     so.base.wq = quant::WeightQuant{a->bits, a->group, false};
-    quant::validate(so.base.wq, {});
+    quant::validate(so.base.wq);
     if (!(a->alpha >= 0 && a->alpha <= 1))  // NaN fails too
       throw Error(fmt::format("--alpha must be in [0, 1], got {}", a->alpha));
     so.base.alpha = static_cast<float>(a->alpha);

@@ -77,8 +77,8 @@ TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {
   auto out = " -o " + (dir / "x").string();
   expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --bits 9"),
                      "bit width 9");
-  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --group 7"),
-                     "group size 7");
+  expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --group -7"),
+                     "group size -7");
   expect_clean_error(cli::run("quantize -m " + k_fixture + out + " --method rtn --group 0"),
                      "group size 0");
   expect_clean_error(cli::run("quantize -m " + k_fixture + out +

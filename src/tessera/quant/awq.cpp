@@ -69,21 +69,21 @@ void awq_clip(float* W, int rows, int cols, const std::vector<double>& S, const 
     std::vector<float> d(G), cw(G);
     for (int g = 0; g < ng; ++g) {
       float* w = W + static_cast<std::size_t>(r) * cols + static_cast<std::size_t>(g) * G;
-      const int c0 = g * G;
+      const int c0 = g * G, n = std::min(G, cols - c0);  // the last group may be shorter
       float amax = 0;
-      for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(w[i]));
+      for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
       double best_err = -1;
       float best_max = amax;
       for (int k = 0; k < n_shrink; ++k) {
         float mv = amax * (1.0f - static_cast<float>(k) / 20.0f);
-        for (int i = 0; i < G; ++i) cw[i] = std::clamp(w[i], -mv, mv);
-        QParams p = fit(cw.data(), G, 1, spec.bits, spec.sym);
-        for (int i = 0; i < G; ++i) d[i] = quant_dequant(cw[i], p, maxq) - w[i];
+        for (int i = 0; i < n; ++i) cw[i] = std::clamp(w[i], -mv, mv);
+        QParams p = fit(cw.data(), n, 1, spec.bits, spec.sym);
+        for (int i = 0; i < n; ++i) d[i] = quant_dequant(cw[i], p, maxq) - w[i];
         double err = 0;
-        for (int i = 0; i < G; ++i) {
+        for (int i = 0; i < n; ++i) {
           const double* srow = S.data() + static_cast<std::size_t>(c0 + i) * cols + c0;
           double acc = 0;
-          for (int j = 0; j < G; ++j) acc += srow[j] * d[j];
+          for (int j = 0; j < n; ++j) acc += srow[j] * d[j];
           err += acc * d[i];
         }
         if (best_err < 0 || err < best_err) {
@@ -91,7 +91,7 @@ void awq_clip(float* W, int rows, int cols, const std::vector<double>& S, const 
           best_max = mv;
         }
       }
-      for (int i = 0; i < G; ++i) w[i] = std::clamp(w[i], -best_max, best_max);
+      for (int i = 0; i < n; ++i) w[i] = std::clamp(w[i], -best_max, best_max);
     }
   }
 }

@@ -209,6 +209,7 @@ Capture capture(const model::ParamLayout& layout, const float* params, const Cal
     throw Error(fmt::format("calibration --seqlen {} exceeds the model's block_size {}", T,
                             cfg.block_size));
   Capture cap;
+  cap.config = cfg;
   cap.layers.resize(L);
   for (int l = 0; l < L; ++l)
     for (int k = 0; k < k_num_lin; ++k) {

@@ -81,6 +81,7 @@ struct ResidualStats {
 };
 
 struct Capture {
+  model::ModelConfig config;  // the model captured (names its linears)
   std::vector<std::array<LinearCapture, k_num_lin>> layers;  // (L, 4)
   ResidualStats residual;
   std::int64_t tokens = 0;

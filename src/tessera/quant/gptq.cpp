@@ -57,14 +57,17 @@ GptqResult gptq(const float* W0, int rows, int cols, std::vector<double> H,
   // Static groups: quantizer of each original group from the original weights.
   std::vector<QParams> static_p;
   if (grouped && opt.static_groups) {
-    int ng = cols / G;
+    const int ng = spec.groups(cols);
     static_p.resize(static_cast<std::size_t>(rows) * ng);
     std::vector<float> tmp(G);
-    for (int g = 0; g < ng; ++g)
+    for (int g = 0; g < ng; ++g) {
+      const int width = std::min(G, cols - g * G);  // the last group may be shorter
       for (int r = 0; r < rows; ++r) {
-        for (int i = 0; i < G; ++i) tmp[i] = Wt[static_cast<std::size_t>(g * G + i) * rows + r];
-        static_p[static_cast<std::size_t>(r) * ng + g] = fit(tmp.data(), G, 1, spec.bits, spec.sym);
+        for (int i = 0; i < width; ++i) tmp[i] = Wt[static_cast<std::size_t>(g * G + i) * rows + r];
+        static_p[static_cast<std::size_t>(r) * ng + g] =
+            fit(tmp.data(), width, 1, spec.bits, spec.sym);
       }
+    }
   }
   // Act-order permutation.
   std::vector<int> perm(cols);

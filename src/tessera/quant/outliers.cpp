@@ -22,7 +22,7 @@ OutlierReport analyze_outliers(const Capture& cap, double ratio_threshold) {
       LinearOutlierSummary s;
       s.layer = l;
       s.kind = static_cast<Lin>(k);
-      s.linear = linear_name(l, s.kind);
+      s.linear = linear_name(cap.config, l, s.kind);
       std::vector<float> m = st.maxabs;
       std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
       double med = std::max(1e-12, static_cast<double>(m[m.size() / 2]));
@@ -167,8 +167,7 @@ std::string outliers_svg(const OutlierReport& r, const Capture& cap, const std::
       const auto& st = cap.layers[l][k].stats;
       const auto& sum = r.linears[static_cast<std::size_t>(l) * k_num_lin + k];
       const int y0 = top + row * rowh, y1 = y0 + rowh - 8;
-      s += fmt::format("<text x=\"5\" y=\"{}\">{}</text>\n", y0 + rowh / 2,
-                       linear_name(l, static_cast<Lin>(k)));
+      s += fmt::format("<text x=\"5\" y=\"{}\">{}</text>\n", y0 + rowh / 2, sum.linear);
       s += fmt::format("<text x=\"5\" y=\"{}\" fill=\"#666\">max {:.1f} (ch {})</text>\n",
                        y0 + rowh / 2 + 13, sum.maxabs, sum.max_channel);
       s += fmt::format(

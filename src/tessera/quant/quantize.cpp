@@ -106,9 +106,9 @@ std::vector<double> scale_moment(const std::vector<double>& S, const std::vector
   return out;
 }
 
-QLinear make_qlinear(int layer, Lin kind) {
+QLinear make_qlinear(const model::ModelConfig& cfg, int layer, Lin kind) {
   QLinear q;
-  q.name = linear_name(layer, kind);
+  q.name = linear_name(cfg, layer, kind);
   q.layer = layer;
   q.kind = kind;
   return q;
@@ -135,6 +135,17 @@ struct QuantContext {
   const CalibSet* calib;
   int L, C;
   float* W(int l, Lin k) const { return P + lin_weight_offset(layout, l, k); }
+  // Divides the norm in front of a Qkv or Fc site (its weight, and its bias where the family has
+  // one) by s, per channel: the linear then sees x / s and its columns are multiplied by s.
+  void fold_into_norm(int l, Lin k, const std::vector<float>& s) const {
+    const auto& lw = layout.layers[l];
+    const std::size_t w = k == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
+    const std::size_t b = k == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
+    for (int j = 0; j < C; ++j) {
+      P[w + j] /= s[j];
+      if (b != model::k_absent) P[b + j] /= s[j];
+    }
+  }
   // writes the dequantized weight (in the folded coordinates) into the parameters
   void finish(QLinear&& ql) const {
     ql.q.dequantize(W(ql.layer, ql.kind));
@@ -147,7 +158,7 @@ void quantize_rtn(const QuantContext& x) {
   for (int l = 0; l < L; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
-      auto ql = make_qlinear(l, kind);
+      auto ql = make_qlinear(x.cfg, l, kind);
       ql.q = rtn(x.W(l, kind), lin_rows(x.cfg, kind), lin_cols(x.cfg, kind), x.opt.wq);
       x.finish(std::move(ql));
     }
@@ -160,31 +171,25 @@ void quantize_int8(const QuantContext& x) {
   for (int l = 0; l < L; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
-      auto ql = make_qlinear(l, kind);
+      auto ql = make_qlinear(x.cfg, l, kind);
       ql.q = int8_rows(x.W(l, kind), lin_rows(x.cfg, kind), lin_cols(x.cfg, kind));
       x.finish(std::move(ql));
     }
 }
 
 void quantize_smoothquant(const QuantContext& x) {
-  const int L = x.L, C = x.C;
+  const int L = x.L;
   x.qm.act.mode = x.opt.act;
   auto cap = capture(x.layout, x.params, *x.calib, false, x.opt.micro_batch);
   for (int l = 0; l < L; ++l) {
-    const auto& lw = x.layout.layers[l];
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
-      auto ql = make_qlinear(l, kind);
+      auto ql = make_qlinear(x.cfg, l, kind);
       const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
-      if (kind == Lin::Qkv || kind == Lin::Fc) {  // LayerNorm -> linear sites
+      if (kind == Lin::Qkv || kind == Lin::Fc) {  // norm -> linear sites
         auto s =
             smooth_scales(cap.layers[l][k].stats.maxabs, x.W(l, kind), rows, cols, x.opt.alpha);
-        std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
-        std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
-        for (int j = 0; j < C; ++j) {
-          x.P[lnw + j] /= s[j];
-          x.P[lnb + j] /= s[j];
-        }
+        x.fold_into_norm(l, kind, s);
         scale_cols(x.W(l, kind), rows, cols, s, false);
         ql.in_fold = s;
       }
@@ -195,15 +200,63 @@ void quantize_smoothquant(const QuantContext& x) {
   x.qm.info["alpha"] = fmt::format("{}", x.opt.alpha);
 }
 
+// Rows [r0, r0 + n) of a linear's output: the v projection of Qkv, llama's up projection of Fc.
+struct RowRange {
+  int r0 = 0, n = 0;
+};
+RowRange v_rows(const model::ModelConfig& cfg) {
+  const int hs = cfg.head_dim(), KV = cfg.kv_heads();
+  return {(cfg.n_head + KV) * hs, KV * hs};
+}
+
+// AWQ's scale for the input of o (AttnProj) must be absorbed by the v rows of Qkv, which holds
+// only when every attention head has its own v head: with grouped kv heads the site is not scaled
+// (as the AWQ reference does for such models).
+bool awq_scales_site(const model::ModelConfig& cfg, Lin kind) {
+  return kind != Lin::AttnProj || cfg.kv_heads() == cfg.n_head;
+}
+
+// Folds AWQ's scales s of site `kind`'s input into the op before it, so that the model computes
+// the same function: the norm (Qkv, Fc); the v rows of Qkv (AttnProj: attention is linear in v);
+// llama's up rows of Fc (FcProj: SwiGLU is linear in up); for gpt2's FcProj nothing after GELU
+// can absorb them, so they stay a per-input-column divisor of the quantized weight (llm-awq's
+// ScaledActivation).
+void awq_fold(const QuantContext& x, int l, Lin kind, const std::vector<float>& s,
+              std::array<QLinear, k_num_lin>& qls) {
+  auto fold_rows = [&](Lin prev, RowRange rr) {
+    float* w = x.W(l, prev);
+    const std::size_t bias = prev == Lin::Qkv ? x.layout.layers[l].qkv_b : x.layout.layers[l].fc_b;
+    auto& of = qls[static_cast<int>(prev)].out_fold;
+    of.assign(lin_rows(x.cfg, prev), 1.0f);
+    for (int r = 0; r < rr.n; ++r) {
+      for (int c = 0; c < x.C; ++c) w[static_cast<std::size_t>(rr.r0 + r) * x.C + c] /= s[r];
+      if (bias != model::k_absent) x.P[bias + rr.r0 + r] /= s[r];
+      of[rr.r0 + r] = s[r];
+    }
+  };
+  auto& q = qls[static_cast<int>(kind)];
+  if (kind == Lin::Qkv || kind == Lin::Fc) {
+    x.fold_into_norm(l, kind, s);
+    q.in_fold = s;
+  } else if (kind == Lin::AttnProj) {
+    fold_rows(Lin::Qkv, v_rows(x.cfg));
+    q.in_fold = s;
+  } else if (x.cfg.llama()) {
+    fold_rows(Lin::Fc, {x.cfg.ffn(), x.cfg.ffn()});
+    q.in_fold = s;
+  } else {
+    q.q.in_scale = s;
+  }
+}
+
 void quantize_awq(const QuantContext& x) {
-  const int L = x.L, C = x.C;
+  const int L = x.L;
   auto cap = capture(x.layout, x.params, *x.calib, true, x.opt.micro_batch);
   for (int l = 0; l < L; ++l) {
-    const auto& lw = x.layout.layers[l];
     std::array<QLinear, k_num_lin> qls;
     std::array<std::vector<double>, k_num_lin> S;
     for (int k = 0; k < k_num_lin; ++k) {
-      qls[k] = make_qlinear(l, static_cast<Lin>(k));
+      qls[k] = make_qlinear(x.cfg, l, static_cast<Lin>(k));
       S[k] = cap.layers[l][k].hessian.mean_xtx();
     }
     auto mean_abs = [&](int k) {
@@ -215,6 +268,10 @@ void quantize_awq(const QuantContext& x) {
     // 1. scale search for every site on the unscaled inputs, then fold
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
+      if (!awq_scales_site(x.cfg, kind)) {
+        log(x.opt, fmt::format("awq {}: not scaled (grouped kv heads)", qls[k].name));
+        continue;
+      }
       const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
       float alpha = 0;
       auto s = awq_search_scales(x.W(l, kind), rows, cols, mean_abs(k), S[k], x.opt.wq,
@@ -222,42 +279,20 @@ void quantize_awq(const QuantContext& x) {
       qls[k].alpha = alpha;
       scale_cols(x.W(l, kind), rows, cols, s, false);
       S[k] = scale_moment(S[k], s);
-      if (kind == Lin::Qkv || kind == Lin::Fc) {
-        std::size_t lnw = kind == Lin::Qkv ? lw.ln1_w : lw.ln2_w;
-        std::size_t lnb = kind == Lin::Qkv ? lw.ln1_b : lw.ln2_b;
-        for (int j = 0; j < C; ++j) {
-          x.P[lnw + j] /= s[j];
-          x.P[lnb + j] /= s[j];
-        }
-        qls[k].in_fold = s;
-      } else if (kind == Lin::AttnProj) {
-        // previous op: the v rows of c_attn (attention output is linear in v)
-        float* wq = x.W(l, Lin::Qkv);
-        float* bq = x.P + lw.qkv_b;
-        auto& of = qls[static_cast<int>(Lin::Qkv)].out_fold;
-        of.assign(3 * C, 1.0f);
-        for (int r = 0; r < C; ++r) {
-          for (int c = 0; c < C; ++c) wq[static_cast<std::size_t>(2 * C + r) * C + c] /= s[r];
-          bq[2 * C + r] /= s[r];
-          of[2 * C + r] = s[r];
-        }
-        qls[k].in_fold = s;
-      } else {
-        // after GELU nothing can absorb the scales: llm-awq's ScaledActivation, kept as a
-        // per-input-column divisor of the quantized weight
-        qls[k].q.in_scale = s;
-      }
+      awq_fold(x, l, kind, s, qls);
       log(x.opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
     }
-    // 2. clip search (not for q and k: only the v rows of c_attn), 3. quantize
+    // 2. clip search (not for q and k: only the v rows of Qkv), 3. quantize
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
       const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
       if (x.opt.awq_clip) {
-        if (kind == Lin::Qkv)
-          awq_clip(x.W(l, kind) + static_cast<std::size_t>(2 * C) * C, C, cols, S[k], x.opt.wq);
-        else
+        if (kind == Lin::Qkv) {
+          const RowRange v = v_rows(x.cfg);
+          awq_clip(x.W(l, kind) + static_cast<std::size_t>(v.r0) * cols, v.n, cols, S[k], x.opt.wq);
+        } else {
           awq_clip(x.W(l, kind), rows, cols, S[k], x.opt.wq);
+        }
       }
       auto in_scale = std::move(qls[k].q.in_scale);
       qls[k].q = rtn(x.W(l, kind), rows, cols, x.opt.wq);
@@ -304,7 +339,7 @@ void quantize_gptq(const QuantContext& x) {
         run.block(x.P, l, scratch.data(), B, T, hooks);
       }
       auto r = gptq(x.W(l, kind), rows, cols, H.xtx, go);
-      auto ql = make_qlinear(l, kind);
+      auto ql = make_qlinear(x.cfg, l, kind);
       ql.q = std::move(r.q);
       ql.gptq_loss = r.loss;
       ql.damp = r.damp;
@@ -327,7 +362,6 @@ void quantize_gptq(const QuantContext& x) {
 QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
                               const QuantizeOptions& opt, const CalibSet* calib) {
   const auto& cfg = layout.config();
-  require_gpt2(cfg);
   const int L = cfg.n_layer, C = cfg.n_embd;
   QuantizedModel qm;
   qm.config = cfg;
@@ -336,7 +370,7 @@ QuantizedModel quantize_model(const model::ParamLayout& layout, const float* par
   std::copy(params, params + layout.total(), qm.params.data());
   const bool weight_only =
       opt.method == Method::Rtn || opt.method == Method::Gptq || opt.method == Method::Awq;
-  if (weight_only) validate(opt.wq, {C, 4 * C});
+  if (weight_only) validate(opt.wq);
   if (needs_calibration(opt.method)) {
     if (!calib || calib->n() < 1)
       throw Error(fmt::format("{} needs a calibration set and it is empty", qm.method),
@@ -415,7 +449,7 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
   for (const auto& t : layout.tensors()) {
     if (is_linear_weight(t)) continue;  // stored quantized below
     std::vector<std::int64_t> shape = t.shape;
-    if (t.name == "wte.weight") shape = {qm.config.vocab_size, qm.config.n_embd};
+    if (t.vocab_rows) shape = {qm.config.vocab_size, qm.config.n_embd};
     w.add_f32(t.name, shape, P + t.offset);
   }
   json lin = json::array();
@@ -516,7 +550,7 @@ AnyModel read_any_model(const fs::path& path) {
   for (const auto& t : layout.tensors()) {
     if (is_linear_weight(t)) continue;
     std::vector<std::int64_t> shape = t.shape;
-    if (t.name == "wte.weight") shape = {cfg.vocab_size, cfg.n_embd};
+    if (t.vocab_rows) shape = {cfg.vocab_size, cfg.n_embd};
     st.read_f32(t.name, shape, P + t.offset);
   }
   if (!meta.contains("linears") || !meta["linears"].is_array()) throw bad("no 'linears' list");
@@ -529,7 +563,7 @@ AnyModel read_any_model(const fs::path& path) {
   for (int l = 0; l < cfg.n_layer; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
-      const std::string name = linear_name(l, kind);
+      const std::string name = linear_name(cfg, l, kind);
       auto sp = specs.find(name);
       if (sp == specs.end()) throw bad(fmt::format("linear {} is missing", name));
       QuantizedLinear q;

@@ -9,18 +9,13 @@
 
 namespace tessera::quant {
 
-void validate(const WeightQuant& q, const std::vector<int>& cols) {
+void validate(const WeightQuant& q) {
   if (q.bits < 2 || q.bits > 8)
     throw Error(fmt::format("bit width {} is not supported", q.bits),
                 "use 2..8 bits (e.g. 4 or 8)");
   if (q.group == 0 || q.group < -1)
     throw Error(fmt::format("group size {} is invalid", q.group),
-                "use -1 (per channel) or a positive divisor of the layer widths, e.g. 128");
-  if (q.group > 0)
-    for (int c : cols)
-      if (c % q.group != 0)
-        throw Error(fmt::format("group size {} does not divide a layer width of {}", q.group, c),
-                    "use -1 (per channel) or a divisor of every linear's input width");
+                "use -1 (per channel) or a positive group size, e.g. 128");
 }
 
 std::string describe(const WeightQuant& q) {

@@ -21,9 +21,10 @@ struct WeightQuant {
   int group_size(int cols) const { return group <= 0 ? cols : group; }
 };
 
-// Throws tessera::Error for a bit width outside 2..8 or a group size that is not -1 or a
-// positive divisor of every `cols` given.
-void validate(const WeightQuant& q, const std::vector<int>& cols);
+// Throws tessera::Error for a bit width outside 2..8 or a group size that is neither -1 nor
+// positive. A group size need not divide a row: the last group of a row is then shorter (as in
+// the GPTQ reference; SmolLM2's width 576 is 4 groups of 128 and one of 64).
+void validate(const WeightQuant& q);
 std::string describe(const WeightQuant& q);  // "W4 g128 asym"
 
 struct QParams {

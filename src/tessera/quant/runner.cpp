@@ -3,58 +3,46 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/model/cpu_ops.hpp"
 
 namespace tessera::quant {
 
-void require_gpt2(const model::ModelConfig& cfg) {
-  if (cfg.llama())
-    throw Error("quantization covers the gpt2 family so far; this model is a llama",
-                "quantize a gpt2 model; the llama sites (q/k/v, o, gate/up, down) are not mapped "
-                "yet");
-}
-
 namespace k = kernels::cpu;
 
-const char* lin_hf_name(Lin kind) {
-  switch (kind) {
-    case Lin::Qkv:
-      return "attn.c_attn";
-    case Lin::AttnProj:
-      return "attn.c_proj";
-    case Lin::Fc:
-      return "mlp.c_fc";
-    case Lin::FcProj:
-      return "mlp.c_proj";
-  }
-  return "?";
+const char* lin_hf_name(const model::ModelConfig& cfg, Lin kind) {
+  static constexpr const char* gpt2[k_num_lin] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                  "mlp.c_proj"};
+  static constexpr const char* llama[k_num_lin] = {"self_attn.qkv_proj", "self_attn.o_proj",
+                                                   "mlp.gate_up_proj", "mlp.down_proj"};
+  return (cfg.llama() ? llama : gpt2)[static_cast<int>(kind)];
 }
 
-std::string linear_name(int layer, Lin kind) {
-  return fmt::format("h.{}.{}", layer, lin_hf_name(kind));
+std::string linear_name(const model::ModelConfig& cfg, int layer, Lin kind) {
+  return cfg.llama() ? fmt::format("model.layers.{}.{}", layer, lin_hf_name(cfg, kind))
+                     : fmt::format("h.{}.{}", layer, lin_hf_name(cfg, kind));
 }
 
 int lin_rows(const model::ModelConfig& cfg, Lin kind) {
-  const int C = cfg.n_embd;
   switch (kind) {
     case Lin::Qkv:
-      return 3 * C;
-    case Lin::AttnProj:
-      return C;
+      return cfg.qkv_rows();
     case Lin::Fc:
-      return 4 * C;
+      return cfg.fc_rows();
+    case Lin::AttnProj:
     case Lin::FcProj:
-      return C;
+      return cfg.n_embd;
   }
   return 0;
 }
 
 int lin_cols(const model::ModelConfig& cfg, Lin kind) {
-  return kind == Lin::FcProj ? 4 * cfg.n_embd : cfg.n_embd;
+  return kind == Lin::FcProj ? cfg.ffn() : cfg.n_embd;
 }
 
 std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin kind) {
@@ -165,18 +153,88 @@ void fake_quant_activations(const ActQuant& aq, float* x, std::int64_t N, int co
   }
 }
 
+namespace {
+
+// Thrown by HookedOps after the input of Hooks::stop_after was captured; Runner::block catches
+// it, leaving the residual stream it was given untouched.
+struct StopBlock {};
+
+// The CPU op table of the one block with the runner's hooks in front of every linear: it names
+// the linear by its weight, hands its input to the capture hook, stops the block where asked and
+// applies the simulated activation quantization to a copy of the input.
+class HookedOps : public model::CpuOps {
+ public:
+  HookedOps(kernels::GemmLibrary lib, const Hooks& hooks, int layer,
+            const model::BlockWeights<float>& w, float* scratch)
+      : CpuOps(lib, nullptr), hooks_(hooks), layer_(layer), w_(w), scratch_(scratch) {}
+
+  void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
+              int OC) {
+    CpuOps::linear(out, input(w, inp, N, IC), w, b, N, IC, OC);
+  }
+  void linear_residual(float* out, const float* residual, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int IC, int OC) {
+    CpuOps::linear_residual(out, residual, input(w, inp, N, IC), w, b, N, IC, OC);
+  }
+  void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
+                   std::int64_t N, int IC, int OC) {
+    CpuOps::linear_gelu(out, pre, input(w, inp, N, IC), w, b, N, IC, OC);
+  }
+
+ private:
+  Lin site(const float* w) const {
+    if (w == w_.qkv_w) return Lin::Qkv;
+    if (w == w_.attproj_w) return Lin::AttnProj;
+    if (w == w_.fc_w) return Lin::Fc;
+    TESSERA_CHECK(w == w_.fcproj_w, "a linear of the block that is not one of its four sites");
+    return Lin::FcProj;
+  }
+  // x (N, cols): the input the GEMM reads.
+  const float* input(const float* w, const float* x, std::int64_t N, int cols) {
+    const Lin kind = site(w);
+    if (hooks_.capture) hooks_.capture(layer_, kind, x, N, cols);
+    if (hooks_.stop_after == static_cast<int>(kind)) throw StopBlock{};
+    if (hooks_.act.mode == ActMode::None) return x;
+    std::memcpy(scratch_, x, sizeof(float) * N * cols);
+    fake_quant_activations(hooks_.act, scratch_, N, cols);
+    return scratch_;
+  }
+
+  const Hooks& hooks_;
+  int layer_;
+  const model::BlockWeights<float>& w_;
+  float* scratch_;  // (N, max(C, ffn))
+};
+
+// Offsets of one block's activations for N rows in one buffer; total() floats.
+struct ActOffsets {
+  std::size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, act,
+      res3, end;
+  ActOffsets(const model::ModelConfig& cfg, std::size_t N) {
+    std::size_t off = 0;
+    auto take = [&](std::size_t n) { return std::exchange(off, off + (n + 15) / 16 * 16); };
+    const std::size_t C = cfg.n_embd;
+    ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(N * cfg.qkv_rows());
+    atty = take(N * C), lse = take(N * cfg.n_head), res2 = take(N * C), ln2 = take(N * C);
+    ln2_mean = take(N), ln2_rstd = take(N), fch = take(N * cfg.fc_rows());
+    act = take(N * cfg.ffn()), res3 = take(N * C);
+    end = off;
+  }
+  model::BlockActs<float> view(float* a) const {
+    return {a + ln1, a + ln1_mean, a + ln1_rstd, a + qkv, a + atty, a + lse, a + res2,
+            a + ln2, a + ln2_mean, a + ln2_rstd, a + fch, a + act,  a + res3};
+  }
+};
+
+}  // namespace
+
 void Runner::ensure(std::int64_t N) {
   if (N <= cap_) return;
   const auto& cfg = layout_.config();
-  const std::size_t C = cfg.n_embd;
   cap_ = N;
-  ln_.resize(N * C);
-  qkv_.resize(N * 3 * C);
-  att_.resize(N * C);
-  lse_.resize(N * cfg.n_head);
-  fch_.resize(N * 4 * C);
-  tmp_.resize(N * 4 * C);
-  x_.resize(N * C);
+  acts_.resize(ActOffsets(cfg, N).end);
+  tmp_.resize(static_cast<std::size_t>(N) * std::max(cfg.n_embd, cfg.ffn()));
+  x_.resize(static_cast<std::size_t>(N) * cfg.n_embd);
 }
 
 void Runner::embed(const float* params, const std::int32_t* tokens, int B, int T, float* x) {
@@ -188,51 +246,40 @@ void Runner::embed(const float* params, const std::int32_t* tokens, int B, int T
     if (tokens[i] < 0 || tokens[i] >= cfg.vocab_size)
       throw Error(fmt::format("token id {} is outside the model's vocabulary of {}", tokens[i],
                               cfg.vocab_size));
-  k::embedding_forward(x, tokens, params + layout_.wte, params + layout_.wpe, B, T, cfg.n_embd);
+  const float* wpe = layout_.wpe == model::k_absent ? nullptr : params + layout_.wpe;
+  k::embedding_forward(x, tokens, params + layout_.wte, wpe, B, T, cfg.n_embd);
 }
 
 void Runner::block(const float* P, int l, float* x, int B, int T, const Hooks& hooks) {
   const auto& cfg = layout_.config();
-  const int C = cfg.n_embd, NH = cfg.n_head;
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   ensure(N);
-  const auto& w = layout_.layers[l];
-  auto linear_in = [&](Lin kind, float* in, int cols) -> const float* {
-    if (hooks.capture) hooks.capture(l, kind, in, N, cols);
-    if (hooks.stop_after == static_cast<int>(kind)) return nullptr;
-    if (hooks.act.mode == ActMode::None) return in;
-    std::memcpy(tmp_.data(), in, sizeof(float) * N * cols);
-    fake_quant_activations(hooks.act, tmp_.data(), N, cols);
-    return tmp_.data();
-  };
-  std::vector<float> mean(N), rstd(N);
-  k::layernorm_forward(ln_.data(), mean.data(), rstd.data(), x, P + w.ln1_w, P + w.ln1_b, N, C);
-  const float* in = linear_in(Lin::Qkv, ln_.data(), C);
-  if (!in) return;
-  k::linear_forward(gemm_, qkv_.data(), in, P + w.qkv_w, P + w.qkv_b, N, C, 3 * C);
-  k::attention_forward(gemm_, att_.data(), lse_.data(), qkv_.data(), B, T, NH, NH, C / NH);
-  in = linear_in(Lin::AttnProj, att_.data(), C);
-  if (!in) return;
-  k::linear_forward(gemm_, x, in, P + w.attproj_w, P + w.attproj_b, N, C, C, true);
-  k::layernorm_forward(ln_.data(), mean.data(), rstd.data(), x, P + w.ln2_w, P + w.ln2_b, N, C);
-  in = linear_in(Lin::Fc, ln_.data(), C);
-  if (!in) return;
-  k::linear_forward(gemm_, fch_.data(), in, P + w.fc_w, P + w.fc_b, N, C, 4 * C);
-  k::gelu_forward(fch_.data(), fch_.data(), N * 4 * C);
-  in = linear_in(Lin::FcProj, fch_.data(), 4 * C);
-  if (!in) return;
-  k::linear_forward(gemm_, x, in, P + w.fcproj_w, P + w.fcproj_b, N, 4 * C, C, true);
-  if (hooks.residual) hooks.residual(l, x, N, C);
+  const auto& lo = layout_.layers[l];
+  const auto w = model::block_weights(lo, P + lo.begin);
+  const auto acts = ActOffsets(cfg, N).view(acts_.data());
+  HookedOps ops(gemm_, hooks, l, w, tmp_.data());
+  try {
+    model::block_forward(ops, w, acts, x, model::block_shape(cfg, B, T));
+  } catch (const StopBlock&) {
+    return;
+  }
+  std::copy(acts.res3, acts.res3 + N * cfg.n_embd, x);
+  if (hooks.residual) hooks.residual(l, x, N, cfg.n_embd);
 }
 
 void Runner::head(const float* P, const float* x, std::int64_t N, float* logits) {
   const auto& cfg = layout_.config();
   const int C = cfg.n_embd;
   ensure(N);
+  float* ln = acts_.data();  // the block's activations are free here
   std::vector<float> mean(N), rstd(N);
-  k::layernorm_forward(ln_.data(), mean.data(), rstd.data(), x, P + layout_.lnf_w,
-                       P + layout_.lnf_b, N, C);
-  k::linear_forward(gemm_, logits, ln_.data(), P + layout_.wte, nullptr, N, C, cfg.padded_vocab());
+  if (cfg.llama())
+    k::rmsnorm_forward(ln, rstd.data(), x, P + layout_.lnf_w, N, C,
+                       static_cast<float>(cfg.norm_eps));
+  else
+    k::layernorm_forward(ln, mean.data(), rstd.data(), x, P + layout_.lnf_w, P + layout_.lnf_b, N,
+                         C);
+  k::linear_forward(gemm_, logits, ln, P + layout_.head, nullptr, N, C, cfg.padded_vocab());
 }
 
 void Runner::logits(const float* P, const std::int32_t* tokens, int B, int T, float* logits,

@@ -1,7 +1,8 @@
-// A block-by-block GPT-2 forward for quantization: the same ops as model::forward, but each
-// block is a separate call over a residual stream the caller keeps, and the input of every
-// linear passes through hooks (statistics capture; simulated activation quantization).
-// Memory is bounded by one block's activations for the tokens of one call.
+// A block-by-block forward for quantization, for both families: each block is the one block of
+// model/gpt_block.hpp run through the CPU op table, as a separate call over a residual stream the
+// caller keeps, and the input of every linear passes through hooks (statistics capture; simulated
+// activation quantization). Memory is bounded by one block's activations for the tokens of one
+// call.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +16,16 @@
 
 namespace tessera::quant {
 
-// The four linears of a GPT-2 block, in execution order.
+// The four linears of a block, in execution order. A llama block's q, k and v projections are
+// one linear (Qkv: rows [q | k | v]) and so are its gate and up projections (Fc: rows
+// [gate | up]), as the block computes them.
 enum class Lin { Qkv = 0, AttnProj = 1, Fc = 2, FcProj = 3 };
 inline constexpr int k_num_lin = 4;
-const char* lin_hf_name(Lin k);  // "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"
-std::string linear_name(int layer, Lin k);           // "h.3.attn.c_attn"
+// gpt2: "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj";
+// llama: "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj".
+const char* lin_hf_name(const model::ModelConfig& cfg, Lin k);
+// "h.3.attn.c_attn" (gpt2), "model.layers.3.self_attn.qkv_proj" (llama)
+std::string linear_name(const model::ModelConfig& cfg, int layer, Lin k);
 int lin_rows(const model::ModelConfig& cfg, Lin k);  // out features
 int lin_cols(const model::ModelConfig& cfg, Lin k);  // in features
 std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin k);
@@ -52,22 +58,15 @@ struct Hooks {
   int stop_after = -1;
 };
 
-// The quantization methods and their runner cover the gpt2 family; a llama model is refused
-// with one clear error until its sites (q/k/v, o, gate/up, down) are mapped.
-void require_gpt2(const model::ModelConfig& cfg);
-
 class Runner {
  public:
-  // Throws tessera::Error for a llama model (the quantization paths are GPT-2's so far).
   Runner(const model::ParamLayout& layout, kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn)
-      : layout_(layout), gemm_(gemm) {
-    require_gpt2(layout.config());
-  }
-  // x (B*T, C) = token + position embeddings of tokens (B, T).
+      : layout_(layout), gemm_(gemm) {}
+  // x (B*T, C) = token embeddings (+ position embeddings for gpt2) of tokens (B, T).
   void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x);
   // One transformer block in place on the residual stream x (B*T, C).
   void block(const float* params, int layer, float* x, int B, int T, const Hooks& hooks);
-  // ln_f and the tied LM head: logits (B*T, Vp).
+  // The final norm and the LM head (tied or not): logits (B*T, Vp).
   void head(const float* params, const float* x, std::int64_t N, float* logits);
   // Everything: logits (B*T, Vp) of tokens (B, T).
   void logits(const float* params, const std::int32_t* tokens, int B, int T, float* logits,
@@ -77,8 +76,10 @@ class Runner {
   void ensure(std::int64_t N);
   const model::ParamLayout& layout_;
   kernels::GemmLibrary gemm_;
-  std::int64_t cap_ = 0;
-  Buffer<float> ln_, qkv_, att_, lse_, fch_, tmp_, x_;
+  std::int64_t cap_ = 0;  // rows the buffers hold
+  // One block's activations (model::BlockActs carved from acts_ by offsets), the fake-quantized
+  // copy of a linear's input, the residual stream of logits().
+  Buffer<float> acts_, tmp_, x_;
 };
 
 }  // namespace tessera::quant
