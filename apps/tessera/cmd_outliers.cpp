@@ -40,7 +40,7 @@ void add_outliers_command(CLI::App& root) {
     auto any = quant::load_any_model(path);
     const auto& cfg = any.model.config;
     model::ParamLayout layout(cfg);
-    auto calib = calibration_from_flags(a->cf, cfg);
+    auto calib = calibration_from_flags(a->cf, cfg, a->model);
     auto cap = quant::capture(layout, any.model.params.data(), calib, false);
     auto rep = quant::analyze_outliers(cap, a->ratio);
     auto j = rep.to_json();

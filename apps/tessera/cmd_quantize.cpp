@@ -101,7 +101,7 @@ void add_quantize_command(CLI::App& root) {
     quant::CalibSet calib;
     const bool needs = quant::needs_calibration(qo.method);
     if (needs) {
-      calib = calibration_from_flags(a->cf, cfg);
+      calib = calibration_from_flags(a->cf, cfg, a->model);
     }
     auto t0 = clock::now();
     auto qm = quant::quantize_model(layout, any.model.params.data(), qo, needs ? &calib : nullptr);

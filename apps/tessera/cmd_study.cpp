@@ -39,7 +39,7 @@ void add_study_command(CLI::App& root) {
   struct Args {
     std::string model, methods = "gptq,awq,smoothquant,w8a8", calibs = "corpus,random,punct,lang2";
     std::string out = "study", data = "data/brown/val.bin", calib_data = "data/brown/train.bin";
-    std::string tokenizer = "data/gpt2", lang2_text, domain_text;
+    std::string tokenizer, lang2_text, domain_text;
     int seeds = 3, nsamples = 32, seqlen = 0, windows = 32, bits = 4, group = 128;
     double alpha = 0.5;
     bool verbose = false;
@@ -50,7 +50,7 @@ void add_study_command(CLI::App& root) {
                   "comma-separated: rtn gptq awq smoothquant w8a8 llm-int8")
       ->capture_default_str();
   cmd->add_option("--calib", a->calibs,
-                  "comma-separated: corpus corpus-concat random punct domain lang2")
+                  "comma-separated: corpus corpus-concat random punct domain lang2 code")
       ->capture_default_str();
   cmd->add_option("--seeds", a->seeds, "calibration seeds per set")->capture_default_str();
   cmd->add_option("--nsamples", a->nsamples, "calibration samples")->capture_default_str();
@@ -66,8 +66,9 @@ void add_study_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--lang2-text", a->lang2_text, "non-English text (default data/lang2/de.txt)");
   cmd->add_option("--domain-text", a->domain_text, "other-domain text (default GPL-3 text)");
-  cmd->add_option("--tokenizer", a->tokenizer, "folder with encoder.json and vocab.bpe")
-      ->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "tokenizer of the calibration text: a .gguf, a tokenizer.json or a directory "
+                  "(default: the model's own, else GPT-2's)");
   cmd->add_option("--out,-o", a->out, "folder for study.md and study.csv")->capture_default_str();
   cmd->add_flag("--verbose,-v", a->verbose, "a line per run");
   cmd->callback([a] {
@@ -88,7 +89,7 @@ void add_study_command(CLI::App& root) {
       throw Error(fmt::format("--alpha must be in [0, 1], got {}", a->alpha));
     so.base.alpha = static_cast<float>(a->alpha);
     so.sources.train_shard = a->calib_data;
-    so.sources.tokenizer = a->tokenizer;
+    so.sources.tokenizer = resolve_tokenizer_path(a->tokenizer, a->model);
     if (!a->lang2_text.empty()) so.sources.lang2_text = a->lang2_text;
     if (!a->domain_text.empty()) so.sources.domain_text = a->domain_text;
     so.verbose = a->verbose;

@@ -114,3 +114,32 @@ TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {
                               " --reference " + (dir / "other").string()),
                      "reference model");
 }
+
+// A llama model (the tiny Hugging Face LlamaForCausalLM fixture: 4 heads over 2 kv heads, untied
+// head) through every method, each evaluated against the original.
+TEST(QuantCli, LlamaQuantizesWithEveryMethod) {
+  const std::string llama = TESSERA_FIXTURES "/llama_tiny";
+  auto dir = cli::scratch("quant_llama");
+  auto shard = tiny_shard(dir);
+  for (const char* m : {"rtn", "gptq", "awq", "smoothquant", "w8a8", "llm-int8"}) {
+    auto out = (dir / m).string();
+    auto q = cli::run("quantize -m " + llama + " -o " + out + " --method " + m + " --group 16" +
+                      k_calib);
+    ASSERT_EQ(q.code, 0) << m << ": " << q.err;
+    auto e = cli::run("eval -m " + out + " --data " + shard.string() + " --reference " + llama);
+    ASSERT_EQ(e.code, 0) << m << ": " << e.err;
+    EXPECT_NE(e.out.find("KL(reference || model)"), std::string::npos) << e.out;
+  }
+}
+
+// A model with a tokenizer of its own refuses the default GPT-2 calibration shard (its ids would
+// be read as the model's ids), before any work.
+TEST(QuantCli, OwnTokenizerNeedsItsOwnCalibrationShard) {
+  const fs::path gguf =
+      fs::path(TESSERA_DATA) / "models" / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(gguf)) GTEST_SKIP() << "SmolLM2-135M not fetched (scripts/setup --with-models)";
+  auto dir = cli::scratch("quant_own_tok");
+  expect_clean_error(cli::run("quantize -m " + gguf.string() + " -o " + (dir / "q").string() +
+                              " --method gptq --nsamples 2"),
+                     "holds GPT-2's tokens");
+}

@@ -364,14 +364,21 @@ TEST(QuantCalibration, NamedSeededGenerators) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_NE(a.tokens, c.tokens);
   for (auto t : a.tokens) EXPECT_LT(t, 1000);
-  auto p = make_calibration("punct", 2, 50, 0, 50257);
+  CalibSources src;
+  src.tokenizer = fs::path(TESSERA_DATA) / "gpt2";
+  // GPT-2's byte-level vocabulary maps the printable ASCII bytes 33..126 to ids 0..93.
+  auto p = make_calibration("punct", 2, 50, 0, 50257, src);
   for (auto t : p.tokens) {
     char ch = static_cast<char>(t + 33);
     EXPECT_TRUE(std::ispunct(static_cast<unsigned char>(ch))) << t;
   }
+  // C++ sources: windows of the repository's own code, the same for the same seed.
+  src.code_dir = fs::path(TESSERA_DATA).parent_path() / "src" / "tessera";
+  auto code = make_calibration("code", 2, 64, 4, 50257, src);
+  EXPECT_EQ(code.tokens.size(), 128u);
+  EXPECT_EQ(code.tokens, make_calibration("code", 2, 64, 4, 50257, src).tokens);
   EXPECT_THROW(make_calibration("random", 0, 32, 0, 1000), Error);
   EXPECT_THROW(make_calibration("nonsense", 4, 32, 0, 1000), Error);
-  CalibSources src;
   src.train_shard = "/nonexistent/train.bin";
   EXPECT_THROW(make_calibration("corpus", 4, 32, 0, 50257, src), Error);
   const fs::path shard = fs::path(TESSERA_DATA) / "brown" / "train.bin";

@@ -17,8 +17,8 @@ namespace tessera::quant {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& calibration_names() {
-  static const std::vector<std::string> names{"corpus", "corpus-concat", "random",
-                                              "punct",  "domain",        "lang2"};
+  static const std::vector<std::string> names{"corpus", "corpus-concat", "random", "punct",
+                                              "domain", "lang2",         "code"};
   return names;
 }
 
@@ -28,15 +28,51 @@ std::string CalibSet::describe() const {
 
 namespace {
 
+std::vector<std::int32_t> tokenize_text(const std::string& body, const fs::path& tokenizer) {
+  auto tok = io::load_tokenizer(tokenizer);
+  auto ids = tok.encode(body, false);
+  return std::vector<std::int32_t>(ids.begin(), ids.end());
+}
+
 std::vector<std::int32_t> read_text_tokens(const fs::path& text, const fs::path& tokenizer,
                                            const std::string& what) {
   if (input_kind(text, what + " text for calibration") == InputKind::Missing)
     throw Error(fmt::format("{} text for calibration not found: {}", what, text.string()),
                 "run scripts/setup (it extracts the default texts) or pass another file");
-  const std::string body = read_file(text, what + " text for calibration");
+  return tokenize_text(read_file(text, what + " text for calibration"), tokenizer);
+}
+
+// The C++ sources (.cpp, .hpp) under dir, in path order, as one text.
+std::string read_code(const fs::path& dir) {
+  if (input_kind(dir, "source directory for calibration") != InputKind::Directory)
+    throw Error(
+        fmt::format("source directory for the code calibration set not found: {}", dir.string()),
+        "run from the repository root or pass --calib-text DIR");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && (e.path().extension() == ".cpp" || e.path().extension() == ".hpp"))
+      files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string body;
+  for (const auto& f : files) body += read_file(f, "source file for calibration");
+  return body;
+}
+
+// The ids of the ASCII punctuation characters that the tokenizer encodes as one token each.
+std::vector<std::int32_t> punctuation_ids(const fs::path& tokenizer, int vocab_size) {
+  static const std::string punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
   auto tok = io::load_tokenizer(tokenizer);
-  auto ids = tok.encode(body, false);
-  return std::vector<std::int32_t>(ids.begin(), ids.end());
+  std::vector<std::int32_t> ids;
+  for (char c : punct) {
+    auto v = tok.encode(std::string_view(&c, 1), false);
+    if (v.size() == 1 && v[0] < static_cast<std::uint32_t>(vocab_size))
+      ids.push_back(static_cast<std::int32_t>(v[0]));
+  }
+  if (ids.empty())
+    throw Error(fmt::format("tokenizer {} encodes no punctuation character as one token",
+                            tokenizer.string()),
+                "use another calibration set");
+  return ids;
 }
 
 // GPTQ-style: n random windows of seqlen tokens from a token stream.
@@ -83,11 +119,12 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
     if (name == "corpus") {
       random_windows(all, s, n, rng, src.train_shard.string());
     } else {
-      // AWQ-style: documents (split at <|endoftext|> = 50256) shuffled, concatenated, cut.
+      // AWQ-style: documents (split at the end-of-text token) shuffled, concatenated, cut.
+      const auto eot = static_cast<std::int32_t>(io::load_tokenizer(src.tokenizer).eot_id());
       std::vector<std::pair<std::size_t, std::size_t>> docs;
       std::size_t b = 0;
       for (std::size_t i = 0; i < all.size(); ++i)
-        if (all[i] == 50256) {
+        if (all[i] == eot) {
           if (i > b) docs.emplace_back(b, i);
           b = i + 1;
         }
@@ -108,23 +145,24 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
       s.tokens.push_back(static_cast<std::int32_t>(rng.next_u64() % vocab_size));
   } else if (name == "punct") {
-    // GPT-2's byte-level vocabulary maps the printable ASCII bytes 33..126 to ids 0..93.
-    static const std::string punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i) {
-      int id = punct[rng.next_u64() % punct.size()] - 33;
-      s.tokens.push_back(std::min(id, vocab_size - 1));
-    }
-  } else if (name == "domain" || name == "lang2") {
-    const auto& path = name == "domain" ? src.domain_text : src.lang2_text;
-    auto stream = read_text_tokens(path, src.tokenizer, name);
+    const auto ids = punctuation_ids(src.tokenizer, vocab_size);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
+      s.tokens.push_back(ids[rng.next_u64() % ids.size()]);
+  } else if (name == "domain" || name == "lang2" || name == "code") {
+    const fs::path& path = name == "domain"  ? src.domain_text
+                           : name == "lang2" ? src.lang2_text
+                                             : src.code_dir;
+    auto stream = name == "code" ? tokenize_text(read_code(path), src.tokenizer)
+                                 : read_text_tokens(path, src.tokenizer, name);
     for (auto t : stream)
       if (t >= vocab_size)
         throw Error(fmt::format("text {} tokenizes to id {} outside the model's vocabulary of {}",
-                                path.string(), t, vocab_size));
+                                path.string(), t, vocab_size),
+                    "pass the model's own tokenizer (--tokenizer)");
     random_windows(stream, s, n, rng, path.string());
   } else {
     throw Error(fmt::format("unknown calibration set '{}'", name),
-                "use corpus, corpus-concat, random, punct, domain or lang2");
+                "use corpus, corpus-concat, random, punct, domain, lang2 or code");
   }
   return s;
 }

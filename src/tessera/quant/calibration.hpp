@@ -17,10 +17,13 @@ namespace tessera::quant {
 
 // ---- calibration sets ----
 struct CalibSources {
-  std::filesystem::path train_shard = "data/brown/train.bin";              // corpus, corpus-concat
-  std::filesystem::path tokenizer = "data/gpt2";                           // domain, lang2
+  std::filesystem::path train_shard = "data/brown/train.bin";  // corpus, corpus-concat
+  // The model's tokenizer (a .gguf, a tokenizer.json, or GPT-2's folder): it tokenizes the text
+  // sets and names the end-of-text token (corpus-concat) and the punctuation tokens (punct).
+  std::filesystem::path tokenizer = "data/gpt2";
   std::filesystem::path domain_text = "/usr/share/common-licenses/GPL-3";  // legal English
   std::filesystem::path lang2_text = "data/lang2/de.txt";  // German prose (scripts/setup)
+  std::filesystem::path code_dir = "src/tessera";          // C++ source (code)
 };
 struct CalibSet {
   std::string name;
@@ -32,8 +35,9 @@ struct CalibSet {
 };
 // Names: corpus (GPTQ-style random windows of the training shard), corpus-concat (AWQ-style:
 // shuffled documents concatenated and cut into blocks), random (uniform token ids), punct
-// (random ASCII punctuation tokens), domain (windows of another domain's text), lang2 (windows
-// of non-English prose). Throws tessera::Error for an unknown name, n or seqlen < 1, or a
+// (random tokens of the tokenizer's single-token ASCII punctuation), domain (windows of another
+// domain's text), lang2 (windows of non-English prose), code (windows of the C++ sources under
+// code_dir, files in name order). Throws tessera::Error for an unknown name, n or seqlen < 1, or a
 // source too small for even one sample.
 CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
                           int vocab_size, const CalibSources& src = {});
