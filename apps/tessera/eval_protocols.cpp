@@ -41,14 +41,14 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
     if (p == eval::PplProtocol::SecondHalf && proto == "windows") continue;
     auto r = eval::perplexity(fn, toks, ctx, V, Vp, p, a.windows, a.batch);
     const char* key = p == eval::PplProtocol::Windows ? "windows" : "llama";
-    out[key] = {{"perplexity", r.perplexity},
-                {"nll", r.nll},
-                {"stderr", r.stderr_ppl},
-                {"scored", r.scored},
-                {"protocol", r.label}};
+    out[key] = {{"perplexity", r.perplexity}, {"nll", r.nll},
+                {"stderr", r.stderr_ppl},     {"ci95", {r.ppl_ci95.lo, r.ppl_ci95.hi}},
+                {"scored", r.scored},         {"protocol", r.label}};
     if (!a.json)
-      std::printf("perplexity %.4f +- %.4f  loss %.4f  (%s; %lld tokens scored)\n", r.perplexity,
-                  r.stderr_ppl, r.nll, r.label.c_str(), static_cast<long long>(r.scored));
+      std::printf(
+          "perplexity %.4f +- %.4f [95%% %.4f, %.4f]  loss %.4f  (%s; %lld tokens scored)\n",
+          r.perplexity, r.stderr_ppl, r.ppl_ci95.lo, r.ppl_ci95.hi, r.nll, r.label.c_str(),
+          static_cast<long long>(r.scored));
   }
   if (!a.reference.empty()) {
     auto rf = quant::logits_fn(layout, ref.model.params.data(), ref.act);
@@ -58,14 +58,18 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
                  {"p90", kl.p90},
                  {"p99", kl.p99},
                  {"max", kl.max},
+                 {"mean_ci95", {kl.mean_ci95.lo, kl.mean_ci95.hi}},
                  {"top1_agreement", kl.top1_agreement},
+                 {"top1_ci95", {kl.top1_ci95.lo, kl.top1_ci95.hi}},
                  {"positions", kl.positions}};
     if (!a.json)
       std::printf(
-          "KL(reference || model) mean %.5f  median %.5f  p90 %.5f  p99 %.5f  max %.4f  "
-          "top-1 agreement %.4f  (%lld positions, windows of %d)\n",
-          kl.mean, kl.median, kl.p90, kl.p99, kl.max, kl.top1_agreement,
-          static_cast<long long>(kl.positions), ctx);
+          "KL(reference || model) mean %.5f [95%% %.5f, %.5f]  median %.5f  p90 %.5f  p99 %.5f  "
+          "max %.4f  top-1 agreement %.4f [95%% %.4f, %.4f]  (%lld positions, windows of %d; "
+          "intervals: bootstrap over windows)\n",
+          kl.mean, kl.mean_ci95.lo, kl.mean_ci95.hi, kl.median, kl.p90, kl.p99, kl.max,
+          kl.top1_agreement, kl.top1_ci95.lo, kl.top1_ci95.hi, static_cast<long long>(kl.positions),
+          ctx);
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }

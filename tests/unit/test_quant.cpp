@@ -694,6 +694,50 @@ TEST(QuantLlama, QuantizedFileRoundTrips) {
   fs::remove_all(dir);
 }
 
+// Bootstrap intervals over windows: deterministic, degenerate when every window is the same,
+// around the estimate otherwise, narrowing as 1/sqrt(windows), and paired: a model against
+// itself has the ratio 1 exactly in every resample.
+TEST(QuantEval, BootstrapIntervalsOverWindows) {
+  auto windows = [](int n, std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<eval::WindowSums> w(n);
+    for (auto& x : w) {
+      x.scored = 100;
+      x.nll = 100 * (2.0 + 0.3 * rng.normal());  // per-window mean NLL 2 +- 0.3
+    }
+    return w;
+  };
+  auto w = windows(64, 1);
+  auto a = eval::perplexity_interval(w), b = eval::perplexity_interval(w);
+  EXPECT_EQ(a.lo, b.lo);
+  EXPECT_EQ(a.hi, b.hi);
+  const double ppl = eval::perplexity_of(w);
+  EXPECT_LT(a.lo, ppl);
+  EXPECT_GT(a.hi, ppl);
+  // The log-perplexity's interval is the mean window NLL's: about +-1.96 s / sqrt(n) for the
+  // sample standard deviation s of the window means (normal approximation; the percentile
+  // bootstrap with 1000 resamples lands within a few percent of it, 25% allowed).
+  auto expected_width = [](const std::vector<eval::WindowSums>& v) {
+    double m = 0, m2 = 0;
+    for (const auto& x : v) m += x.nll / x.scored;
+    m /= v.size();
+    for (const auto& x : v) m2 += (x.nll / x.scored - m) * (x.nll / x.scored - m);
+    return 2 * 1.96 * std::sqrt(m2 / (v.size() - 1)) / std::sqrt(static_cast<double>(v.size()));
+  };
+  for (int n : {16, 64, 256}) {
+    auto v = windows(n, 3 + n);
+    auto iv = eval::perplexity_interval(v);
+    EXPECT_NEAR(std::log(iv.hi / iv.lo) / expected_width(v), 1.0, 0.25) << n << " windows";
+  }
+  auto same = eval::perplexity_ratio_interval(w, w);
+  EXPECT_EQ(same.lo, 1.0);
+  EXPECT_EQ(same.hi, 1.0);
+  std::vector<eval::WindowSums> flat(10, eval::WindowSums{50.0, 25});
+  auto f = eval::perplexity_interval(flat);
+  EXPECT_DOUBLE_EQ(f.lo, std::exp(2.0));
+  EXPECT_DOUBLE_EQ(f.hi, std::exp(2.0));
+}
+
 TEST(QuantEval, KlPassGivesTheWindowsPerplexityToo) {
   const int V = 10, Vp = 16, ctx = 8;
   std::vector<std::int32_t> toks(64);
@@ -710,6 +754,13 @@ TEST(QuantEval, KlPassGivesTheWindowsPerplexityToo) {
   auto kl = eval::kl_divergence(flat, fn, toks, ctx, V, Vp);
   EXPECT_NEAR(kl.model_ppl.nll, w.nll, 1e-9);
   EXPECT_EQ(kl.model_ppl.scored, w.scored);
+  ASSERT_EQ(kl.model_ppl.per_window.size(), w.per_window.size());
+  EXPECT_LE(kl.model_ppl.ppl_ci95.lo, kl.model_ppl.perplexity);
+  EXPECT_GE(kl.model_ppl.ppl_ci95.hi, kl.model_ppl.perplexity);
+  EXPECT_LE(kl.mean_ci95.lo, kl.mean);
+  EXPECT_GE(kl.mean_ci95.hi, kl.mean);
+  EXPECT_LE(kl.top1_ci95.lo, kl.top1_agreement);
+  EXPECT_GE(kl.top1_ci95.hi, kl.top1_agreement);
   EXPECT_GT(kl.mean, 0.0);
   EXPECT_LE(kl.median, kl.p90);
   EXPECT_LE(kl.p99, kl.max);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
 
 namespace tessera::eval {
 
@@ -42,6 +43,47 @@ Error non_finite(int window, std::int64_t position) {
                "the weights or the quantization scales hold NaN or infinity");
 }
 }  // namespace
+
+Interval bootstrap95(int n, const std::function<double(const std::vector<int>& counts)>& stat,
+                     int resamples, std::uint64_t seed) {
+  if (n < 1 || resamples < 1) return {};
+  Rng rng(seed);
+  std::vector<double> values(resamples);
+  std::vector<int> counts(n);
+  for (int r = 0; r < resamples; ++r) {
+    std::fill(counts.begin(), counts.end(), 0);
+    for (int i = 0; i < n; ++i) ++counts[rng.next_u64() % n];
+    values[r] = stat(counts);
+  }
+  std::sort(values.begin(), values.end());
+  auto at = [&](double q) {
+    return values[std::min<std::size_t>(resamples - 1, static_cast<std::size_t>(q * resamples))];
+  };
+  return {at(0.025), at(0.975)};
+}
+
+double perplexity_of(const std::vector<WindowSums>& w, const std::vector<int>* counts) {
+  double nll = 0, scored = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const double c = counts ? (*counts)[i] : 1;
+    nll += c * w[i].nll;
+    scored += c * static_cast<double>(w[i].scored);
+  }
+  return scored > 0 ? std::exp(nll / scored) : 0.0;
+}
+
+Interval perplexity_interval(const std::vector<WindowSums>& w) {
+  return bootstrap95(static_cast<int>(w.size()),
+                     [&](const std::vector<int>& c) { return perplexity_of(w, &c); });
+}
+
+Interval perplexity_ratio_interval(const std::vector<WindowSums>& a,
+                                   const std::vector<WindowSums>& b) {
+  TESSERA_CHECK(a.size() == b.size(), "a paired interval needs the same windows");
+  return bootstrap95(static_cast<int>(a.size()), [&](const std::vector<int>& c) {
+    return perplexity_of(b, &c) / perplexity_of(a, &c);
+  });
+}
 
 void check_scores_something(PplProtocol protocol, int ctx) {
   const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
@@ -85,7 +127,8 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
       if (protocol == PplProtocol::SecondHalf) in[static_cast<std::size_t>(b) * ctx] = bos;
     }
     fn(in.data(), B, ctx, logits.data());
-    for (int b = 0; b < B; ++b)
+    for (int b = 0; b < B; ++b) {
+      WindowSums& ws = r.per_window.emplace_back();
       for (int t = first; t < ctx - 1; ++t) {
         const float* z = logits.data() + (static_cast<std::size_t>(b) * ctx + t) * Vp;
         std::int32_t target = tokens[static_cast<std::size_t>(w0 + b) * ctx + t + 1];
@@ -98,7 +141,10 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
         sum += nll;
         sumsq += nll * nll;
         ++count;
+        ws.nll += nll;
+        ++ws.scored;
       }
+    }
   }
   r.scored = count;
   r.nll = count ? sum / count : 0;
@@ -107,6 +153,7 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
     double var = std::max(0.0, sumsq / count - r.nll * r.nll);
     r.stderr_ppl = r.perplexity * std::sqrt(var / (count - 1));
   }
+  r.ppl_ci95 = perplexity_interval(r.per_window);
   return r;
 }
 
@@ -121,6 +168,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
   int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
   std::vector<float> la(static_cast<std::size_t>(batch) * ctx * Vp), lb(la.size());
   std::vector<double> kls;
+  std::vector<WindowSums> windows;  // (nw)
   std::int64_t agree = 0, scored = 0;
   double nll_sum = 0, nll_sq = 0;
   std::vector<double> pa, pb, ea, eb;
@@ -129,7 +177,9 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
     const std::int32_t* in = tokens.data() + static_cast<std::size_t>(w0) * ctx;
     reference(in, B, ctx, la.data());
     model(in, B, ctx, lb.data());
+    for (int b = 0; b < B; ++b) windows.emplace_back();
     for (std::int64_t i = 0; i < static_cast<std::int64_t>(B) * ctx; ++i) {
+      WindowSums& ws = windows[static_cast<std::size_t>(w0) + i / ctx];
       log_softmax(la.data() + i * Vp, V, pa, ea);
       log_softmax(lb.data() + i * Vp, V, pb, eb);
       double kl = 0;
@@ -144,10 +194,15 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
         nll_sum += nll;
         nll_sq += nll * nll;
         ++scored;
+        ws.nll += nll;
+        ++ws.scored;
       }
       if (!std::isfinite(kl)) throw non_finite(w0 + static_cast<int>(i / ctx), i % ctx);
       kls.push_back(std::max(0.0, kl));
       agree += aa == ab;
+      ws.kl += kls.back();
+      ws.top1 += aa == ab;
+      ++ws.positions;
     }
   }
   KlResult r;
@@ -164,7 +219,19 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
         r.model_ppl.perplexity *
         std::sqrt(std::max(0.0, nll_sq / scored - r.model_ppl.nll * r.model_ppl.nll) /
                   (scored - 1));
+  r.model_ppl.per_window = windows;
+  r.model_ppl.ppl_ci95 = perplexity_interval(windows);
   if (kls.empty()) return r;
+  auto mean_of = [&](const std::vector<int>& c, bool top1) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < windows.size(); ++i) {
+      num += c[i] * (top1 ? static_cast<double>(windows[i].top1) : windows[i].kl);
+      den += c[i] * static_cast<double>(windows[i].positions);
+    }
+    return den > 0 ? num / den : 0.0;
+  };
+  r.mean_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, false); });
+  r.top1_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, true); });
   double s = 0;
   for (double k : kls) s += k;
   r.mean = s / kls.size();
