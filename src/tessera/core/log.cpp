@@ -23,18 +23,23 @@ void log_line(const std::string& line) {
   std::fflush(stderr);
 }
 
-Progress::Progress(std::string label, std::int64_t total)
-    : label_(std::move(label)), total_(total), tty_(stderr_is_terminal()), start_(now_s()) {}
+Progress::Progress(std::string label, std::int64_t total, double delay_s)
+    : label_(std::move(label)),
+      total_(total),
+      delay_s_(delay_s),
+      tty_(stderr_is_terminal()),
+      start_(now_s()) {}
 
 Progress::~Progress() {
-  if (!finished_ && tty_) std::fputs("\n", stderr);
+  if (!finished_ && tty_ && shown_) std::fputs("\n", stderr);
 }
 
 void Progress::update(std::int64_t done, const std::string& detail) {
   double t = now_s();
   // Redraw at most 10 times a second on a terminal; every 10 s in a log.
-  if (t - last_print_ < (tty_ ? 0.1 : 10.0)) return;
+  if (t - last_print_ < (tty_ ? 0.1 : 10.0) || t - start_ < delay_s_) return;
   last_print_ = t;
+  shown_ = true;
   std::string bar;
   if (total_ > 0) {
     double frac = static_cast<double>(done) / static_cast<double>(total_);
@@ -65,6 +70,7 @@ void Progress::update(std::int64_t done, const std::string& detail) {
 void Progress::finish(const std::string& detail) {
   if (finished_) return;
   finished_ = true;
+  if (delay_s_ > 0 && !shown_) return;
   std::string line = fmt::format("{} done in {:.1f}s {}", label_, now_s() - start_, detail);
   if (tty_) std::fputs("\r\033[K", stderr);
   std::fputs(line.c_str(), stderr);

@@ -20,8 +20,10 @@ bool stderr_is_terminal();
 
 class Progress {
  public:
-  // total = 0 means unknown
-  Progress(std::string label, std::int64_t total);
+  // total = 0 means unknown. delay_s > 0: nothing is shown before that many seconds have passed,
+  // and finish() says nothing for work that ended sooner (library code whose calls are often
+  // quick: quantization, evaluation).
+  Progress(std::string label, std::int64_t total, double delay_s = 0);
   ~Progress();
   void update(std::int64_t done, const std::string& detail = {});
   void finish(const std::string& detail = {});
@@ -29,6 +31,8 @@ class Progress {
  private:
   std::string label_;
   std::int64_t total_;
+  double delay_s_;
+  bool shown_ = false;
   bool tty_;
   double last_print_ = -1e9;
   double start_;

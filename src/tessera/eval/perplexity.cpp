@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
 #include "tessera/core/rng.hpp"
 
 namespace tessera::eval {
@@ -118,7 +119,9 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
   std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * ctx);
   double sum = 0, sumsq = 0;
   std::int64_t count = 0;
+  Progress progress("perplexity", nw, 2.0);
   for (int w0 = 0; w0 < nw; w0 += batch) {
+    progress.update(w0, "windows");
     int B = std::min(batch, nw - w0);
     for (int b = 0; b < B; ++b) {
       std::copy(tokens.begin() + static_cast<std::size_t>(w0 + b) * ctx,
@@ -146,6 +149,7 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
       }
     }
   }
+  progress.finish();
   r.scored = count;
   r.nll = count ? sum / count : 0;
   r.perplexity = std::exp(r.nll);
@@ -172,7 +176,9 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
   std::int64_t agree = 0, scored = 0;
   double nll_sum = 0, nll_sq = 0;
   std::vector<double> pa, pb, ea, eb;
+  Progress progress("KL divergence", nw, 2.0);
   for (int w0 = 0; w0 < nw; w0 += batch) {
+    progress.update(w0, "windows");
     int B = std::min(batch, nw - w0);
     const std::int32_t* in = tokens.data() + static_cast<std::size_t>(w0) * ctx;
     reference(in, B, ctx, la.data());
@@ -205,6 +211,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
       ++ws.positions;
     }
   }
+  progress.finish();
   KlResult r;
   r.positions = static_cast<std::int64_t>(kls.size());
   r.model_ppl.protocol = PplProtocol::Windows;

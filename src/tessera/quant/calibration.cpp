@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/log.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/shard.hpp"
@@ -288,13 +289,16 @@ Capture capture(const model::ParamLayout& layout, const float* params, const Cal
     }
   };
   std::vector<float> x(static_cast<std::size_t>(micro) * T * C);
+  Progress progress("calibration pass", calib.n(), 2.0);
   for (int s = 0; s < calib.n(); s += micro) {
+    progress.update(s, calib.name);
     int B = std::min(micro, calib.n() - s);
     sample0 = s;
     const std::int32_t* tok = calib.tokens.data() + static_cast<std::size_t>(s) * T;
     run.embed(params, tok, B, T, x.data());
     for (int l = 0; l < L; ++l) run.block(params, l, x.data(), B, T, hooks);
   }
+  progress.finish();
   cap.tokens = static_cast<std::int64_t>(calib.n()) * T;
   return cap;
 }

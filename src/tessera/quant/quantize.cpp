@@ -10,6 +10,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/log.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/quant/methods.hpp"
 
@@ -252,7 +253,9 @@ void awq_fold(const QuantContext& x, int l, Lin kind, const std::vector<float>& 
 void quantize_awq(const QuantContext& x) {
   const int L = x.L;
   auto cap = capture(x.layout, x.params, *x.calib, true, x.opt.micro_batch);
+  Progress progress("awq", L, 2.0);
   for (int l = 0; l < L; ++l) {
+    progress.update(l, fmt::format("layer {}", l));
     std::array<QLinear, k_num_lin> qls;
     std::array<std::vector<double>, k_num_lin> S;
     for (int k = 0; k < k_num_lin; ++k) {
@@ -300,6 +303,7 @@ void quantize_awq(const QuantContext& x) {
       x.finish(std::move(qls[k]));
     }
   }
+  progress.finish();
   x.qm.info["grid"] = std::to_string(x.opt.awq_grid);
 }
 
@@ -320,10 +324,12 @@ void quantize_gptq(const QuantContext& x) {
   go.blocksize = x.opt.blocksize;
   go.act_order = x.opt.act_order;
   go.static_groups = x.opt.static_groups;
+  Progress progress("gptq", static_cast<std::int64_t>(L) * k_num_lin, 2.0);
   for (int l = 0; l < L; ++l) {
     // true-sequential inside the block: each linear sees the already-quantized ones
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
+      progress.update(static_cast<std::int64_t>(l) * k_num_lin + k, linear_name(x.cfg, l, kind));
       const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
       Hessian H;
       H.init(cols);
@@ -353,6 +359,7 @@ void quantize_gptq(const QuantContext& x) {
       run.block(x.P, l, xs.data() + static_cast<std::size_t>(s) * T * C, B, T, none);
     }
   }
+  progress.finish();
   x.qm.info["damp"] = fmt::format("{}", x.opt.damp);
   x.qm.info["act_order"] = x.opt.act_order ? "true" : "false";
 }
