@@ -37,7 +37,8 @@ void add_convert_command(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::IsMember({"hf", "gguf"}));
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "gguf: the tokenizer to write into the file (default: the model's own)");
+                  "the tokenizer to write with the model (default: the model's own; hf: none "
+                  "for GPT-2's)");
   cmd->add_option("--dtype", a->dtype,
                   "the weights' type in the file: fp32, bf16 or fp16 (gguf: also q8_0)")
       ->capture_default_str()
@@ -70,8 +71,9 @@ void add_convert_command(CLI::App& root) {
                             : a->dtype == "fp16" ? io::DType::F16
                                                  : io::DType::F32;
     io::save_model(out, layout, loaded.params.data(), dtype);
-    log_info("wrote {} ({}): config.json, model.safetensors ({})", out.string(),
-             model::describe(loaded.config), a->dtype);
+    const bool tok = write_own_tokenizer(out, a->tokenizer, a->model, loaded.config.vocab_size);
+    log_info("wrote {} ({}): config.json, model.safetensors ({}){}", out.string(),
+             model::describe(loaded.config), a->dtype, tok ? ", tokenizer.json" : "");
   });
 }
 

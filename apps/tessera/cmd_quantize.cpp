@@ -108,6 +108,7 @@ void add_quantize_command(CLI::App& root) {
     double secs = std::chrono::duration<double>(clock::now() - t0).count();
     qm.info["source"] = path.string();
     quant::save_quantized(a->out, qm);
+    write_own_tokenizer(a->out, a->cf.tokenizer, a->model, cfg.vocab_size);
     std::printf("quantized %s (%s) with %s%s in %.1f s -> %s/model.safetensors\n",
                 path.string().c_str(), model::describe(cfg).c_str(), a->method.c_str(),
                 needs ? (" on " + calib.describe()).c_str() : "", secs, a->out.c_str());

@@ -3,6 +3,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 
 namespace tessera::app {
 
@@ -20,6 +21,16 @@ fs::path resolve_tokenizer_path(const std::string& tokenizer_arg, const std::str
   const fs::path dir = input_kind(m, "model") == InputKind::Directory ? m : m.parent_path();
   if (fs::exists(dir / "tokenizer.json")) return dir / "tokenizer.json";
   return k_gpt2_tokenizer;
+}
+
+bool write_own_tokenizer(const fs::path& out_dir, const std::string& tokenizer_arg,
+                         const std::string& model_arg, std::int64_t model_vocab) {
+  const fs::path path = resolve_tokenizer_path(tokenizer_arg, model_arg);
+  if (tokenizer_arg.empty() && path == k_gpt2_tokenizer) return false;
+  const auto tok = io::load_tokenizer(path);
+  io::require_tokenizer_fits(tok, model_vocab);
+  io::write_hf_tokenizer(out_dir, tok.vocab());
+  return true;
 }
 
 }  // namespace tessera::app

@@ -7,6 +7,7 @@
 //                data/gpt2; or a path / short name as tessera tokenize takes it.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -18,5 +19,10 @@ std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 // The tokenizer for a model given as `model_arg` when --tokenizer was `tokenizer_arg`.
 std::filesystem::path resolve_tokenizer_path(const std::string& tokenizer_arg,
                                              const std::string& model_arg = "");
+// Writes the model's own tokenizer (or the one --tokenizer names) into `out_dir` as
+// tokenizer.json + tokenizer_config.json, so that the directory is a complete model; models
+// with GPT-2's default tokenizer get none (as before). Returns whether one was written.
+bool write_own_tokenizer(const std::filesystem::path& out_dir, const std::string& tokenizer_arg,
+                         const std::string& model_arg, std::int64_t model_vocab);
 
 }  // namespace tessera::app

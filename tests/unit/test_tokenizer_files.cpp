@@ -385,3 +385,40 @@ TEST(TokenizerFiles, BadTokenizerJsonIsOneClearError) {
   expect_error([&] { tessera::io::load_tokenizer(empty); }, "no tokenizer in");
   fs::remove_all(empty);
 }
+
+// tokenizer.json written from a tokenizer reads back as the same tokenizer (every field of the
+// vocabulary), and encodes the stress text and the Brown corpus to Hugging Face's ids: SmolLM2
+// (Digits pre-tokenizer, special tokens), Llama 3 (Split regex, ignore_merges, BOS added) and
+// GPT-2.
+TEST(TokenizerFiles, WrittenTokenizerJsonReadsBackTheSame) {
+  struct Case {
+    fs::path source, fixture;
+  };
+  const std::vector<Case> cases{{k_smollm2, k_fixtures / "smollm2.json"},
+                                {k_vocab / "ggml-vocab-llama-bpe.gguf", k_fixtures / "llama3.json"},
+                                {k_data / "gpt2", ""}};
+  for (const auto& c : cases) {
+    if (!fs::exists(c.source)) continue;
+    SCOPED_TRACE(c.source.string());
+    const Tokenizer tok = tessera::io::load_tokenizer(c.source);
+    const fs::path dir = fs::temp_directory_path() /
+                         ("tessera_tokjson_" + std::to_string(::getpid()) + "_" +
+                          c.source.filename().string());
+    fs::create_directories(dir);
+    tessera::io::write_hf_tokenizer(dir, tok.vocab());
+    const Tokenizer back = tessera::io::load_tokenizer(dir);
+    const auto &a = tok.vocab(), &b = back.vocab();
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.merges, a.merges);
+    EXPECT_EQ(b.special_ids, a.special_ids);
+    EXPECT_EQ(b.pre, a.pre);
+    EXPECT_EQ(b.ignore_merges, a.ignore_merges);
+    EXPECT_EQ(b.bos, a.bos);
+    EXPECT_EQ(b.eos, a.eos);
+    EXPECT_EQ(b.add_bos, a.add_bos);
+    const std::string stress = read(k_fixtures / "stress.txt");
+    EXPECT_EQ(back.encode(stress), tok.encode(stress));
+    if (!c.fixture.empty()) expect_matches_fixture(back, c.fixture);
+    fs::remove_all(dir);
+  }
+}

@@ -375,4 +375,116 @@ void require_tokenizer_fits(const data::Tokenizer& tok, std::int64_t model_vocab
               "pass the tokenizer the model was trained with (--tokenizer)");
 }
 
+namespace {
+
+json hf_pre_json(PreTokenizer pre) {
+  auto byte_level = [](bool regex) {
+    return json{{"type", "ByteLevel"},
+                {"add_prefix_space", false},
+                {"trim_offsets", true},
+                {"use_regex", regex}};
+  };
+  switch (pre) {
+    case PreTokenizer::Gpt2:
+      return byte_level(true);
+    case PreTokenizer::Digits:
+      return json{{"type", "Sequence"},
+                  {"pretokenizers",
+                   {json{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}}};
+    case PreTokenizer::Llama3:
+      return json{
+          {"type", "Sequence"},
+          {"pretokenizers",
+           {json{
+                {"type", "Split"},
+                {"pattern",
+                 {{"Regex", std::string(data::pre_tokenizer_regexes(PreTokenizer::Llama3).at(0))}}},
+                {"behavior", "Isolated"},
+                {"invert", false}},
+            byte_level(false)}}};
+  }
+  return json();
+}
+
+// Adds the BOS to every sequence (and pair) when the model wants one; else ByteLevel's offsets.
+json hf_post_processor(const data::BpeVocab& vocab) {
+  if (!vocab.add_bos || !vocab.bos)
+    return json{{"type", "ByteLevel"},
+                {"add_prefix_space", true},
+                {"trim_offsets", false},
+                {"use_regex", true}};
+  const std::string bos = vocab.tokens[*vocab.bos];
+  auto special = json{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}};
+  auto seq = [](const char* id, int type) {
+    return json{{"Sequence", {{"id", id}, {"type_id", type}}}};
+  };
+  return json{{"type", "TemplateProcessing"},
+              {"single", {special, seq("A", 0)}},
+              {"pair", {special, seq("A", 0), special, seq("B", 1)}},
+              {"special_tokens", {{bos, {{"id", bos}, {"ids", {*vocab.bos}}, {"tokens", {bos}}}}}}};
+}
+
+json hf_model_json(const data::BpeVocab& vocab) {
+  std::vector<char> special(vocab.tokens.size(), 0);
+  for (auto id : vocab.special_ids) special[id] = 1;
+  json v = json::object();
+  for (std::size_t id = 0; id < vocab.tokens.size(); ++id) {
+    if (special[id]) continue;
+    auto spelled = data::byte_level_encode(vocab.tokens[id]);
+    if (v.contains(spelled))
+      throw Error(fmt::format("{}: tokens {} and {} have the same bytes, which a tokenizer.json "
+                              "vocabulary cannot hold",
+                              vocab.source, v[spelled].get<std::size_t>(), id),
+                  "keep the tokenizer in its original file");
+    v[spelled] = id;
+  }
+  json merges = json::array();
+  for (const auto& [left, right] : vocab.merges)
+    merges.push_back({data::byte_level_encode(left), data::byte_level_encode(right)});
+  return json{{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", vocab.ignore_merges},
+              {"vocab", std::move(v)},
+              {"merges", std::move(merges)}};
+}
+
+}  // namespace
+
+void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab) {
+  json added = json::array();
+  for (auto id : vocab.special_ids)
+    added.push_back({{"id", id},
+                     {"content", vocab.tokens[id]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  json tok{{"version", "1.0"},
+           {"truncation", nullptr},
+           {"padding", nullptr},
+           {"added_tokens", std::move(added)},
+           {"normalizer", nullptr},
+           {"pre_tokenizer", hf_pre_json(vocab.pre)},
+           {"post_processor", hf_post_processor(vocab)},
+           {"decoder",
+            {{"type", "ByteLevel"},
+             {"add_prefix_space", true},
+             {"trim_offsets", true},
+             {"use_regex", true}}},
+           {"model", hf_model_json(vocab)}};
+  json cfg{{"tokenizer_class", "PreTrainedTokenizerFast"},
+           {"add_bos_token", vocab.add_bos},
+           {"clean_up_tokenization_spaces", false}};
+  if (vocab.bos) cfg["bos_token"] = vocab.tokens[*vocab.bos];
+  if (vocab.eos) cfg["eos_token"] = vocab.tokens[*vocab.eos];
+  write_file_atomic(dir / "tokenizer.json", tok.dump(2) + "\n");
+  write_file_atomic(dir / "tokenizer_config.json", cfg.dump(2) + "\n");
+}
+
 }  // namespace tessera::io
