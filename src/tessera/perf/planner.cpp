@@ -38,7 +38,8 @@ void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
           vs.clear();
           for (int v = 2; v <= s.max_chunks; ++v) vs.push_back(v);
         }
-        for (int v : vs)
+        for (int v : vs) {
+          if (!s.uneven_splits && w.cfg.n_layer % (g.pp * v) != 0) continue;  // not searched
           for (Recompute rc : s.recompute)
             for (int sp = 0; sp <= (try_sp ? 1 : 0); ++sp) {
               PlanPoint p;
@@ -65,6 +66,7 @@ void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
               pr.dp_s.clear();
               fit.push_back(std::move(pr));
             }
+        }
       }
     }
   }

@@ -23,7 +23,10 @@ struct PlanSearch {
   std::vector<parallel::ScheduleKind> schedules = {parallel::ScheduleKind::OneF1B,
                                                    parallel::ScheduleKind::GPipe,
                                                    parallel::ScheduleKind::Interleaved};
-  int max_chunks = 4;             // interleaved: v in 2..max_chunks
+  int max_chunks = 4;  // interleaved: v in 2..max_chunks
+  // false: only pipelines whose layers divide evenly into pp x chunks (Megatron-LM's rule; the
+  // trainer also runs the balanced uneven split)
+  bool uneven_splits = true;
   bool sequence_parallel = true;  // also try sequence parallelism where tx > 1 alone
   // false: one tensor axis at most, tx alone (the trainer's 1D mode) or ty alone (Megatron's
   // column/row-parallel split); no tz
