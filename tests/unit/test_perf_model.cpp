@@ -504,3 +504,26 @@ TEST(PerfProbe, GemmCurveFitIgnoresOutliers) {
   ClusterSpec c4;
   EXPECT_GT(tessera::perf::fit_gemm_curve(noisy, c4), 0.1);
 }
+
+// Sequence parallelism as the trainer runs it (tx alone): the attention core and the GELU, and
+// their activations, split by sequences over tx; the collectives become reduce-scatters and
+// all-gathers (the forward moves less, the backward more); FLOPs are unchanged.
+TEST(PerfModel, SequenceParallelismSplitsTheTxReplicatedRegions) {
+  auto m = gpt(8, 16, 2048);
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  Workload w{m.cfg, 2048, 32};
+  PlanPoint p;
+  p.grid = GridShape{1, 1, 4, 1, 1};
+  p.micro_batch = 4;
+  p.recompute = Recompute::None;
+  const auto off = predict(w, p, c);
+  p.sequence_parallel = true;
+  const auto on = predict(w, p, c);
+  EXPECT_LT(on.compute_s, off.compute_s);
+  EXPECT_LT(on.memory.activations, off.memory.activations / 2);
+  EXPECT_DOUBLE_EQ(on.hw_flops, off.hw_flops);
+  EXPECT_GT(on.comm[static_cast<int>(tessera::comm::Axis::TX)].bytes, 0);
+  // not on ty
+  p.grid = GridShape{1, 1, 1, 4, 1};
+  EXPECT_EQ(infeasible_reason(w, p, c), "sequence parallelism needs tx > 1 alone");
+}
