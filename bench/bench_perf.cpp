@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     auto c = load_cluster("configs/clusters/selene.toml");
     Workload w{meg_1t.cfg, 2048, 3072};
     PlanPoint p;
+    p.recompute = Recompute::Full;  // the point's former default
     p.grid = tessera::comm::GridShape{6, 64, 1, 8, 1};
     p.micro_batch = 1;
     p.schedule = tessera::parallel::ScheduleKind::OneF1B;

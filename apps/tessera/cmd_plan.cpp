@@ -146,7 +146,9 @@ void add_plan_command(CLI::App& root) {
                     "attention materializes the (s x s) scores (memory and traffic)"),
       cmd->add_flag("--no-overlap", a->no_overlap,
                     "communication is not overlapped with computation (tensor and data parallel)"),
-      cmd->add_flag("--1d", a->one_d, "only 1D (Megatron) tensor parallelism: tx = tz = 1")};
+      cmd->add_flag("--1d", a->one_d,
+                    "one tensor axis at most: tx alone (1D, with sequence parallelism) or ty alone "
+                    "(Megatron), no tz")};
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   auto* show = cmd->add_option("--show-schedule", a->show_schedule,
                                "instead of planning, draw the pipeline schedule gpipe, 1f1b or "

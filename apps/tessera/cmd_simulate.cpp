@@ -79,7 +79,7 @@ void add_simulate_command(CLI::App& root) {
                                 p.grid.world_size(), a->gpus));
       p.micro_batch = a->micro_batch;
       p.schedule = parallel::parse_schedule(a->schedule);
-      p.v = p.schedule == parallel::ScheduleKind::Interleaved ? a->chunks : 1;
+      p.virtual_stages = p.schedule == parallel::ScheduleKind::Interleaved ? a->chunks : 1;
       p.zero = a->zero;
       p.recompute = perf::parse_recompute(a->recompute);
       if (auto why = perf::infeasible_reason(w, p, cl); !why.empty())

@@ -158,7 +158,7 @@ TEST(ParallelGrid, BadGridsAreRejectedBeforeAnyWork) {
   };
   for (const auto& c : std::vector<Case>{
            {2, "parallel.dp=4", "has 4 ranks but the job has 2"},
-           {4, "parallel.tx=4", "n_head=2 is not divisible by tx*ty=4"},
+           {4, "parallel.ty=4", "n_head=2 is not divisible by ty=4"},
            {2, "parallel.zero=7", "parallel.zero"},
            {4, "parallel.dp=2 parallel.ty=2 parallel.sequence_parallel=true",
             "sequence_parallel needs 1D tensor parallelism over tx"},

@@ -6,7 +6,7 @@
 // all-reduced, row sums split over tz, LayerNorm statistics split over tx), so the same argument
 // as for data parallelism applies. Also: a checkpoint written on one grid resumes on others.
 //
-// The model is tiny.toml with 4 heads (tx*ty must divide n_head).
+// The model is tiny.toml with 4 heads (ty must divide n_head).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,6 +1,6 @@
 // Acceptance of the performance model against the Megatron-LM weak-scaling table on Selene
 // (Narayanan et al., SC'21, Table 1): one cluster file (configs/clusters/selene.toml), one set
-// of constants, no per-row fitting. Each row's grid (TP = ty, the 1D Megatron split), global
+// of constants, no per-row fitting. Each row's grid (TP = ty, Megatron's column/row split), global
 // batch and full recomputation are given; the micro-batch and schedule are the model's best for
 // that grid. The 2021 software: fp16, no FlashAttention, no overlap of tensor-parallel or
 // data-parallel communication.
@@ -51,6 +51,7 @@ PlanSearch published_grid_search(const Row& r) {
   s.zero_stages = {0};
   s.recompute = {Recompute::Full};
   s.sequence_parallel = false;
+  s.uneven_splits = false;  // Megatron-LM's layers divide evenly over pp x chunks
   s.top = 1;
   return s;
 }
@@ -89,8 +90,9 @@ TEST(PerfMegatron, PublishedGridNearThePlannersBest) {
     s.devices = r.gpus;
     s.recompute = {Recompute::Full};
     s.zero_stages = {0};          // the 2021 software: no ZeRO, no sequence parallelism,
-    s.sequence_parallel = false;  // 1D tensor parallelism
+    s.sequence_parallel = false;  // 1D tensor parallelism (tx or ty alone), even layer splits
     s.tensor_3d = false;
+    s.uneven_splits = false;
     s.top = 1;
     auto best = plan(w, selene, s, megatron_2021());
     ASSERT_FALSE(best.best.empty());

@@ -163,11 +163,14 @@ TEST(PerfModel, ActivationsAreKorthikantisFormulas) {
   auto act = [&](GridShape g, Recompute r, bool sp, bool flash = false) {
     return layer_activation_bytes(m.cfg, 2048, 4, g, r, sp, flash, DType::BF16);
   };
-  const GridShape one{}, tp{1, 1, 1, 8, 1};
+  // Megatron's split is ty alone; sequence parallelism is tx alone (the trainer's 1D mode),
+  // which without it replicates the attention and MLP regions over tx
+  const GridShape one{}, tp{1, 1, 1, 8, 1}, tpx{1, 1, 8, 1, 1};
   EXPECT_NEAR(act(one, Recompute::None, false), s * b * h * (34 + 5 * a * s / h), 1);
   EXPECT_NEAR(act(tp, Recompute::None, false), s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), 1);
-  EXPECT_NEAR(act(tp, Recompute::None, true), s * b * h / t * (34 + 5 * a * s / h), 1);
-  EXPECT_NEAR(act(tp, Recompute::Selective, true), 34 * s * b * h / t, 1);
+  EXPECT_NEAR(act(tpx, Recompute::None, true), s * b * h / t * (34 + 5 * a * s / h), 1);
+  EXPECT_NEAR(act(tpx, Recompute::Selective, true), 34 * s * b * h / t, 1);
+  EXPECT_NEAR(act(tpx, Recompute::None, false), s * b * h * (10 / t + 24 + 5 * a * s / h), 1);
   EXPECT_NEAR(act(one, Recompute::Full, false), 2 * s * b * h, 1);
   EXPECT_NEAR(act(one, Recompute::None, false, true), 34 * s * b * h, 1);  // flash attention
   // the batch is split over tz
@@ -229,6 +232,7 @@ TEST(PerfModel, TradeOffsGoTheRightWay) {
   auto c = load_cluster(path("configs/clusters/selene.toml"));
   Workload w{m.cfg, 2048, 256};
   PlanPoint p;
+  p.recompute = Recompute::Full;  // the point's former default
   p.grid = GridShape{4, 4, 1, 4, 1};
   p.micro_batch = 1;
   auto at = [&](auto&& change) {
@@ -245,7 +249,7 @@ TEST(PerfModel, TradeOffsGoTheRightWay) {
   auto gpipe = at([](PlanPoint& q) { q.schedule = ScheduleKind::GPipe; });
   auto inter = at([](PlanPoint& q) {
     q.schedule = ScheduleKind::Interleaved;
-    q.v = 2;
+    q.virtual_stages = 2;
   });
   EXPECT_LT(inter.bubble_s, f1b.bubble_s);
   EXPECT_GT(gpipe.memory.activations, f1b.memory.activations);                  // m in flight vs pp
@@ -290,6 +294,7 @@ TEST(PerfModel, SharedCoresLetIdleStagesLendTheirCores) {
   auto m = gpt(8, 16, 1024);
   Workload w{m.cfg, 512, 16};
   PlanPoint p;
+  p.recompute = Recompute::Full;  // the point's former default
   p.grid = GridShape{1, 2, 2, 1, 1};
   p.micro_batch = 2;  // 8 micro-batches
   const auto ded = predict(w, p, dedicated), sh = predict(w, p, shared);
@@ -381,10 +386,11 @@ TEST(PerfSimulator, ReplayMatchesTheModelAndAccountsEverySecond) {
   Workload w{m.cfg, 2048, 128};
   for (ScheduleKind k : {ScheduleKind::OneF1B, ScheduleKind::GPipe, ScheduleKind::Interleaved}) {
     PlanPoint p;
+    p.recompute = Recompute::Full;  // the point's former default
     p.grid = GridShape{2, 4, 1, 2, 1};
     p.micro_batch = 2;
     p.schedule = k;
-    p.v = k == ScheduleKind::Interleaved ? 2 : 1;
+    p.virtual_stages = k == ScheduleKind::Interleaved ? 2 : 1;
     auto pred = predict(w, p, c);
     auto sim = simulate(pred);
     EXPECT_FALSE(sim.deadlock);
@@ -402,6 +408,7 @@ TEST(PerfSimulator, WritesAChromeTrace) {
   auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
   Workload w{m.cfg, 1024, 16};
   PlanPoint p;
+  p.recompute = Recompute::Full;  // the point's former default
   p.grid = GridShape{1, 4, 1, 2, 1};
   p.micro_batch = 2;
   auto pred = predict(w, p, c);
@@ -423,12 +430,20 @@ TEST(PerfSimulator, WritesAChromeTrace) {
 TEST(PerfModel, PredictStepForTheTrainer) {
   auto m = gpt(12, 12, 768, 50257);
   auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
-  auto e = predict_step(m.cfg, GridShape{2, 1, 1, 1, 1}, c, 1024, 8, 4, 1);
+  PlanPoint plan;
+  plan.grid = GridShape{2, 1, 1, 1, 1};
+  plan.micro_batch = 8;
+  plan.micro_batches = 4;
+  plan.zero = 1;
+  auto e = predict_step(m.cfg, plan, c, 1024);
   EXPECT_TRUE(e.reason.empty()) << e.reason;
   EXPECT_TRUE(e.fits);
   EXPECT_GT(e.step_s, 0);
   EXPECT_GT(e.peak_bytes, 124e6 * 16 / 2);
-  auto bad = predict_step(m.cfg, GridShape{1, 1, 1, 5, 1}, c, 1024, 8, 1, 0);
+  PlanPoint bad_plan;
+  bad_plan.grid = GridShape{1, 1, 1, 5, 1};
+  bad_plan.micro_batch = 8;
+  auto bad = predict_step(m.cfg, bad_plan, c, 1024);
   EXPECT_FALSE(bad.reason.empty());
 }
 
@@ -488,4 +503,27 @@ TEST(PerfProbe, GemmCurveFitIgnoresOutliers) {
   for (std::size_t i = 0; i < noisy.size(); i += 2) noisy[i].gflops /= 4;
   ClusterSpec c4;
   EXPECT_GT(tessera::perf::fit_gemm_curve(noisy, c4), 0.1);
+}
+
+// Sequence parallelism as the trainer runs it (tx alone): the attention core and the GELU, and
+// their activations, split by sequences over tx; the collectives become reduce-scatters and
+// all-gathers (the forward moves less, the backward more); FLOPs are unchanged.
+TEST(PerfModel, SequenceParallelismSplitsTheTxReplicatedRegions) {
+  auto m = gpt(8, 16, 2048);
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  Workload w{m.cfg, 2048, 32};
+  PlanPoint p;
+  p.grid = GridShape{1, 1, 4, 1, 1};
+  p.micro_batch = 4;
+  p.recompute = Recompute::None;
+  const auto off = predict(w, p, c);
+  p.sequence_parallel = true;
+  const auto on = predict(w, p, c);
+  EXPECT_LT(on.compute_s, off.compute_s);
+  EXPECT_LT(on.memory.activations, off.memory.activations / 2);
+  EXPECT_DOUBLE_EQ(on.hw_flops, off.hw_flops);
+  EXPECT_GT(on.comm[static_cast<int>(tessera::comm::Axis::TX)].bytes, 0);
+  // not on ty
+  p.grid = GridShape{1, 1, 1, 4, 1};
+  EXPECT_EQ(infeasible_reason(w, p, c), "sequence parallelism needs tx > 1 alone");
 }

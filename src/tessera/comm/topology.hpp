@@ -78,18 +78,4 @@ class Topology {
   Coords coords_;
 };
 
-// Up-front validation of a grid for a model and batch, with one reason per failure (throws
-// tessera::Error naming the first problem, with a hint): product of the axes == world size;
-// heads divisible by tx*ty (and the split over tensor axes possible); n_embd divisible by
-// tx*ty*tz; layers divisible by pp... (each axis only checks what it needs; axes of size 1 never
-// constrain anything).
-struct GridRequirements {
-  int world_size = 1;
-  int n_layer = 1, n_head = 1, n_embd = 1, vocab_size = 1;
-  int batch_size = 1;    // micro-batch per dp rank (already per rank: no dp divisibility needed)
-  int global_batch = 0;  // optional: if > 0, must equal batch_size * grad_accum * dp
-  int grad_accum = 1;
-};
-void validate_grid(const GridShape& shape, const GridRequirements& req);
-
 }  // namespace tessera::comm

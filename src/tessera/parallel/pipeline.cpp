@@ -13,56 +13,6 @@
 
 namespace tessera::parallel {
 
-std::vector<int> balanced_layer_split(int n_layer, int chunks) {
-  TESSERA_CHECK(chunks >= 1, "{} pipeline chunks", chunks);
-  if (n_layer < chunks)
-    throw Error(fmt::format("model.n_layer={} cannot be split into {} pipeline chunks (pp x "
-                            "virtual stages): every chunk needs a layer",
-                            n_layer, chunks),
-                "use fewer stages or virtual stages, a deeper model, or give parallel.pp_layers");
-  std::vector<int> split(chunks, n_layer / chunks);
-  int rem = n_layer % chunks;
-  std::vector<int> order;  // middle chunks first, then the last, then the first
-  for (int c = 1; c + 1 < chunks; ++c) order.push_back(c);
-  if (chunks > 1) order.push_back(chunks - 1);
-  order.push_back(0);
-  for (int i = 0; rem > 0; ++i, --rem) ++split[order[i % order.size()]];
-  return split;
-}
-
-std::vector<int> parse_layer_split(const std::string& text, int n_layer, int chunks) {
-  if (text.empty()) return balanced_layer_split(n_layer, chunks);
-  std::vector<int> split;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    const std::string t = b == std::string::npos ? "" : item.substr(b, e - b + 1);
-    std::size_t used = 0;
-    int v = -1;
-    try {
-      v = std::stoi(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (t.empty() || used != t.size() || v < 0)
-      throw Error(fmt::format("parallel.pp_layers = \"{}\": '{}' is not a layer count", text, t),
-                  "write non-negative whole numbers separated by commas, e.g. \"3,5\"");
-    split.push_back(v);
-  }
-  if (static_cast<int>(split.size()) != chunks)
-    throw Error(fmt::format("parallel.pp_layers = \"{}\" has {} entries; the pipeline has {} "
-                            "chunks (pp x virtual stages)",
-                            text, split.size(), chunks),
-                "give one layer count per chunk, in model order");
-  long sum = 0;
-  for (int v : split) sum += v;
-  if (sum != n_layer)
-    throw Error(fmt::format("parallel.pp_layers = \"{}\" adds up to {} layers; the model has {}",
-                            text, sum, n_layer),
-                "the counts must add up to model.n_layer");
-  return split;
-}
-
 std::vector<ModelChunk> stage_chunks(const std::vector<int>& split, int pp, int v, int stage) {
   TESSERA_CHECK(static_cast<int>(split.size()) == pp * v && stage >= 0 && stage < pp,
                 "split of {} chunks for pp={} v={} stage {}", split.size(), pp, v, stage);

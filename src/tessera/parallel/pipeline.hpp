@@ -23,20 +23,12 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/tensor_model.hpp"
 
 namespace tessera::parallel {
 
-// Layers per model chunk (`chunks` = pp*v entries, in model order). Balanced: n_layer / chunks
-// each, the remainder one by one to the middle chunks first (the first chunk also runs the
-// embedding, the last the LM head), then to the last and the first. Throws tessera::Error when
-// there are fewer layers than chunks.
-std::vector<int> balanced_layer_split(int n_layer, int chunks);
-// parallel.pp_layers: "" (balanced) or comma-separated layer counts, one per model chunk, each
-// >= 0, summing to n_layer ("0,6,6,0" puts the embedding and the head on stages of their own).
-// Throws tessera::Error naming the problem.
-std::vector<int> parse_layer_split(const std::string& text, int n_layer, int chunks);
 // The local chunks of `stage` (chunk c = model chunk c*pp + stage) for TensorModelOptions::chunks.
 std::vector<ModelChunk> stage_chunks(const std::vector<int>& split, int pp, int v, int stage);
 

@@ -74,6 +74,31 @@ struct LayerCost {
   double fwd_bytes[3] = {0, 0, 0}, bwd_bytes[3] = {0, 0, 0};  // message bytes per pass
 };
 
+// One linear's collectives over tx under sequence parallelism (parallel/tensor_model.hpp, 1D
+// mode): a normal linear reduce-scatters its output rows (fb bytes whole) forward and all-gathers
+// the output gradient backward; a transposed one all-gathers its input rows (bb bytes whole)
+// forward, and backward reduce-scatters the input gradient (during the weight-gradient GEMM, as
+// the all-reduce it replaces) and all-gathers the input again for the weight gradient.
+struct SpComm {
+  double fwd = 0, bwd_overlappable = 0, bwd_exposed = 0, fwd_bytes = 0, bwd_bytes = 0;
+};
+SpComm sp_linear_comm(const GroupLink& lx, long tx, bool transposed, double fb, double bb) {
+  SpComm r;
+  if (tx <= 1) return r;
+  if (!transposed) {
+    r.fwd = reduce_scatter_time(lx, tx, fb);
+    r.bwd_exposed = all_gather_time(lx, tx, fb);
+    r.fwd_bytes = r.bwd_bytes = fb;
+  } else {
+    r.fwd = all_gather_time(lx, tx, bb);
+    r.bwd_overlappable = reduce_scatter_time(lx, tx, bb);
+    r.bwd_exposed = all_gather_time(lx, tx, bb);
+    r.fwd_bytes = bb;
+    r.bwd_bytes = 2 * bb;
+  }
+  return r;
+}
+
 LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
                      const ModelOptions& o) {
   const auto& g = p.grid;
@@ -112,12 +137,22 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
     const GroupLink& lo = ao == 0 ? lx : ly;
     const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
     const double fb = n * N * e, bb = n * K * e;
-    fwd_ar[ai] += all_reduce_time(li, si, fb);
-    lc.fwd_bytes[ai] += si > 1 ? fb : 0;
-    const double tb = all_reduce_time(lo, so, bb);
-    bwd_ar[ao] += tb;
-    lc.bwd_bytes[ao] += so > 1 ? bb : 0;
-    bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
+    if (p.sequence_parallel) {
+      const SpComm sc = sp_linear_comm(lx, g.tx, L.transposed, fb, bb);
+      fwd_ar[0] += sc.fwd;
+      bwd_ar[0] += sc.bwd_overlappable + sc.bwd_exposed;
+      lc.fwd_bytes[0] += sc.fwd_bytes;
+      lc.bwd_bytes[0] += sc.bwd_bytes;
+      const double tb = sc.bwd_overlappable;
+      bwd_ar_exposed += sc.bwd_exposed + (o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb);
+    } else {
+      fwd_ar[ai] += all_reduce_time(li, si, fb);
+      lc.fwd_bytes[ai] += si > 1 ? fb : 0;
+      const double tb = all_reduce_time(lo, so, bb);
+      bwd_ar[ao] += tb;
+      lc.bwd_bytes[ao] += so > 1 ? bb : 0;
+      bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
+    }
     const double block = L.in * L.out / (tx * ty) * e;
     z_ag += all_gather_time(lz, g.tz, block);
     z_rs += reduce_scatter_time(lz, g.tz, block);
@@ -132,14 +167,15 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   bwd_ar[0] += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
   bwd_ar_exposed += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
 
-  // attention core: a/ty heads, replicated over tx
-  const double seqs = static_cast<double>(p.micro_batch) / tz, heads = a / ty;
+  // attention core: a/ty heads, replicated over tx (sequence parallelism: split by sequences)
+  const double sp_rows = p.sequence_parallel ? tx : 1;
+  const double seqs = static_cast<double>(p.micro_batch) / (tz * sp_rows), heads = a / ty;
   const double per_head_qk = gemm_time(c, peak, e, {s, s, d}),
                per_head_av = gemm_time(c, peak, e, {s, d, s});
   const double attn_f = seqs * heads * (per_head_qk + per_head_av);
   // elementwise traffic
-  double traffic =
-      k_res_traffic * n * h / tx + k_mlp_traffic * n * ffn / ty + k_qkv_traffic * n * qkv / ty;
+  double traffic = k_res_traffic * n * h / tx +
+                   (k_mlp_traffic * n * ffn / ty + k_qkv_traffic * n * qkv / ty) / sp_rows;
   double score_traffic = o.flash_attention ? 0 : k_score_traffic * seqs * heads * s * s;
   const double elem_f = (traffic + score_traffic) * e / bw;
 
@@ -177,33 +213,6 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
 
 }  // namespace
 
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::None:
-      return "none";
-    case Recompute::Selective:
-      return "selective";
-    case Recompute::Full:
-      return "full";
-  }
-  return "?";
-}
-
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  throw Error(fmt::format("unknown recomputation '{}'", s), "use none, selective or full");
-}
-
-std::string PlanPoint::describe() const {
-  std::string sched = grid.pp > 1 ? std::string(parallel::schedule_name(schedule)) : "-";
-  if (grid.pp > 1 && schedule == ScheduleKind::Interleaved) sched += fmt::format(":{}", v);
-  return fmt::format("dp={} pp={} tx={} ty={} tz={} zero={} mb={} sched={} rc={}{}", grid.dp,
-                     grid.pp, grid.tx, grid.ty, grid.tz, zero, micro_batch, sched,
-                     recompute_name(recompute), seq_parallel ? " sp" : "");
-}
-
 double step_flops(const model::ModelConfig& cfg, int seq, long B, Recompute r) {
   const double h = cfg.n_embd, l = cfg.n_layer, s = seq, V = cfg.padded_vocab();
   const double Bd = static_cast<double>(B);
@@ -222,12 +231,12 @@ double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
                               bool flash_attention, DType dt) {
   const double s = seq, h = cfg.n_embd, a = cfg.n_head;
   const double bl = static_cast<double>(b) / g.tz;
-  const double t = static_cast<double>(g.tx) * g.ty;
-  const double sp = seq_parallel ? t : g.tx;
+  // the regions split over ty by heads are replicated over tx, or split by sequences over tx
+  const double rows = seq_parallel ? static_cast<double>(g.ty) * g.tx : g.ty;
   const double scale = elt_bytes(dt) / 2;
-  if (r == Recompute::Full) return 2 * s * bl * h / sp * scale;
-  double per = 10 / sp + 24 / t;
-  if (r == Recompute::None && !flash_attention) per += 5 * a * s / (h * g.ty);
+  if (r == Recompute::Full) return 2 * s * bl * h / g.tx * scale;
+  double per = 10.0 / g.tx + 24 / rows;
+  if (r == Recompute::None && !flash_attention) per += 5 * a * s / (h * rows);
   return s * bl * h * per * scale;
 }
 
@@ -239,32 +248,20 @@ std::array<double, 3> model_state_bytes(double params, int dp, int zero, DType d
           params * ob / (zero >= 1 ? n : 1)};
 }
 
+PlanPoint with_micro_batches(const Workload& w, PlanPoint p) {
+  const long per_step = static_cast<long>(p.grid.dp) * p.micro_batch;
+  if (per_step > 0 && w.global_batch % per_step == 0)
+    p.micro_batches = static_cast<int>(w.global_batch / per_step);
+  return p;
+}
+
 std::string infeasible_reason(const Workload& w, const PlanPoint& p, const ClusterSpec& c) {
   const auto& g = p.grid;
-  const auto& m = w.cfg;
-  if (g.dp < 1 || g.pp < 1 || g.tx < 1 || g.ty < 1 || g.tz < 1) return "axis size < 1";
-  if (p.micro_batch < 1) return "micro-batch < 1";
-  if (w.global_batch % (static_cast<long>(g.dp) * p.micro_batch) != 0)
+  const long per_step = static_cast<long>(g.dp) * p.micro_batch;
+  if (g.dp >= 1 && p.micro_batch >= 1 && (w.global_batch < 1 || w.global_batch % per_step != 0))
     return "global batch not divisible by dp x micro-batch";
-  if (p.micro_batch % g.tz != 0) return "micro-batch not divisible by tz";
-  if (m.n_head % g.ty != 0) return "heads not divisible by ty";
-  if (m.kv_heads() % g.ty != 0) return "key-value heads not divisible by ty";
-  if (m.n_embd % (static_cast<long>(g.tx) * g.ty) != 0) return "hidden not divisible by tx*ty";
-  if (m.padded_vocab() % (g.tx * g.ty) != 0) return "vocabulary not divisible by tx*ty";
-  if (p.zero < 0 || p.zero > 3) return "ZeRO stage not in 0-3";
-  if (g.dp == 1 && p.zero > 0) return "ZeRO needs dp > 1";
-  if (g.pp > 1 && p.zero >= 2)
-    return "ZeRO-2/3 with pipeline (gradients re-reduced per micro-batch)";
-  const int v = p.schedule == ScheduleKind::Interleaved ? p.v : 1;
-  if (g.pp == 1 && p.schedule != ScheduleKind::OneF1B) return "schedule needs pp > 1";
-  if (m.n_layer % (g.pp * v) != 0) return "layers not divisible by pp x chunks";
-  const long mb = w.global_batch / (static_cast<long>(g.dp) * p.micro_batch);
-  try {
-    parallel::validate(parallel::ScheduleSpec{p.schedule, g.pp, static_cast<int>(mb), v});
-  } catch (const Error&) {
-    return "schedule: micro-batches not divisible by pp (interleaved)";
-  }
-  if (p.seq_parallel && g.ty == 1) return "sequence parallelism needs ty > 1";
+  if (auto why = parallel::plan_infeasible_reason(w.cfg, with_micro_batches(w, p)))
+    return why->reason;
   if (c.max_nodes > 0) {
     const long nodes = (g.world_size() + c.devices_per_node - 1) / c.devices_per_node;
     if (nodes > c.max_nodes) return "more nodes than the cluster has";
@@ -287,7 +284,9 @@ struct PredictContext {
   double n;  // rows of a micro-batch per device (b*s/tz)
   Strides st;
   LayerCost lc;
-  int layers_per_chunk;
+  std::vector<int> split;  // layers per model chunk (chunk c*pp + s: stage s's local chunk c)
+  int chunk_layers(int stage, int chunk) const { return split[chunk * g.pp + stage]; }
+  int stage_layers(int stage) const { return parallel::stage_layers(split, g.pp, stage); }
 };
 
 PredictContext make_context(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
@@ -298,30 +297,29 @@ PredictContext make_context(const Workload& w, const PlanPoint& p, const Cluster
   if (!(peak > 0))
     throw Error(fmt::format("{} has no {} peak", c.name, dtype_name(o.dtype)),
                 "add peak_tflops_" + std::string(dtype_name(o.dtype)) + " to the cluster file");
-  const int v = p.schedule == ScheduleKind::Interleaved ? p.v : 1;
-  return PredictContext{
-      w,
-      p,
-      c,
-      o,
-      g,
-      cfg,
-      static_cast<double>(cfg.n_embd),
-      static_cast<double>(w.seq),
-      static_cast<double>(cfg.padded_vocab()),
-      elt_bytes(o.dtype),
-      peak,
-      c.memory_bw_gbps * 1e9,
-      static_cast<double>(g.tx),
-      static_cast<double>(g.ty),
-      static_cast<double>(g.tz),
-      static_cast<double>(g.tx) * g.ty,
-      v,
-      static_cast<int>(w.global_batch / (static_cast<long>(g.dp) * p.micro_batch)),
-      static_cast<double>(p.micro_batch) * w.seq / g.tz,
-      strides_of(g),
-      layer_cost(w, p, c, o),
-      cfg.n_layer / (g.pp * v)};
+  const int v = p.chunks();
+  return PredictContext{w,
+                        p,
+                        c,
+                        o,
+                        g,
+                        cfg,
+                        static_cast<double>(cfg.n_embd),
+                        static_cast<double>(w.seq),
+                        static_cast<double>(cfg.padded_vocab()),
+                        elt_bytes(o.dtype),
+                        peak,
+                        c.memory_bw_gbps * 1e9,
+                        static_cast<double>(g.tx),
+                        static_cast<double>(g.ty),
+                        static_cast<double>(g.tz),
+                        static_cast<double>(g.tx) * g.ty,
+                        v,
+                        p.micro_batches,
+                        static_cast<double>(p.micro_batch) * w.seq / g.tz,
+                        strides_of(g),
+                        layer_cost(w, p, c, o),
+                        parallel::plan_layer_split(cfg, p)};
 }
 
 // The embedding (first chunk) and the LM head with the loss (last chunk), forward and backward.
@@ -385,10 +383,11 @@ int pipeline_time(const PredictContext& x, const EndCosts& ends, double p2p, Pre
     for (int ch = 0; ch < v; ++ch) {
       const int gc = ch * g.pp + stg;
       ChunkCost cc;
-      cc.fwd_compute = x.layers_per_chunk * lc.fwd_compute;
-      cc.fwd_comm = x.layers_per_chunk * lc.fwd_exposed;
-      cc.bwd_compute = x.layers_per_chunk * (lc.bwd_compute + lc.recompute);
-      cc.bwd_comm = x.layers_per_chunk * (lc.bwd_exposed + lc.rec_exposed);
+      const double layers = x.chunk_layers(stg, ch);
+      cc.fwd_compute = layers * lc.fwd_compute;
+      cc.fwd_comm = layers * lc.fwd_exposed;
+      cc.bwd_compute = layers * (lc.bwd_compute + lc.recompute);
+      cc.bwd_comm = layers * (lc.bwd_exposed + lc.rec_exposed);
       if (gc == 0) {
         cc.fwd_compute += ends.embed_f;
         cc.bwd_compute += ends.embed_b;
@@ -429,8 +428,8 @@ int pipeline_time(const PredictContext& x, const EndCosts& ends, double p2p, Pre
 }
 
 // Tensor-parallel communication totals per device and step, and their exposed share.
-void tensor_comm_totals(const PredictContext& x, double p2p, Prediction& r) {
-  const double mult = static_cast<double>(x.m) * x.cfg.n_layer / x.g.pp;  // layer passes
+void tensor_comm_totals(const PredictContext& x, int worst, double p2p, Prediction& r) {
+  const double mult = static_cast<double>(x.m) * x.stage_layers(worst);  // layer passes
   const LayerCost& lc = x.lc;
   for (int i = 0; i < 3; ++i) {
     const Axis a = i == 0 ? Axis::TX : i == 1 ? Axis::TY : Axis::TZ;
@@ -461,7 +460,7 @@ double layer_params(const PredictContext& x) {
 }
 double stage_params(const PredictContext& x, int stg) {
   const auto& g = x.g;
-  double P = layer_params(x) * x.cfg.n_layer / g.pp;
+  double P = layer_params(x) * x.stage_layers(stg);
   if (stg == 0) P += x.V * x.h / (x.t * x.tz) + x.s * x.h / x.tx;
   if (stg == g.pp - 1 && g.pp > 1) P += x.V * x.h / (x.t * x.tz);
   if (stg == g.pp - 1) P += 2 * x.h / x.tx;  // final LayerNorm
@@ -545,19 +544,23 @@ Memory step_memory(const PredictContext& x) {
   const bool mixed = x.o.dtype != DType::FP32;
   const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
   const parallel::ScheduleSpec spec{p.schedule, g.pp, x.m, x.v};
-  const double act_layer = layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, p.recompute,
-                                                  p.seq_parallel, x.o.flash_attention, x.o.dtype);
-  const double act_full = layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, Recompute::None,
-                                                 p.seq_parallel, x.o.flash_attention, x.o.dtype);
+  const double act_layer =
+      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, p.recompute, p.sequence_parallel,
+                             x.o.flash_attention, x.o.dtype);
+  const double act_full =
+      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, Recompute::None, p.sequence_parallel,
+                             x.o.flash_attention, x.o.dtype);
   Memory best;
-  for (int stg : {0, g.pp - 1}) {
+  for (int stg = 0; stg < g.pp; ++stg) {
     Memory mem;
     const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, x.o.dtype);
     mem.params = ms[0];
     mem.grads = ms[1];
     mem.optimizer = ms[2];
     const int inflight = parallel::in_flight_formula(spec, stg);
-    mem.activations = static_cast<double>(inflight) * x.layers_per_chunk * act_layer;
+    int layers = 0;  // the stage's largest chunk (the in-flight count is in chunk units)
+    for (int ch = 0; ch < x.v; ++ch) layers = std::max(layers, x.chunk_layers(stg, ch));
+    mem.activations = static_cast<double>(inflight) * layers * act_layer;
     if (p.recompute == Recompute::Full) mem.activations += act_full;  // the layer being redone
     // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them
     if (stg == g.pp - 1) mem.logits = n * x.V / t * 4;
@@ -585,10 +588,11 @@ Memory step_memory(const PredictContext& x) {
 
 }  // namespace
 
-Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+Prediction predict(const Workload& w, const PlanPoint& point, const ClusterSpec& c,
                    const ModelOptions& o) {
-  if (auto why = infeasible_reason(w, p, c); !why.empty())
-    throw Error(fmt::format("configuration {} cannot run: {}", p.describe(), why));
+  if (auto why = infeasible_reason(w, point, c); !why.empty())
+    throw Error(fmt::format("configuration {} cannot run: {}", point.describe(), why));
+  const PlanPoint p = with_micro_batches(w, point);
   const PredictContext x = make_context(w, p, c, o);
   Prediction r;
   r.point = p;
@@ -596,7 +600,7 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   const EndCosts ends = end_costs(x);
   r.p2p_s = p2p_message(x, r);
   const int worst = pipeline_time(x, ends, r.p2p_s, r);
-  tensor_comm_totals(x, r.p2p_s, r);
+  tensor_comm_totals(x, worst, r.p2p_s, r);
   dp_and_optimizer(x, worst, r);
   r.step_s = r.pipeline_s + r.dp_exposed_s + r.optimizer_s + r.tied_s;
   r.bubble_fraction = r.bubble_s / r.step_s;
@@ -615,22 +619,15 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
   return r;
 }
 
-StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
-                          const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
-                          int zero, Recompute recompute, const ModelOptions& o,
-                          parallel::ScheduleKind schedule, int v) {
-  Workload w{cfg, seq, static_cast<long>(micro_batch) * grad_accum * grid.dp};
-  PlanPoint p;
-  p.grid = grid;
-  p.zero = zero;
-  p.micro_batch = micro_batch;
-  p.recompute = recompute;
-  p.schedule = schedule;
-  p.v = v;
+StepEstimate predict_step(const model::ModelConfig& cfg, const PlanPoint& plan,
+                          const ClusterSpec& cluster, int seq, ModelOptions o) {
+  const Workload w{cfg, seq, plan.global_batch()};
+  o.tp_overlap = plan.overlap_dx && plan.prefetch;
+  o.dp_overlap = plan.overlap_dp && plan.grid.pp == 1;  // a pipeline reduces after its list
   StepEstimate est;
-  est.reason = infeasible_reason(w, p, cluster);
+  est.reason = infeasible_reason(w, plan, cluster);
   if (!est.reason.empty()) return est;
-  auto r = predict(w, p, cluster, o);
+  auto r = predict(w, plan, cluster, o);
   est.step_s = r.step_s;
   est.peak_bytes = r.memory.total();
   est.tflops_per_device = r.tflops_per_device;

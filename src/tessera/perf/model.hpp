@@ -6,8 +6,12 @@
 // The tensor axes follow parallel/tensor_linear.hpp (AxoNN's 3D algorithm): a normal linear splits
 // its input features over tx and its output features over ty, a transposed one the reverse; qkv
 // and fc are normal, proj and fcproj transposed; the batch is split over tz and the weights are
-// sharded over tz. Megatron's 1D tensor parallelism of degree t is ty = t (column-parallel qkv/fc,
-// row-parallel proj/fcproj: 2 all-reduces of b*s*h forward, 2 backward per layer).
+// sharded over tz. The trainer's 1D mode is tx alone (the normal linears all-reduce their 3h and
+// 4h outputs, the attention core and GELU are replicated over tx), the one grid with sequence
+// parallelism (those regions split by sequences over tx: reduce-scatter / all-gather instead of
+// the all-reduce). Megatron's column/row-parallel split of degree t is ty = t alone (2
+// all-reduces of b*s*h forward, 2 backward per layer). Which plans can run is
+// parallel::plan_problems, the trainer's rules.
 #pragma once
 
 #include <array>
@@ -16,14 +20,15 @@
 
 #include "tessera/comm/topology.hpp"
 #include "tessera/model/config.hpp"
+#include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/perf/cluster.hpp"
 
 namespace tessera::perf {
 
-enum class Recompute { None, Selective, Full };
-const char* recompute_name(Recompute r);  // "none", "selective", "full"
-Recompute parse_recompute(const std::string& s);
+using parallel::parse_recompute;
+using parallel::Recompute;
+using parallel::recompute_name;
 
 // Software choices that are not part of a configuration point.
 struct ModelOptions {
@@ -34,17 +39,9 @@ struct ModelOptions {
   bool pp_scatter_gather = true;  // pipeline p2p sends 1/(tx*ty) of the activation + all-gather
 };
 
-// One configuration of a training step.
-struct PlanPoint {
-  comm::GridShape grid;
-  int zero = 0;         // ZeRO stage over dp (0-3)
-  int micro_batch = 1;  // samples per micro-batch per pipeline (split over tz)
-  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneF1B;
-  int v = 1;  // chunks per stage (interleaved)
-  Recompute recompute = Recompute::Full;
-  bool seq_parallel = false;  // LayerNorm/dropout activations split over ty as well
-  std::string describe() const;
-};
+// One configuration of a training step: the trainer's plan (parallel/plan.hpp). Its micro-batches
+// per step follow from the workload's global batch (predict and infeasible_reason set them).
+using PlanPoint = parallel::ParallelPlan;
 
 struct Workload {
   model::ModelConfig cfg;  // shape (block_size unused: seq below)
@@ -97,8 +94,12 @@ struct Prediction {
   std::vector<double> dp_s;  // (pp) exposed data-parallel reduction per stage
 };
 
-// Why a point cannot run (empty string: it can, shape-wise). Memory is not checked here.
+// Why a point cannot run (empty string: it can, shape-wise): the global batch must split into
+// dp x micro-batch, then the plan's first parallel::plan_problems reason (the trainer's rules),
+// then the cluster's node count. Memory is not checked here.
 std::string infeasible_reason(const Workload& w, const PlanPoint& p, const ClusterSpec& c);
+// The point with its micro-batches per step set from the workload's global batch.
+PlanPoint with_micro_batches(const Workload& w, PlanPoint p);
 
 // Predicts one point (throws tessera::Error if infeasible_reason is not empty).
 Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
@@ -109,10 +110,12 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
 double step_flops(const model::ModelConfig& cfg, int seq, long global_batch, Recompute r);
 
 // Activation bytes of one transformer layer for one micro-batch of b sequences held by one
-// device (Korthikanti et al. 2022): s*b*h*(10/sp + 24/t + 5*a*s/(h*ty)) * bytes/2, the batch
-// split over tz, t = tx*ty, sp = tx (ty*tx with sequence parallelism); the 5as/h term is absent
-// with selective recomputation or flash attention; full recomputation keeps only the layer
-// input, 2*s*b*h/sp.
+// device (Korthikanti et al. 2022, in the trainer's layouts): s*b*h*(10/tx + (24 + 5*a*s/h)/r)
+// * bytes/2, the batch split over tz: the 10 of the residual layout split over tx by channels,
+// the 24 (and the scores) of the qkv/attention/MLP regions split over ty by heads and replicated
+// over tx, r = ty (tx with sequence parallelism, which splits them by sequences); the 5as/h term
+// is absent with selective recomputation or flash attention; full recomputation keeps only the
+// layer input, 2*s*b*h/tx.
 double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
                               const comm::GridShape& g, Recompute r, bool seq_parallel,
                               bool flash_attention, DType dt);
@@ -122,7 +125,8 @@ double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
 // precision: 2 + 2 + 12 bytes per parameter (ZeRO paper); fp32: 4 + 4 + 8.
 std::array<double, 3> model_state_bytes(double params, int dp, int zero, DType dt);
 
-// The convenience entry for the trainer: predicted step time and memory of one run config.
+// The convenience entry for the trainer: predicted step time and memory of its plan (its overlaps
+// set the options' tp_overlap and dp_overlap).
 struct StepEstimate {
   double step_s = 0;
   double peak_bytes = 0;  // memory per device (the fullest stage)
@@ -130,11 +134,7 @@ struct StepEstimate {
   bool fits = false;
   std::string reason;  // non-empty when the point is infeasible (then times are 0)
 };
-StepEstimate predict_step(const model::ModelConfig& cfg, const comm::GridShape& grid,
-                          const ClusterSpec& cluster, int seq, int micro_batch, int grad_accum,
-                          int zero, Recompute recompute = Recompute::None,
-                          const ModelOptions& o = {},
-                          parallel::ScheduleKind schedule = parallel::ScheduleKind::OneF1B,
-                          int v = 1);
+StepEstimate predict_step(const model::ModelConfig& cfg, const PlanPoint& plan,
+                          const ClusterSpec& cluster, int seq, ModelOptions o = {});
 
 }  // namespace tessera::perf

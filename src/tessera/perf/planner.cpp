@@ -17,6 +17,60 @@ std::vector<int> divisors(int n) {
     if (n % i == 0) d.push_back(i);
   return d;
 }
+
+// Every choice of one grid: ZeRO stage, micro-batch, schedule and chunks, recomputation and
+// sequence parallelism (tx alone). Each point is checked by infeasible_reason (the trainer's
+// rules, parallel/plan.hpp) and predicted; those that fit go to `fit`.
+template <class Reject>
+void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
+                 const ModelOptions& o, const comm::GridShape& g, Reject& reject, PlanResult& res,
+                 std::vector<Prediction>& fit) {
+  const long per_dp = w.global_batch / g.dp;
+  const bool try_sp = s.sequence_parallel && g.tx > 1 && g.ty == 1 && g.tz == 1;
+  for (int zero : s.zero_stages) {
+    if (g.dp == 1 && zero > 0) continue;  // identical to stage 0
+    for (int mb = 1; mb <= s.max_micro_batch && mb <= per_dp; mb *= 2) {
+      if (per_dp % mb != 0) continue;
+      for (ScheduleKind k : s.schedules) {
+        if (g.pp == 1 && k != ScheduleKind::OneF1B) continue;
+        std::vector<int> vs = {1};
+        if (k == ScheduleKind::Interleaved) {
+          vs.clear();
+          for (int v = 2; v <= s.max_chunks; ++v) vs.push_back(v);
+        }
+        for (int v : vs) {
+          if (!s.uneven_splits && w.cfg.n_layer % (g.pp * v) != 0) continue;  // not searched
+          for (Recompute rc : s.recompute)
+            for (int sp = 0; sp <= (try_sp ? 1 : 0); ++sp) {
+              PlanPoint p;
+              p.grid = g;
+              p.zero = zero;
+              p.micro_batch = mb;
+              p.micro_batches = static_cast<int>(per_dp / mb);
+              p.schedule = k;
+              p.virtual_stages = v;
+              p.recompute = rc;
+              p.sequence_parallel = sp == 1;
+              if (auto why = infeasible_reason(w, p, c); !why.empty()) {
+                reject(why);
+                continue;
+              }
+              Prediction pr = predict(w, p, c, o);
+              ++res.considered;
+              if (!pr.fits) {
+                res.rejected["out of memory"]++;
+                continue;
+              }
+              ++res.feasible;
+              pr.chunk_cost.clear();  // the planner's table does not need them
+              pr.dp_s.clear();
+              fit.push_back(std::move(pr));
+            }
+        }
+      }
+    }
+  }
+}
 }  // namespace
 
 std::vector<comm::GridShape> enumerate_grids(int devices) {
@@ -49,82 +103,22 @@ PlanResult plan(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
     res.considered += n;
   };
   std::vector<Prediction> fit;
-  const auto& m = w.cfg;
   for (const auto& g : grids) {
-    if (!s.tensor_3d && (g.tx > 1 || g.tz > 1)) continue;
-    // grid-level checks first (cheap pruning; one rejection per grid)
-    PlanPoint base;
-    base.grid = g;
+    if (!s.tensor_3d && (g.tz > 1 || (g.tx > 1 && g.ty > 1))) continue;
     if (w.global_batch % g.dp != 0) {
       reject("global batch not divisible by dp");
       continue;
     }
-    if (m.n_head % g.ty != 0) {
-      reject("heads not divisible by ty");
+    // The grid's own rules first (one rejection per grid): the plan with its smallest valid
+    // micro-batch and no other choice made.
+    PlanPoint base;
+    base.grid = g;
+    base.micro_batch = g.tz;
+    if (auto why = parallel::plan_infeasible_reason(w.cfg, base)) {
+      reject(why->reason);
       continue;
     }
-    if (m.n_embd % (g.tx * g.ty) != 0) {
-      reject("hidden not divisible by tx*ty");
-      continue;
-    }
-    if (m.padded_vocab() % (g.tx * g.ty) != 0) {
-      reject("vocabulary not divisible by tx*ty");
-      continue;
-    }
-    if (m.n_layer % g.pp != 0) {
-      reject("layers not divisible by pp");
-      continue;
-    }
-    const long per_dp = w.global_batch / g.dp;
-    for (int zero : s.zero_stages) {
-      if (g.dp == 1 && zero > 0) continue;  // identical to stage 0
-      if (g.pp > 1 && zero >= 2) {
-        reject("ZeRO-2/3 with pipeline (gradients re-reduced per micro-batch)");
-        continue;
-      }
-      for (int mb = 1; mb <= s.max_micro_batch && mb <= per_dp; mb *= 2) {
-        if (per_dp % mb != 0) continue;
-        if (mb % g.tz != 0) {
-          reject("micro-batch not divisible by tz");
-          continue;
-        }
-        for (ScheduleKind k : s.schedules) {
-          if (g.pp == 1 && k != ScheduleKind::OneF1B) continue;
-          std::vector<int> vs = {1};
-          if (k == ScheduleKind::Interleaved) {
-            vs.clear();
-            for (int v = 2; v <= s.max_chunks; ++v) vs.push_back(v);
-          }
-          for (int v : vs) {
-            for (Recompute rc : s.recompute) {
-              for (int sp = 0; sp <= (s.sequence_parallel && g.ty > 1 ? 1 : 0); ++sp) {
-                PlanPoint p = base;
-                p.zero = zero;
-                p.micro_batch = mb;
-                p.schedule = k;
-                p.v = v;
-                p.recompute = rc;
-                p.seq_parallel = sp == 1;
-                if (auto why = infeasible_reason(w, p, c); !why.empty()) {
-                  reject(why);
-                  continue;
-                }
-                Prediction pr = predict(w, p, c, o);
-                ++res.considered;
-                if (!pr.fits) {
-                  res.rejected["out of memory"]++;
-                  continue;
-                }
-                ++res.feasible;
-                pr.chunk_cost.clear();  // the planner's table does not need them
-                pr.dp_s.clear();
-                fit.push_back(std::move(pr));
-              }
-            }
-          }
-        }
-      }
-    }
+    search_grid(w, c, s, o, g, reject, res, fit);
   }
   const std::size_t k =
       std::min<std::size_t>(fit.size(), static_cast<std::size_t>(std::max(s.top, 1)));

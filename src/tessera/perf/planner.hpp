@@ -1,7 +1,8 @@
 // The planner: enumerate the configurations of a training step (grid dp x pp x tx x ty x tz,
 // ZeRO stage, micro-batch, schedule and chunks, recomputation, sequence parallelism), drop the
-// ones that cannot run (counted by reason, out-of-memory included), and rank the rest by the
-// performance model's step time (perf/model.hpp).
+// ones that cannot run (counted by reason, out-of-memory included; the reasons are the trainer's,
+// parallel::plan_problems), and rank the rest by the performance model's step time
+// (perf/model.hpp). Pipelines get the trainer's balanced layer split.
 #pragma once
 
 #include <map>
@@ -22,9 +23,14 @@ struct PlanSearch {
   std::vector<parallel::ScheduleKind> schedules = {parallel::ScheduleKind::OneF1B,
                                                    parallel::ScheduleKind::GPipe,
                                                    parallel::ScheduleKind::Interleaved};
-  int max_chunks = 4;             // interleaved: v in 2..max_chunks
-  bool sequence_parallel = true;  // also try sequence parallelism where ty > 1
-  bool tensor_3d = true;          // false: only ty (1D Megatron) and no tz
+  int max_chunks = 4;  // interleaved: v in 2..max_chunks
+  // false: only pipelines whose layers divide evenly into pp x chunks (Megatron-LM's rule; the
+  // trainer also runs the balanced uneven split)
+  bool uneven_splits = true;
+  bool sequence_parallel = true;  // also try sequence parallelism where tx > 1 alone
+  // false: one tensor axis at most, tx alone (the trainer's 1D mode) or ty alone (Megatron's
+  // column/row-parallel split); no tz
+  bool tensor_3d = true;
   int top = 10;
 };
 

@@ -70,9 +70,10 @@ nlohmann::json to_json(const Prediction& p, const ClusterSpec& c) {
   j["micro_batch"] = p.point.micro_batch;
   j["micro_batches"] = p.micro_batches;
   j["schedule"] = parallel::schedule_name(p.point.schedule);
-  j["chunks"] = p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.v : 1;
+  j["chunks"] =
+      p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.virtual_stages : 1;
   j["recompute"] = recompute_name(p.point.recompute);
-  j["sequence_parallel"] = p.point.seq_parallel;
+  j["sequence_parallel"] = p.point.sequence_parallel;
   j["step_s"] = p.step_s;
   j["pipeline_s"] = p.pipeline_s;
   j["bubble_s"] = p.bubble_s;
@@ -120,9 +121,9 @@ std::string format_plan_table(const std::vector<Prediction>& ps, const ClusterSp
     const auto& g = p.point.grid;
     std::string sched = g.pp > 1 ? parallel::schedule_name(p.point.schedule) : "-";
     if (g.pp > 1 && p.point.schedule == parallel::ScheduleKind::Interleaved)
-      sched += fmt::format(":{}", p.point.v);
+      sched += fmt::format(":{}", p.point.virtual_stages);
     std::string rc = recompute_name(p.point.recompute);
-    if (p.point.seq_parallel) rc += "+sp";
+    if (p.point.sequence_parallel) rc += "+sp";
     std::string comm;
     for (Axis a : {Axis::DP, Axis::PP, Axis::TX, Axis::TY, Axis::TZ}) {
       const auto& ac = p.comm[static_cast<int>(a)];

@@ -136,7 +136,8 @@ void write_trace(const std::filesystem::path& path, const std::vector<Event>& ev
 SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   const auto& g = p.point.grid;
   TESSERA_CHECK(static_cast<int>(p.chunk_cost.size()) == g.pp, "prediction without chunk costs");
-  const int v = p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.v : 1;
+  const int v =
+      p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.virtual_stages : 1;
   const auto sch = parallel::make_schedule({p.point.schedule, g.pp, p.micro_batches, v});
   const long T = static_cast<long>(g.tx) * g.ty * g.tz;
   const long pipelines = T * g.dp;

@@ -48,19 +48,12 @@ void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& mo
 
 namespace {
 
-perf::StepEstimate predict(const RunConfig& cfg, const model::ModelConfig& mcfg,
-                           const RunPlan& plan, const perf::ClusterSpec& spec) {
-  const auto& pc = cfg.parallel;
+perf::StepEstimate predict(const model::ModelConfig& mcfg, const RunPlan& plan,
+                           const perf::ClusterSpec& spec) {
   perf::ModelOptions options;
   options.dtype = perf::DType::FP32;
-  options.tp_overlap = pc.overlap_dx && pc.prefetch;
-  options.dp_overlap = pc.overlap && !plan.pipeline;  // a pipeline reduces after its list
   options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
-  const auto recompute = pc.recompute && (plan.tensor_size > 1 || plan.pipeline)
-                             ? perf::Recompute::Full
-                             : perf::Recompute::None;
-  return perf::predict_step(mcfg, plan.grid, spec, plan.T, plan.B, plan.accum, pc.zero, recompute,
-                            options, plan.sched.kind, plan.sched.v);
+  return perf::predict_step(mcfg, plan.par, spec, plan.T, options);
 }
 
 }  // namespace
@@ -71,7 +64,7 @@ RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
   RunPrediction prediction;
   if (!cluster.spec) return prediction;
   try {
-    const auto est = predict(cfg, mcfg, plan, *cluster.spec);
+    const auto est = predict(mcfg, plan, *cluster.spec);
     prediction.step_s = est.step_s;
     prediction.peak_bytes = est.peak_bytes;
     if (lead)
@@ -92,10 +85,10 @@ RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
 }
 
 StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_size) {
-  const int B = plan.B, T = plan.T, accum = plan.accum;
+  const int B = plan.B(), T = plan.T, accum = plan.accum();
   StepCost cost;
   cost.flops_per_rank = 3.0 * model::forward_flops_per_token(mcfg, T) * static_cast<double>(B) * T *
-                        accum / (plan.tensor_size * plan.grid.pp);
+                        accum / (plan.tensor_size() * plan.grid().pp);
   cost.tokens = static_cast<std::int64_t>(B) * T * accum * dp_size;
   return cost;
 }
@@ -130,7 +123,7 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
         "activations of a micro-batch)",
         kernels::cuda::device_name(), model::precision_name(model.device->precision()),
         model.device->device_bytes() / 1e9);
-  log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", plan.grid.describe(),
+  log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", plan.grid().describe(),
            world_size, model.dp->stage(), pc.overlap ? "on" : "off",
            model.tensor ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",
                                       model.local_layout().total() / 1e6,
@@ -142,11 +135,12 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
         "pipeline: {} schedule, {} stages x {} chunk{}, layers per chunk [{}], {} micro-batches "
         "per step, ideal bubble {:.3f}",
         pc.schedule, pc.pp, pc.virtual_stages, pc.virtual_stages > 1 ? "s" : "",
-        fmt::join(plan.layer_split, ", "), plan.accum, parallel::ideal_bubble_fraction(plan.sched));
+        fmt::join(plan.par.layer_split, ", "), plan.accum(),
+        parallel::ideal_bubble_fraction(plan.sched()));
   log_info(
       "train: {} steps x {} micro-batches of {}x{} x dp {} = {} tokens/step, {:.1f} "
       "GFLOP/step/rank, {} threads",
-      tc.steps, plan.accum, plan.B, plan.T, model.dp->dp_size(), cost.tokens,
+      tc.steps, plan.accum(), plan.B(), plan.T, model.dp->dp_size(), cost.tokens,
       cost.flops_per_rank / 1e9, omp_get_max_threads());
   log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, loader.num_tokens(),
            peak.describe());
@@ -252,7 +246,7 @@ void write_pipeline_row(MetricsLog& metrics, const RunConfig& cfg, const RunPlan
   for (int s2 = 0; s2 < pc.pp; ++s2)
     stages.push_back({{"stage", s2},
                       {"peak_in_flight", info[4 * s2 + 0]},
-                      {"in_flight_formula", parallel::in_flight_formula(plan.sched, s2)},
+                      {"in_flight_formula", parallel::in_flight_formula(plan.sched(), s2)},
                       {"peak_activation_bytes", info[4 * s2 + 1]},
                       {"slot_bytes", info[4 * s2 + 2]},
                       {"bubble_last_step", info[4 * s2 + 3]}});
@@ -260,9 +254,9 @@ void write_pipeline_row(MetricsLog& metrics, const RunConfig& cfg, const RunPlan
                  {"schedule", pc.schedule},
                  {"pp", pc.pp},
                  {"v", pc.virtual_stages},
-                 {"m", plan.accum},
-                 {"layers", plan.layer_split},
-                 {"ideal_bubble", parallel::ideal_bubble_fraction(plan.sched)},
+                 {"m", plan.accum()},
+                 {"layers", plan.par.layer_split},
+                 {"ideal_bubble", parallel::ideal_bubble_fraction(plan.sched())},
                  {"stages", stages}});
 }
 

@@ -9,16 +9,16 @@ namespace {
 
 parallel::TensorModelOptions tensor_model_options(const RunConfig& cfg, const RunPlan& plan,
                                                   const comm::Topology& topo) {
-  const auto& pc = cfg.parallel;
+  const auto& p = plan.par;
   parallel::TensorModelOptions options;
-  if (plan.pipeline)
-    options.chunks = parallel::stage_chunks(plan.layer_split, pc.pp, pc.virtual_stages,
-                                            topo.coord(comm::Axis::PP));
-  options.recompute = pc.recompute;
-  options.sequence_parallel = pc.sequence_parallel;
-  options.overlap_dx = pc.overlap_dx;
-  options.defer_dw = pc.overlap_dw;
-  options.prefetch = pc.prefetch;
+  if (plan.pipeline())
+    options.chunks =
+        parallel::stage_chunks(p.layer_split, p.grid.pp, p.chunks(), topo.coord(comm::Axis::PP));
+  options.recompute = p.recompute == parallel::Recompute::Full;
+  options.sequence_parallel = p.sequence_parallel;
+  options.overlap_dx = p.overlap_dx;
+  options.defer_dw = p.defer_dw;
+  options.prefetch = p.prefetch;
   options.tune_gemm = cfg.hardware.tune_gemm;
   options.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
   return options;
@@ -31,29 +31,29 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                          const comm::Topology& topo, comm::Runtime& rt) {
   RunModel model;
   model.layout = &layout;
-  if (mcfg.llama() && (plan.tensor_size > 1 || plan.pipeline))
+  if (mcfg.llama() && (plan.tensor_size() > 1 || plan.pipeline()))
     throw Error(fmt::format("the llama family trains in one process or data parallel (with ZeRO "
                             "0-3) so far; tensor and pipeline parallelism (grid {}) are not "
                             "implemented for it yet",
-                            plan.grid.describe()),
+                            plan.grid().describe()),
                 "set parallel.tx = ty = tz = pp = 1 (and scale with parallel.dp)");
-  if (plan.tensor_size > 1 || plan.pipeline) {
+  if (plan.tensor_size() > 1 || plan.pipeline()) {
     model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
                                                            tensor_model_options(cfg, plan, topo));
-    if (plan.pipeline) {
+    if (plan.pipeline()) {
       model.pipe_comm = &rt.group(topo, {comm::Axis::PP});
-      model.pipeline =
-          std::make_unique<parallel::PipelineExecutor>(*model.tensor, *model.pipe_comm, plan.sched);
+      model.pipeline = std::make_unique<parallel::PipelineExecutor>(*model.tensor, *model.pipe_comm,
+                                                                    plan.sched());
     }
   }
   model.dp_comm = &rt.group(topo, {comm::Axis::DP});
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
-                                                      cfg.parallel.zero, cfg.parallel.overlap);
+                                                      plan.par.zero, plan.par.overlap_dp);
   if (cfg.hardware.device == "cuda")
     model.device = std::make_unique<model::DeviceGpt>(
         mcfg,
         cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
-        plan.B, plan.T);
+        plan.B(), plan.T);
   return model;
 }
 
@@ -89,11 +89,11 @@ void drop_full_params(RunModel& model) {
 TrainData open_train_data(const RunConfig& cfg, const RunPlan& plan,
                           const parallel::DataParallel& dp, int vocab_size) {
   TrainData data;
-  data.train = std::make_unique<data::TokenLoader>(cfg.data.train, plan.B, plan.T,
+  data.train = std::make_unique<data::TokenLoader>(cfg.data.train, plan.B(), plan.T,
                                                    static_cast<std::size_t>(dp.dp_rank()),
                                                    static_cast<std::size_t>(dp.dp_size()));
   if (cfg.train.val_every > 0)
-    data.val = std::make_unique<data::TokenLoader>(cfg.data.val, plan.B, plan.T);
+    data.val = std::make_unique<data::TokenLoader>(cfg.data.val, plan.B(), plan.T);
   data.train->check_ids(static_cast<std::uint32_t>(vocab_size));
   if (data.val) data.val->check_ids(static_cast<std::uint32_t>(vocab_size));
   return data;

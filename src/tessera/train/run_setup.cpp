@@ -18,6 +18,7 @@ namespace {
 // of one rank follows from it and must come out whole.
 int micro_batch_sequences(const TrainSection& tc, int dp) {
   const int accum = tc.grad_accum;
+  if (dp < 1) return tc.batch_size;  // plan_problems refuses the grid
   if (tc.global_batch > 0 && tc.global_batch % (accum * dp) != 0)
     throw Error(
         fmt::format(
@@ -27,67 +28,64 @@ int micro_batch_sequences(const TrainSection& tc, int dp) {
   return tc.global_batch > 0 ? tc.global_batch / (accum * dp) : tc.batch_size;
 }
 
-void validate_grid(const RunConfig& cfg, const model::ModelConfig& mcfg, const RunPlan& plan,
-                   int world_size) {
-  comm::GridRequirements req;
-  req.world_size = world_size;
-  req.n_layer = mcfg.n_layer;
-  req.n_head = mcfg.n_head;
-  req.n_embd = mcfg.n_embd;
-  req.vocab_size = mcfg.vocab_size;
-  req.batch_size = plan.B;
-  req.grad_accum = plan.accum;
-  req.global_batch = cfg.train.global_batch;
-  comm::validate_grid(plan.grid, req);
+// The job's ranks must be the grid's.
+void check_world_size(const comm::GridShape& g, int world_size) {
+  if (g.dp < 1 || g.pp < 1 || g.tx < 1 || g.ty < 1 || g.tz < 1) return;  // plan_problems says
+  const std::int64_t n = static_cast<std::int64_t>(g.dp) * g.pp * g.tx * g.ty * g.tz;
+  if (n != world_size)
+    throw Error(fmt::format("grid {} has {} ranks but the job has {}", g.describe(), n, world_size),
+                "make the product of parallel.dp, pp, tx, ty, tz equal the number of MPI ranks");
 }
 
-// Pipeline parallelism: the schedule runs train.grad_accum micro-batches per step. Returns the
-// layers of each chunk.
-std::vector<int> check_pipeline(const ParallelSection& pc, const parallel::ScheduleSpec& sched,
-                                int accum, int n_layer) {
-  if (pc.zero >= 2)
-    throw Error(
-        fmt::format("parallel.zero={} with parallel.pp={}: ZeRO-2 and -3 reduce or gather each "
-                    "layer's block once per forward/backward sweep, and a pipeline schedule "
-                    "interleaves the sweeps of its micro-batches",
-                    pc.zero, pc.pp),
-        "use parallel.zero = 1 (the AdamW moments, the largest state, sharded over dp) or 0");
-  if (sched.kind == parallel::ScheduleKind::Interleaved && accum % pc.pp != 0)
-    throw Error(fmt::format("the interleaved schedule needs the micro-batches per step "
-                            "(train.grad_accum={}) divisible by parallel.pp={}",
-                            accum, pc.pp),
-                fmt::format("use train.grad_accum = {}, or schedule = \"1f1b\"",
-                            (accum / pc.pp + 1) * pc.pp));
-  parallel::validate(sched);
-  return parallel::parse_layer_split(pc.pp_layers, n_layer, pc.pp * pc.virtual_stages);
+// Options the plan ignores, noted.
+void note_ignored(const ParallelSection& pc, const parallel::ParallelPlan& p) {
+  if (p.grid.pp == 1 && (!pc.pp_layers.empty() || pc.virtual_stages > 1 || pc.schedule != "1f1b"))
+    log_info(
+        "note: parallel.schedule, virtual_stages and pp_layers apply to pipeline "
+        "parallelism (parallel.pp > 1); ignored");
+  if (pc.recompute && p.recompute == parallel::Recompute::None)
+    log_info(
+        "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
+        "1); ignored");
 }
 
 }  // namespace
+
+parallel::ParallelPlan parallel_plan(const RunConfig& cfg, int micro_batch) {
+  const auto& pc = cfg.parallel;
+  parallel::ParallelPlan p;
+  p.grid = comm::GridShape{pc.dp, pc.pp, pc.tx, pc.ty, pc.tz};
+  p.zero = pc.zero;
+  p.micro_batch = micro_batch;
+  p.micro_batches = cfg.train.grad_accum;
+  if (pc.pp > 1) {
+    p.schedule = parallel::parse_schedule(pc.schedule);
+    p.virtual_stages = pc.virtual_stages;
+    p.layer_split = parallel::parse_layer_counts(pc.pp_layers);
+  }
+  p.recompute = pc.recompute && (p.tensor_size() > 1 || pc.pp > 1) ? parallel::Recompute::Full
+                                                                   : parallel::Recompute::None;
+  p.sequence_parallel = pc.sequence_parallel;
+  p.overlap_dx = pc.overlap_dx;
+  p.defer_dw = pc.overlap_dw;
+  p.prefetch = pc.prefetch;
+  p.overlap_dp = pc.overlap;
+  return p;
+}
 
 RunPlan plan_run(const RunConfig& cfg, const model::ModelConfig& mcfg, int world_size) {
   const auto& pc = cfg.parallel;
   RunPlan plan;
   plan.T = cfg.train.seq_len;
-  plan.accum = cfg.train.grad_accum;
-  plan.B = micro_batch_sequences(cfg.train, pc.dp);
-  plan.grid = comm::GridShape{pc.dp, pc.pp, pc.tx, pc.ty, pc.tz};
-  validate_grid(cfg, mcfg, plan, world_size);
-  plan.pipeline = pc.pp > 1;
-  plan.sched = parallel::ScheduleSpec{parallel::parse_schedule(pc.schedule), pc.pp, plan.accum,
-                                      pc.virtual_stages};
-  if (plan.pipeline) {
-    plan.layer_split = check_pipeline(pc, plan.sched, plan.accum, mcfg.n_layer);
-  } else if (!pc.pp_layers.empty() || pc.virtual_stages > 1 || pc.schedule != "1f1b") {
-    log_info(
-        "note: parallel.schedule, virtual_stages and pp_layers apply to pipeline "
-        "parallelism (parallel.pp > 1); ignored");
-  }
-  plan.tensor_size = pc.tx * pc.ty * pc.tz;
-  if (plan.B % pc.tz != 0)
-    throw Error(fmt::format("the micro-batch of {} sequences is not divisible by parallel.tz={}",
-                            plan.B, pc.tz),
-                "tz splits each micro-batch by whole sequences: choose train.batch_size (or "
-                "global_batch) so that it is");
+  if (cfg.train.grad_accum < 1)
+    throw Error(fmt::format("train.grad_accum={} must be >= 1", cfg.train.grad_accum),
+                "grad_accum is the number of micro-batches per optimizer step (1 = none)");
+  plan.par = parallel_plan(cfg, micro_batch_sequences(cfg.train, pc.dp));
+  check_world_size(plan.par.grid, world_size);
+  if (auto why = parallel::plan_infeasible_reason(mcfg, plan.par))
+    throw Error(why->message, why->hint);
+  if (plan.pipeline()) plan.par.layer_split = parallel::plan_layer_split(mcfg, plan.par);
+  note_ignored(pc, plan.par);
   return plan;
 }
 
@@ -106,33 +104,12 @@ PredictionCluster find_prediction_cluster(const RunConfig& cfg) {
   return cluster;
 }
 
-void check_tensor_options(const RunConfig& cfg, const RunPlan& plan) {
-  // Tensor parallelism: each rank trains its slices of the model, held in a flat buffer with a
-  // local layout; data parallelism and ZeRO then work on that buffer over the dp group.
-  const auto& pc = cfg.parallel;
-  if (pc.sequence_parallel && (pc.tx < 2 || pc.ty != 1 || pc.tz != 1))
-    throw Error(
-        fmt::format("parallel.sequence_parallel needs 1D tensor parallelism over tx (tx > 1, "
-                    "ty = tz = 1); the grid is {}",
-                    plan.grid.describe()),
-        "set parallel.sequence_parallel = false, or use parallel.tx alone");
-  if (pc.sequence_parallel && plan.B % pc.tx != 0)
-    throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
-                            "parallel.tx={}: it is not divisible",
-                            plan.B, pc.tx),
-                "choose a micro-batch divisible by parallel.tx");
-  if (pc.recompute && plan.tensor_size == 1 && !plan.pipeline)
-    log_info(
-        "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
-        "1); ignored");
-}
-
 void check_device_options(const RunConfig& cfg, const RunPlan& plan, int world_size) {
   if (cfg.hardware.device != "cuda") return;
-  if (world_size != 1 || plan.grid.world_size() != 1)
+  if (world_size != 1 || plan.grid().world_size() != 1)
     throw Error(fmt::format("hardware.device = \"cuda\" trains in one process on one GPU so far; "
                             "this run has {} ranks, grid {}",
-                            world_size, plan.grid.describe()),
+                            world_size, plan.grid().describe()),
                 "run one process with every parallel axis at 1, or train on the CPU "
                 "(hardware.device = \"cpu\") for data, tensor and pipeline parallelism");
   if (kernels::cuda::device_count() == 0)

@@ -10,6 +10,7 @@
 #include "tessera/comm/topology.hpp"
 #include "tessera/model/config.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/perf/cluster.hpp"
 #include "tessera/train/run_config.hpp"
@@ -22,20 +23,27 @@ class Runtime;
 
 namespace tessera::train {
 
-// The shape of a run's steps and its grid, validated.
+// The shape of a run's steps and its parallel plan, validated.
 struct RunPlan {
-  int B = 0;      // sequences per micro-batch on one dp rank
-  int T = 0;      // tokens per sequence (train.seq_len)
-  int accum = 0;  // micro-batches per optimizer step (train.grad_accum)
-  comm::GridShape grid;
-  parallel::ScheduleSpec sched;  // pipeline parallelism: the schedule of one step
-  std::vector<int> layer_split;  // pipeline parallelism: layers per chunk; empty otherwise
-  bool pipeline = false;         // parallel.pp > 1
-  int tensor_size = 1;           // tx * ty * tz
+  int T = 0;                   // tokens per sequence (train.seq_len)
+  parallel::ParallelPlan par;  // the one plan: grid, ZeRO, schedule, layer split (resolved when
+                               // pp > 1), micro-batch and count, recomputation, overlaps
+  int B() const { return par.micro_batch; }        // sequences per micro-batch on one dp rank
+  int accum() const { return par.micro_batches; }  // micro-batches per step (train.grad_accum)
+  const comm::GridShape& grid() const { return par.grid; }
+  parallel::ScheduleSpec sched() const { return par.schedule_spec(); }
+  bool pipeline() const { return par.grid.pp > 1; }
+  int tensor_size() const { return par.tensor_size(); }
 };
 
-// The micro-batch, the grid and the pipeline schedule of `cfg` on `world_size` ranks; throws for
-// a combination the grid does not allow.
+// The run config's parallel plan with micro-batches of `micro_batch` sequences: the one place
+// the parallel settings are read (the schedule, chunks and layer split only with parallel.pp > 1,
+// recomputation only with tensor or pipeline parallelism: they are ignored otherwise). Not
+// checked: plan_run does that. Throws for a malformed parallel.pp_layers.
+parallel::ParallelPlan parallel_plan(const RunConfig& cfg, int micro_batch);
+
+// The micro-batch, the grid and the pipeline schedule of `cfg` on `world_size` ranks; throws
+// (the first of parallel::plan_problems, with its hint) for a plan that cannot run.
 RunPlan plan_run(const RunConfig& cfg, const model::ModelConfig& mcfg, int world_size);
 
 // The cluster file of the performance model: an explicit one must load (checked before any
@@ -45,9 +53,6 @@ struct PredictionCluster {
   std::optional<perf::ClusterSpec> spec;  // none: no prediction
 };
 PredictionCluster find_prediction_cluster(const RunConfig& cfg);
-
-// Sequence parallelism and recomputation apply to some grids only: refused or noted.
-void check_tensor_options(const RunConfig& cfg, const RunPlan& plan);
 
 // hardware.device = "cuda": one process on one GPU for now (no parallel axes; the NCCL
 // communicator is not built yet), and a CUDA device present.

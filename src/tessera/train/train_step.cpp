@@ -17,9 +17,9 @@ namespace {
 // first backward. Returns the count.
 double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                  data::TokenLoader& loader, StepWorkspace& work, std::int64_t step) {
-  const int B = plan.B, T = plan.T;
+  const int B = plan.B(), T = plan.T;
   double kept_total = 0;
-  for (int a = 0; a < plan.accum; ++a) {
+  for (int a = 0; a < plan.accum(); ++a) {
     const std::uint64_t pos = loader.position();
     loader.next(work.gx[a].data(), work.gy[a].data());
     const std::uint64_t first_target =
@@ -41,11 +41,11 @@ double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
 double run_pipeline_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                          StepWorkspace& work, StepResult& result) {
   parallel::DataParallel& dp = *model.dp;
-  const int accum = plan.accum;
+  const int accum = plan.accum();
   std::vector<const std::int32_t*> in(accum), tg(accum);
   for (int a = 0; a < accum; ++a) in[a] = work.gx[a].data(), tg[a] = work.gy[a].data();
   dp.begin_micro_batch(false);
-  const auto mb_losses = model.pipeline->run(dp, in, tg, plan.B, plan.T, work.forward);
+  const auto mb_losses = model.pipeline->run(dp, in, tg, plan.B(), plan.T, work.forward);
   Timer comm_timer;
   model.pipeline->sum_tied_embedding_grads(dp);
   dp.begin_micro_batch(true);
@@ -79,7 +79,7 @@ double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const st
 double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activations& acts,
                          StepWorkspace& work, StepResult& result) {
   parallel::DataParallel& dp = *model.dp;
-  const int B = plan.B, T = plan.T, accum = plan.accum;
+  const int B = plan.B(), T = plan.T, accum = plan.accum();
   const auto gemm = work.forward.gemm;
   double loss = 0;
   for (int a = 0; a < accum; ++a) {
@@ -143,7 +143,7 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
 
 StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
   const auto& tc = cfg.train;
-  const int B = plan.B, T = plan.T, accum = plan.accum;
+  const int B = plan.B(), T = plan.T, accum = plan.accum();
   StepWorkspace work;
   work.adamw = optim::AdamWConfig{static_cast<float>(tc.lr), static_cast<float>(tc.beta1),
                                   static_cast<float>(tc.beta2), static_cast<float>(tc.eps),

@@ -100,14 +100,14 @@ void validate_at(TrainingRun& run, std::int64_t at) {
   eval::EvalResult r;
   if (run.model.device) {
     model::DeviceGpt& dev = *run.model.device;
-    r = eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B,
+    r = eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B(),
                              run.plan.T, run.cfg.train.val_batches,
                              [&](const std::int32_t* x, const std::int32_t* y, int B, int T) {
                                return dev.forward(x, y, B, T, false, 0.0f);
                              });
   } else {
     r = eval::evaluate_shard(*run.model.layout, full_params(run.model), run.acts, run.cfg.data.val,
-                             run.plan.B, run.plan.T, run.cfg.train.val_batches,
+                             run.plan.B(), run.plan.T, run.cfg.train.val_batches,
                              kernels::GemmLibrary::OneDnn);
     drop_full_params(run.model);
   }
@@ -232,14 +232,13 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // The grid and the options, validated before anything else happens.
   const RunPlan plan = plan_run(cfg, mcfg, rt.world_size());
   const PredictionCluster cluster = find_prediction_cluster(cfg);
-  comm::Topology topo(plan.grid, rt.world_rank());
-  check_tensor_options(cfg, plan);
+  comm::Topology topo(plan.grid(), rt.world_rank());
   check_device_options(cfg, plan, rt.world_size());
   // The run directory: checked and locked before any output; the old run's files (with
   // --overwrite) are deleted only once everything else has been checked.
   const fs::path out = tc.out_dir;
   const RunDirLock out_lock = claim_out_dir(out, opt_in, rt);
-  check_training_fits(layout, plan.tensor_size * pc.pp, pc.zero, pc.dp);
+  check_training_fits(layout, plan.tensor_size() * pc.pp, pc.zero, pc.dp);
   RunModel model = build_run_model(cfg, mcfg, layout, plan, topo, rt);
   const bool lead = rt.world_rank() == 0;
   TrainOptions opt = opt_in;
@@ -252,7 +251,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   const fs::path ckpt_dir = out / "checkpoints";
   model::Activations acts;
   TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
-                                                plan.B * plan.accum * ndp);
+                                                plan.B() * plan.accum() * ndp);
   to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
   if (model.device && lead && !opt.quiet) {
     const std::string why = model.device->attention_fallback_reason();
