@@ -424,12 +424,11 @@ json hf_post_processor(const data::BpeVocab& vocab) {
               {"special_tokens", {{bos, {{"id", bos}, {"ids", {*vocab.bos}}, {"tokens", {bos}}}}}}};
 }
 
+// Every token, special ones too, is in model.vocab: Hugging Face's tokenizers gives an added
+// token that the vocabulary lacks a new id after it, whatever added_tokens says.
 json hf_model_json(const data::BpeVocab& vocab) {
-  std::vector<char> special(vocab.tokens.size(), 0);
-  for (auto id : vocab.special_ids) special[id] = 1;
   json v = json::object();
   for (std::size_t id = 0; id < vocab.tokens.size(); ++id) {
-    if (special[id]) continue;
     auto spelled = data::byte_level_encode(vocab.tokens[id]);
     if (v.contains(spelled))
       throw Error(fmt::format("{}: tokens {} and {} have the same bytes, which a tokenizer.json "

@@ -45,12 +45,11 @@ data::Tokenizer load_tokenizer(const std::filesystem::path& path);
 void set_gguf_tokenizer(GgufWriter& writer, const data::BpeVocab& vocab);
 
 // The inverse of hf_bpe_vocab: DIR/tokenizer.json (model BPE with vocab and merges in the
-// byte-level alphabet, the pre-tokenizer's Hugging Face form, special tokens as added_tokens
-// only, a TemplateProcessing post-processor adding the BOS when the model wants one, else
+// byte-level alphabet, the pre-tokenizer's Hugging Face form, special tokens also as
+// added_tokens, a TemplateProcessing post-processor adding the BOS when the model wants one, else
 // ByteLevel's, and the ByteLevel decoder) and DIR/tokenizer_config.json (bos_token, eos_token),
 // both written atomically. Hugging Face's tokenizers and tessera read them back as `vocab`.
-// Throws tessera::Error when two ordinary tokens have the same bytes (a JSON vocab cannot hold
-// both).
+// Throws tessera::Error when two tokens have the same bytes (a JSON vocab cannot hold both).
 void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab);
 
 // Throws tessera::Error unless every id of `tok` is a row of a model with `model_vocab` tokens
