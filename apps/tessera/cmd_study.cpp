@@ -40,14 +40,15 @@ void add_study_command(CLI::App& root) {
     std::string model, methods = "gptq,awq,smoothquant,w8a8", calibs = "corpus,random,punct,lang2";
     std::string out = "study", data = "data/brown/val.bin", calib_data = "data/brown/train.bin";
     std::string tokenizer, lang2_text, domain_text;
-    int seeds = 3, nsamples = 32, seqlen = 0, windows = 32, bits = 4, group = 128;
+    int seeds = 3, nsamples = 32, seqlen = 0, windows = 32, bits = 4, group = 128, ctx = 0;
     double alpha = 0.5;
     bool verbose = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model, "model directory or .safetensors")->required();
   cmd->add_option("--methods", a->methods,
-                  "comma-separated: rtn gptq awq smoothquant w8a8 llm-int8")
+                  "comma-separated: rtn gptq awq smoothquant w8a8 llm-int8, each optionally with "
+                  "its weight format (gptq:w3, rtn:w4g32, awq:w4g128sym)")
       ->capture_default_str();
   cmd->add_option("--calib", a->calibs,
                   "comma-separated: corpus corpus-concat random punct domain lang2 code")
@@ -57,7 +58,9 @@ void add_study_command(CLI::App& root) {
   cmd->add_option("--seqlen", a->seqlen, "tokens per sample (0 = min(block_size, 512))")
       ->capture_default_str();
   cmd->add_option("--data,-d", a->data, "evaluation token shard")->capture_default_str();
-  cmd->add_option("--windows", a->windows, "evaluation windows of block_size")
+  cmd->add_option("--windows", a->windows, "evaluation windows of --ctx tokens")
+      ->capture_default_str();
+  cmd->add_option("--ctx", a->ctx, "evaluation context (0 = min(block_size, 1024))")
       ->capture_default_str();
   cmd->add_option("--bits", a->bits, "weight bits of gptq/awq/rtn")->capture_default_str();
   cmd->add_option("--group", a->group, "group size of gptq/awq/rtn")->capture_default_str();
@@ -82,6 +85,8 @@ void add_study_command(CLI::App& root) {
     so.nsamples = a->nsamples;
     so.seqlen = a->seqlen;
     so.eval_windows = a->windows;
+    if (a->ctx < 0) throw Error(fmt::format("--ctx must be >= 0, got {}", a->ctx));
+    so.ctx = a->ctx;
     so.eval_shard = a->data;
     so.base.wq = quant::WeightQuant{a->bits, a->group, false};
     quant::validate(so.base.wq);

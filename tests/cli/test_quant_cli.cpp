@@ -70,6 +70,18 @@ TEST(QuantCli, QuantizeThenEvalOutliersStudy) {
   auto csv = cli::slurp(dir / "study" / "study.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 1 + 1 + 2 * 2 * 2);
   EXPECT_NE(cli::slurp(dir / "study" / "study.md").find("| gptq |"), std::string::npos);
+  // a method with its own weight format; the rows carry the paired ratio's interval
+  auto s2 = cli::run("study calibration -m " + k_fixture +
+                     " --methods rtn:w4g16,gptq:w3g16 --calib random --seeds 1 --nsamples 2 "
+                     "--seqlen 16 --windows 4 --data " +
+                     shard.string() + " --out " + (dir / "study2").string());
+  ASSERT_EQ(s2.code, 0) << s2.err;
+  const auto md = cli::slurp(dir / "study2" / "study.md");
+  EXPECT_NE(md.find("| gptq:w3g16 | random |"), std::string::npos) << md;
+  EXPECT_NE(md.find("ppl A / fp32 [95%]"), std::string::npos) << md;
+  expect_clean_error(cli::run("study calibration -m " + k_fixture + " --methods gptq:w4x --data " +
+                              shard.string() + " --out " + (dir / "study3").string()),
+                     "weight format");
 }
 
 TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {

@@ -392,6 +392,25 @@ TEST(QuantCalibration, NamedSeededGenerators) {
   }
 }
 
+TEST(QuantStudy, MethodSpecsCarryTheirWeightFormat) {
+  const WeightQuant base{4, 128, false};
+  auto g = parse_method_spec("gptq", base);
+  EXPECT_EQ(g.method, Method::Gptq);
+  EXPECT_EQ(g.wq.bits, 4);
+  EXPECT_EQ(g.wq.group, 128);
+  auto w3 = parse_method_spec("gptq:w3", base);
+  EXPECT_EQ(w3.wq.bits, 3);
+  EXPECT_EQ(w3.wq.group, 128);
+  auto r = parse_method_spec("rtn:w4g32sym", base);
+  EXPECT_EQ(r.method, Method::Rtn);
+  EXPECT_EQ(r.wq.group, 32);
+  EXPECT_TRUE(r.wq.sym);
+  EXPECT_EQ(r.label, "rtn:w4g32sym");
+  for (const char* bad : {"gptq:", "gptq:x4", "gptq:w", "gptq:w4g", "gptq:w4q", "gptq:w9",
+                          "nope:w4", "gptq:w4g0", "gptq:w99999999"})
+    EXPECT_THROW(parse_method_spec(bad, base), Error) << bad;
+}
+
 // ---------------------------------------------------------------- protocols
 TEST(QuantEval, ProtocolsScoreTheRightPositions) {
   // A "model" that predicts token (t+1) mod V with probability p: NLL is known in closed form.

@@ -1,6 +1,7 @@
 #include "tessera/quant/study.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,21 +44,60 @@ std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::s
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
 
+MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
+  MethodSpec m;
+  m.label = spec;
+  m.wq = base;
+  const auto colon = spec.find(':');
+  m.method = parse_method(spec.substr(0, colon));
+  if (colon == std::string::npos) return m;
+  const std::string fmt_s = spec.substr(colon + 1);
+  auto bad = [&] {
+    return Error(fmt::format("weight format '{}' of '{}' is not wBITS[gGROUP][sym]", fmt_s, spec),
+                 "e.g. gptq:w3, rtn:w4g32, awq:w4g128sym");
+  };
+  std::size_t i = 0;
+  auto number = [&] {
+    std::size_t j = i;
+    while (j < fmt_s.size() && std::isdigit(static_cast<unsigned char>(fmt_s[j]))) ++j;
+    if (j == i || j - i > 6) throw bad();
+    int v = std::stoi(fmt_s.substr(i, j - i));
+    i = j;
+    return v;
+  };
+  if (fmt_s.empty() || fmt_s[i++] != 'w') throw bad();
+  m.wq.bits = number();
+  if (i < fmt_s.size() && fmt_s[i] == 'g') {
+    ++i;
+    m.wq.group = number();
+  }
+  if (fmt_s.compare(i, std::string::npos, "sym") == 0) {
+    m.wq.sym = true;
+    i = fmt_s.size();
+  }
+  if (i != fmt_s.size()) throw bad();
+  validate(m.wq);
+  return m;
+}
+
 StudyResult run_study(const model::ParamLayout& layout, const float* params,
                       const StudyOptions& opt) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const auto& cfg = layout.config();
-  const int ctx = cfg.block_size, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const int ctx = opt.ctx > 0 ? opt.ctx : std::min(cfg.block_size, 1024);
+  const int V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  if (ctx > cfg.block_size)
+    throw Error(fmt::format("--ctx {} exceeds the model's block_size {}", ctx, cfg.block_size));
   if (opt.seeds < 1) throw Error("--seeds must be >= 1");
   if (opt.methods.empty() || opt.calibs.empty())
     throw Error("the study needs at least one method and one calibration set");
-  for (const auto& m : opt.methods) parse_method(m);  // validates
+  for (const auto& m : opt.methods) parse_method_spec(m, opt.base.wq);  // validates
   for (const auto& c : opt.calibs)
     if (std::find(calibration_names().begin(), calibration_names().end(), c) ==
         calibration_names().end())
       throw Error(fmt::format("unknown calibration set '{}'", c),
-                  "use corpus, corpus-concat, random, punct, domain or lang2");
+                  "use corpus, corpus-concat, random, punct, domain, lang2 or code");
   const int seqlen = opt.seqlen > 0 ? opt.seqlen : std::min(cfg.block_size, 512);
   auto tokens = read_tokens(opt.eval_shard, static_cast<std::size_t>(opt.eval_windows) * ctx, V);
   StudyResult res;
@@ -66,6 +106,7 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
   auto h =
       eval::perplexity(fp, tokens, ctx, V, Vp, eval::PplProtocol::SecondHalf, opt.eval_windows);
   res.fp_ppl_windows = w.perplexity;
+  res.fp_ppl_ci = w.ppl_ci95;
   res.fp_ppl_second_half = h.perplexity;
   res.windows_label = w.label;
   res.second_half_label = h.label;
@@ -77,7 +118,8 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
     res.outliers = rep.to_json();
   }
   for (const auto& mname : opt.methods) {
-    Method m = parse_method(mname);
+    const MethodSpec spec = parse_method_spec(mname, opt.base.wq);
+    const Method m = spec.method;
     // Methods without calibration give one row per calibration set and seed all the same; run
     // them once.
     const bool calib_free = !needs_calibration(m);
@@ -87,6 +129,7 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
         const auto r0 = clock::now();
         QuantizeOptions qo = opt.base;
         qo.method = m;
+        qo.wq = spec.wq;
         CalibSet calib;
         if (!calib_free)
           calib = make_calibration(cname, opt.nsamples, seqlen, static_cast<std::uint64_t>(seed), V,
@@ -104,6 +147,9 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
                                   .perplexity;
         row.kl_mean = kl.mean;
         row.top1 = kl.top1_agreement;
+        row.ppl_ratio_ci = eval::perplexity_ratio_interval(w.per_window, kl.model_ppl.per_window);
+        row.kl_ci = kl.mean_ci95;
+        row.top1_ci = kl.top1_ci95;
         row.seconds = std::chrono::duration<double>(clock::now() - r0).count();
         if (opt.verbose)
           std::fprintf(stderr, "study: %s calib %s seed %d: ppl %.3f / %.3f  KL %.4f  (%.1f s)\n",
@@ -139,7 +185,11 @@ Agg agg(const std::vector<double>& v) {
 std::string StudyResult::markdown(const std::string& model_name) const {
   std::string s = fmt::format("# Calibration study: {}\n\n", model_name);
   s += fmt::format("Perplexity A: {}. Perplexity B: {}.\n\n", windows_label, second_half_label);
-  s += fmt::format("fp32: A {:.3f}, B {:.3f}\n\n", fp_ppl_windows, fp_ppl_second_half);
+  s += fmt::format("fp32: A {:.3f} [95% {:.3f}, {:.3f}], B {:.3f}\n\n", fp_ppl_windows,
+                   fp_ppl_ci.lo, fp_ppl_ci.hi, fp_ppl_second_half);
+  s += "Intervals are 95% bootstrap intervals over the evaluation windows; the perplexity ratio's "
+       "is paired (both models on the same resampled windows), so it is much narrower than the "
+       "perplexities' own.\n\n";
   // method x calibration: mean +- sd over seeds (protocol A)
   std::vector<std::string> methods, calibs;
   for (const auto& r : rows) {
@@ -172,12 +222,15 @@ std::string StudyResult::markdown(const std::string& model_name) const {
     s += fmt::format(" {:.3f} ({:+.2f}% vs fp32 at best, {:+.2f}% at worst) |\n", a.max - a.min,
                      100 * (a.min / fp_ppl_windows - 1), 100 * (a.max / fp_ppl_windows - 1));
   }
-  s += "\n## Every run\n\n| method | calibration | seed | ppl A | ppl B | KL mean | top-1 agree | "
-       "seconds |\n|---|---|---|---|---|---|---|---|\n";
+  s += "\n## Every run\n\n| method | calibration | seed | ppl A | ppl A / fp32 [95%] | ppl B | "
+       "KL mean [95%] | top-1 agree [95%] | seconds |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows)
-    s += fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.5f} | {:.4f} | {:.1f} |\n", r.method,
-                     r.calib, r.seed, r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1,
-                     r.seconds);
+    s += fmt::format(
+        "| {} | {} | {} | {:.3f} | {:.4f} [{:.4f}, {:.4f}] | {:.3f} | {:.5f} [{:.5f}, {:.5f}] | "
+        "{:.4f} [{:.4f}, {:.4f}] | {:.1f} |\n",
+        r.method, r.calib, r.seed, r.ppl_windows, r.ppl_windows / fp_ppl_windows, r.ppl_ratio_ci.lo,
+        r.ppl_ratio_ci.hi, r.ppl_second_half, r.kl_mean, r.kl_ci.lo, r.kl_ci.hi, r.top1,
+        r.top1_ci.lo, r.top1_ci.hi, r.seconds);
   s += fmt::format("\n## Outliers\n\n{}\n\nTotal time {:.1f} s.\n", outlier_summary, seconds);
   return s;
 }
@@ -185,11 +238,15 @@ std::string StudyResult::markdown(const std::string& model_name) const {
 std::string StudyResult::csv() const {
   std::string s =
       "method,calibration,seed,ppl_windows,ppl_second_half,kl_mean,top1_agreement,"
-      "seconds\n";
-  s += fmt::format("fp32,-,-,{:.6f},{:.6f},0,1,0\n", fp_ppl_windows, fp_ppl_second_half);
+      "seconds,ppl_ratio_lo,ppl_ratio_hi,kl_lo,kl_hi,top1_lo,top1_hi\n";
+  s +=
+      fmt::format("fp32,-,-,{:.6f},{:.6f},0,1,0,1,1,0,0,1,1\n", fp_ppl_windows, fp_ppl_second_half);
   for (const auto& r : rows)
-    s += fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.2f}\n", r.method, r.calib, r.seed,
-                     r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1, r.seconds);
+    s += fmt::format(
+        "{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.2f},{:.6f},{:.6f},{:.6g},{:.6g},"
+        "{:.6f},{:.6f}\n",
+        r.method, r.calib, r.seed, r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1, r.seconds,
+        r.ppl_ratio_ci.lo, r.ppl_ratio_ci.hi, r.kl_ci.lo, r.kl_ci.hi, r.top1_ci.lo, r.top1_ci.hi);
   return s;
 }
 

@@ -25,6 +25,16 @@ eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params, 
 std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::size_t max_tokens,
                                       int vocab_size);
 
+// A method of the study with its weight format: "gptq" (the base format), "gptq:w3", "rtn:w4g32",
+// "awq:w4g128sym" (bits after w, the group size after g, "sym" for the symmetric quantizer).
+struct MethodSpec {
+  std::string label;  // as given
+  Method method = Method::Rtn;
+  WeightQuant wq;
+};
+// Throws tessera::Error naming the problem for an unknown method or a malformed format.
+MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base);
+
 struct StudyOptions {
   std::vector<std::string> methods{"gptq", "awq", "smoothquant", "w8a8"};
   std::vector<std::string> calibs{"corpus", "random", "punct", "lang2"};
@@ -34,7 +44,8 @@ struct StudyOptions {
   QuantizeOptions base;  // bits, group, alpha, ... (method is set per row)
   CalibSources sources;
   std::filesystem::path eval_shard = "data/brown/val.bin";
-  int eval_windows = 32;  // windows of block_size per protocol
+  int eval_windows = 32;  // windows of ctx tokens per protocol
+  int ctx = 0;            // evaluation context; 0 = min(block_size, 1024)
   bool verbose = false;
 };
 
@@ -42,9 +53,13 @@ struct StudyRow {
   std::string method, calib;
   std::uint64_t seed = 0;
   double ppl_windows = 0, ppl_second_half = 0, kl_mean = 0, top1 = 0, seconds = 0;
+  // 95% intervals, bootstrap over the evaluation windows: the perplexity ratio to fp32 (paired:
+  // both models on the same resampled windows), the mean KL and the top-1 agreement.
+  eval::Interval ppl_ratio_ci, kl_ci, top1_ci;
 };
 struct StudyResult {
   double fp_ppl_windows = 0, fp_ppl_second_half = 0;
+  eval::Interval fp_ppl_ci;  // of fp_ppl_windows
   std::string windows_label, second_half_label;
   std::vector<StudyRow> rows;
   std::string outlier_summary;
