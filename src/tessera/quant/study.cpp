@@ -9,6 +9,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
@@ -43,6 +44,31 @@ std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::s
                   "the shard was made with another tokenizer or is damaged");
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
+
+namespace {
+// One capture of the calibration set `cname` (seed 0) through the unquantized model; its report
+// goes into `all` under the set's name.
+SetOutliers set_outliers(const model::ParamLayout& layout, const float* params,
+                         const std::string& cname, const StudyOptions& opt, int seqlen,
+                         nlohmann::json& all) {
+  const int V = layout.config().vocab_size;
+  auto calib = make_calibration(cname, opt.nsamples, seqlen, 0, V, opt.sources);
+  auto cap = capture(layout, params, calib, false);
+  auto rep = analyze_outliers(cap);
+  SetOutliers s;
+  s.calib = cname;
+  s.summary = rep.summary_line();
+  for (std::size_t i = 0; i < rep.channels.size() && i < 3; ++i) {
+    const auto& c = rep.channels[i];
+    s.top.push_back(
+        fmt::format("{} ch {}: {:.1f} ({:.0f}x median)", c.linear, c.channel, c.maxabs, c.ratio));
+  }
+  s.residual_max = rep.residual.maxabs;
+  all[cname] = rep.to_json();
+  all[cname]["calibration"] = calib.describe();
+  return s;
+}
+}  // namespace
 
 MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
   MethodSpec m;
@@ -110,13 +136,8 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
   res.fp_ppl_second_half = h.perplexity;
   res.windows_label = w.label;
   res.second_half_label = h.label;
-  {
-    auto calib = make_calibration(opt.calibs.front(), opt.nsamples, seqlen, 0, V, opt.sources);
-    auto cap = capture(layout, params, calib, false);
-    auto rep = analyze_outliers(cap);
-    res.outlier_summary = rep.summary_line() + " (calibration " + calib.describe() + ")";
-    res.outliers = rep.to_json();
-  }
+  for (const auto& cname : opt.calibs)
+    res.outliers_by_set.push_back(set_outliers(layout, params, cname, opt, seqlen, res.outliers));
   for (const auto& mname : opt.methods) {
     const MethodSpec spec = parse_method_spec(mname, opt.base.wq);
     const Method m = spec.method;
@@ -231,7 +252,16 @@ std::string StudyResult::markdown(const std::string& model_name) const {
         r.method, r.calib, r.seed, r.ppl_windows, r.ppl_windows / fp_ppl_windows, r.ppl_ratio_ci.lo,
         r.ppl_ratio_ci.hi, r.ppl_second_half, r.kl_mean, r.kl_ci.lo, r.kl_ci.hi, r.top1,
         r.top1_ci.lo, r.top1_ci.hi, r.seconds);
-  s += fmt::format("\n## Outliers\n\n{}\n\nTotal time {:.1f} s.\n", outlier_summary, seconds);
+  s += "\n## Activation outliers per calibration set\n\n| calibration set | summary | largest "
+       "channels (input of a linear) | largest block output |\n|---|---|---|---|\n";
+  for (const auto& o : outliers_by_set) {
+    const float rmax = o.residual_max.empty()
+                           ? 0.0f
+                           : *std::max_element(o.residual_max.begin(), o.residual_max.end());
+    s += fmt::format("| {} | {} | {} | {:.1f} |\n", o.calib, o.summary, fmt::join(o.top, "; "),
+                     rmax);
+  }
+  s += fmt::format("\nTotal time {:.1f} s.\n", seconds);
   return s;
 }
 

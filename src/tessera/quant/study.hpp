@@ -57,13 +57,21 @@ struct StudyRow {
   // both models on the same resampled windows), the mean KL and the top-1 agreement.
   eval::Interval ppl_ratio_ci, kl_ci, top1_ci;
 };
+// The activation outliers the model shows on one calibration set (its seed-0 draw).
+struct SetOutliers {
+  std::string calib;
+  std::string summary;              // OutlierReport::summary_line()
+  std::vector<std::string> top;     // the largest channels: "linear ch C: max|x| M (R x median)"
+  std::vector<float> residual_max;  // (L) largest |x| of each block's output
+};
+
 struct StudyResult {
   double fp_ppl_windows = 0, fp_ppl_second_half = 0;
   eval::Interval fp_ppl_ci;  // of fp_ppl_windows
   std::string windows_label, second_half_label;
   std::vector<StudyRow> rows;
-  std::string outlier_summary;
-  nlohmann::json outliers;
+  std::vector<SetOutliers> outliers_by_set;  // one per calibration set, in --calib order
+  nlohmann::json outliers;                   // {calibration set: outliers report}
   double seconds = 0;
   std::string markdown(const std::string& model_name) const;
   std::string csv() const;
