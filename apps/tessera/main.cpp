@@ -2,10 +2,63 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/suggest.hpp"
 #include "tessera/kernels/cuda/device.hpp"
+
+namespace {
+
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& names,
+                         const std::string& prefix) {
+  const std::string near = tessera::closest(word, names);
+  return near.empty() ? std::string() : "did you mean " + prefix + near + "? ";
+}
+
+// Names the command and long options of argv that the parser does not know, before it runs:
+// CLI11 would otherwise first complain about a required option ("--model is required" for
+// "--modle"), or ask for a subcommand when the command is misspelled.
+void check_names(CLI::App& app, int argc, char** argv) {
+  CLI::App* sub = &app;
+  std::string path = "tessera";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view tok = argv[i];
+    if (tok == "--") return;
+    if (tok.size() > 2 && tok.substr(0, 2) == "--") {
+      const std::string name(tok.substr(
+          2, tok.find('=') == std::string_view::npos ? std::string_view::npos : tok.find('=') - 2));
+      if (sub->get_option_no_throw("--" + name) || name == "help" || name == "version") continue;
+      std::vector<std::string> names;
+      for (const CLI::Option* o : sub->get_options())
+        for (const auto& n : o->get_lnames()) names.push_back(n);
+      throw tessera::Error(fmt::format("unknown option --{} for '{}'", name, path),
+                           did_you_mean(name, names, "--") + "see '" + path + " --help'");
+    }
+    if (tok.empty() || tok[0] == '-') continue;
+    std::vector<std::string> names;
+    CLI::App* next = nullptr;
+    for (CLI::App* c : sub->get_subcommands({})) {
+      names.push_back(c->get_name());
+      if (c->get_name() == tok) next = c;
+    }
+    if (next) {
+      sub = next;
+      path += " " + std::string(tok);
+      continue;
+    }
+    bool positional = false;
+    for (const CLI::Option* o : sub->get_options()) positional = positional || o->get_positional();
+    if (!names.empty() && !positional)  // a word where only a command can stand
+      throw tessera::Error(fmt::format("unknown command '{}' for '{}'", tok, path),
+                           did_you_mean(tok, names, "") + "see '" + path + " --help'");
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: train, plan, quantize and study GPT-style language models", "tessera"};
@@ -26,7 +79,12 @@ int main(int argc, char** argv) {
   tessera::app::add_quantize_command(app);
   tessera::app::add_outliers_command(app);
   tessera::app::add_study_command(app);
+  if (argc == 1) {  // bare tessera: what it can do
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
   try {
+    check_names(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -57,12 +57,22 @@ TEST_F(Cli, HelpAndVersion) {
   for (const char* cmd : {"prepare", "tokenize", "train", "sample", "eval"})
     EXPECT_NE(r.out.find(cmd), std::string::npos) << cmd;
   EXPECT_EQ(cli::run("--version").code, 0);
+  auto bare = cli::run("");  // bare tessera: its help, not an error
+  EXPECT_EQ(bare.code, 0);
+  EXPECT_NE(bare.out.find("quantize"), std::string::npos) << bare.out;
 }
 
+// A misspelled command or option is named, with the closest real one, before CLI11 would ask
+// for a subcommand or a required option instead.
 TEST_F(Cli, UnknownSubcommandOrOption) {
   auto r = cli::run("frobnicate");
   EXPECT_EQ(r.code, 2);
   expect_clean_error(cli::run("train --no-such-flag"), "no-such-flag");
+  expect_clean_error(cli::run("smaple -m x"), "did you mean sample?");
+  expect_clean_error(cli::run("sample --modle x"), "unknown option --modle for 'tessera sample'");
+  expect_clean_error(cli::run("sample --modle x"), "did you mean --model?");
+  expect_clean_error(cli::run("study calibraton"), "did you mean calibration?");
+  expect_clean_error(cli::run("study calibration --modle=x"), "did you mean --model?");
 }
 
 TEST_F(Cli, MissingCheckpoint) {
