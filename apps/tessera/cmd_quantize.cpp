@@ -28,7 +28,7 @@ void add_quantize_command(CLI::App& root) {
     std::string eval_data;
     int bits = 4, group = 128, blocksize = 128, eval_windows = 32;
     bool sym = false, act_order = false, static_groups = false, no_clip = false, verbose = false;
-    bool recon = false;
+    bool recon = false, min_offset = false;
     double damp = 0.01, alpha = 0.5, threshold = 6.0;
   };
   auto a = std::make_shared<Args>();
@@ -43,6 +43,9 @@ void add_quantize_command(CLI::App& root) {
   cmd->add_option("--group", a->group, "columns per quantization group (-1 = per channel)")
       ->capture_default_str();
   cmd->add_flag("--sym", a->sym, "symmetric weight quantizer (default asymmetric)");
+  cmd->add_flag("--min-offset", a->min_offset,
+                "asymmetric with each group's minimum as a float offset (llama.cpp's Q4_1 form) "
+                "instead of a zero point on the grid");
   add_calibration_options(cmd, a->cf);
   cmd->add_option("--damp", a->damp, "GPTQ relative damping")->capture_default_str();
   cmd->add_option("--blocksize", a->blocksize, "GPTQ lazy batch width")->capture_default_str();
@@ -70,7 +73,10 @@ void add_quantize_command(CLI::App& root) {
     using clock = std::chrono::steady_clock;
     quant::QuantizeOptions qo;
     qo.method = quant::parse_method(a->method);
-    qo.wq = quant::WeightQuant{a->bits, a->group, a->sym};
+    qo.wq = quant::WeightQuant{a->bits, a->group, a->sym, a->min_offset};
+    if (a->sym && a->min_offset)
+      throw Error("--sym and --min-offset exclude each other",
+                  "the minimum offset is a form of the asymmetric quantizer");
     quant::validate(qo.wq);
     qo.damp = a->damp;
     if (!(a->damp > 0 && a->damp < 1))  // NaN fails too

@@ -210,6 +210,36 @@ TEST(QuantRtn, RoundTripErrorIsAtMostHalfAStep) {
     }
 }
 
+// Weights already on llama.cpp's Q4_1 grid (w = d q + m per block of 32, d and m any floats)
+// re-quantize exactly with min_offset, and not with the GPTQ-style quantizer, whose range must
+// include 0 and whose zero point is a code: the control of the calibration study.
+TEST(QuantRtn, MinOffsetKeepsAQ41GridExactly) {
+  const int rows = 4, cols = 64;
+  std::vector<float> w(rows * cols);
+  Rng rng(9);
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < cols / 32; ++b) {
+      const float d = 0.01f + 0.02f * rng.uniform(), m = 0.05f + 0.1f * rng.uniform();
+      for (int i = 0; i < 32; ++i) {
+        const int q = i < 2 ? (i == 0 ? 0 : 15) : static_cast<int>(rng.next_u64() % 16);
+        w[r * cols + b * 32 + i] = d * static_cast<float>(q) + m;  // all positive
+      }
+    }
+  WeightQuant spec{4, 32, false};
+  spec.min_offset = true;
+  std::vector<float> d(w.size());
+  rtn(w.data(), rows, cols, spec).dequantize(d.data());
+  float err_min = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) err_min = std::max(err_min, std::fabs(d[i] - w[i]));
+  EXPECT_LE(err_min, 1e-6f);  // float rounding of d q + m only
+  spec.min_offset = false;
+  rtn(w.data(), rows, cols, spec).dequantize(d.data());
+  float err_zero = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) err_zero = std::max(err_zero, std::fabs(d[i] - w[i]));
+  EXPECT_GT(err_zero, 1e-3f);
+  EXPECT_EQ(describe(WeightQuant{4, 32, false, true}), "W4 g32 asym-min");
+}
+
 TEST(QuantRtn, ValidationNamesTheProblem) {
   EXPECT_THROW(validate(WeightQuant{1, 128, false}), Error);
   EXPECT_THROW(validate(WeightQuant{9, 128, false}), Error);
@@ -698,10 +728,11 @@ TEST(QuantLlama, QuantizedFileRoundTrips) {
   const fs::path dir =
       fs::temp_directory_path() / ("tessera_quant_llama_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  for (Method m : {Method::Awq, Method::Gptq, Method::SmoothQuant}) {
+  for (Method m : {Method::Awq, Method::Gptq, Method::SmoothQuant, Method::Rtn}) {
     QuantizeOptions o;
     o.method = m;
     o.wq = WeightQuant{m == Method::Gptq ? 3 : 4, 96, false};  // 128 = 96 + a group of 32
+    o.wq.min_offset = m == Method::Rtn;                         // float zero points in the file
     auto qm = quantize_model(layout, tm->params.data(), o, &calib);
     save_quantized(dir / method_name(m), qm);
     auto back = load_any_model(dir / method_name(m));

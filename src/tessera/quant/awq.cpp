@@ -77,7 +77,7 @@ void awq_clip(float* W, int rows, int cols, const std::vector<double>& S, const 
       for (int k = 0; k < n_shrink; ++k) {
         float mv = amax * (1.0f - static_cast<float>(k) / 20.0f);
         for (int i = 0; i < n; ++i) cw[i] = std::clamp(w[i], -mv, mv);
-        QParams p = fit(cw.data(), n, 1, spec.bits, spec.sym);
+        QParams p = fit(cw.data(), n, 1, spec);
         for (int i = 0; i < n; ++i) d[i] = quant_dequant(cw[i], p, maxq) - w[i];
         double err = 0;
         for (int i = 0; i < n; ++i) {

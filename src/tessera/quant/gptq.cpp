@@ -64,8 +64,7 @@ GptqResult gptq(const float* W0, int rows, int cols, std::vector<double> H,
       const int width = std::min(G, cols - g * G);  // the last group may be shorter
       for (int r = 0; r < rows; ++r) {
         for (int i = 0; i < width; ++i) tmp[i] = Wt[static_cast<std::size_t>(g * G + i) * rows + r];
-        static_p[static_cast<std::size_t>(r) * ng + g] =
-            fit(tmp.data(), width, 1, spec.bits, spec.sym);
+        static_p[static_cast<std::size_t>(r) * ng + g] = fit(tmp.data(), width, 1, spec);
       }
     }
   }
@@ -121,8 +120,7 @@ GptqResult gptq(const float* W0, int rows, int cols, std::vector<double> H,
   std::vector<QParams> cur(rows);
   auto fit_rows = [&](int c0, int width) {  // on the current (error-updated) columns
     for (int r = 0; r < rows; ++r)
-      cur[r] = fit(Wt.data() + static_cast<std::size_t>(c0) * rows + r, width, rows, spec.bits,
-                   spec.sym);
+      cur[r] = fit(Wt.data() + static_cast<std::size_t>(c0) * rows + r, width, rows, spec);
   };
   if (!grouped) fit_rows(0, cols);
   const int B = std::max(1, opt.blocksize);

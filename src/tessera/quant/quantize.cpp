@@ -467,15 +467,23 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
                packed.data(), packed.size());
     w.add_copy(L.name + ".scales", io::DType::F32, {q.rows, q.ngroups()}, q.scales.data(),
                q.scales.size() * 4);
-    std::vector<std::uint8_t> z(q.zeros.size());
-    for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<std::uint8_t>(q.zeros[i]);
-    w.add_copy(L.name + ".zeros", io::DType::U8, {q.rows, q.ngroups()}, z.data(), z.size());
+    if (q.spec.min_offset) {  // zero points that are not codes
+      w.add_copy(L.name + ".zeros", io::DType::F32, {q.rows, q.ngroups()}, q.zeros.data(),
+                 q.zeros.size() * 4);
+    } else {
+      std::vector<std::uint8_t> z(q.zeros.size());
+      for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<std::uint8_t>(q.zeros[i]);
+      w.add_copy(L.name + ".zeros", io::DType::U8, {q.rows, q.ngroups()}, z.data(), z.size());
+    }
     w.add_copy(L.name + ".g_idx", io::DType::I32, {q.cols}, q.g_idx.data(), q.g_idx.size() * 4);
     if (!q.in_scale.empty())
       w.add_copy(L.name + ".in_scale", io::DType::F32, {q.cols}, q.in_scale.data(),
                  q.in_scale.size() * 4);
-    lin.push_back(
-        {{"name", L.name}, {"bits", q.spec.bits}, {"group", q.spec.group}, {"sym", q.spec.sym}});
+    lin.push_back({{"name", L.name},
+                   {"bits", q.spec.bits},
+                   {"group", q.spec.group},
+                   {"sym", q.spec.sym},
+                   {"min_offset", q.spec.min_offset}});
   }
   json meta{{"format", k_format},
             {"method", qm.method},
@@ -485,7 +493,8 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
             {"info", qm.info},
             {"layout",
              "qweight (out_features, in_features[/2 for <= 4 bits, low nibble first]); "
-             "w = scales[r, g_idx[c]] * (q - zeros[r, g_idx[c]]) / in_scale[c]"}};
+             "w = scales[r, g_idx[c]] * (q - zeros[r, g_idx[c]]) / in_scale[c]; zeros U8 codes, "
+             "or F32 for a linear with min_offset"}};
   w.set_metadata("format", "pt");
   w.set_metadata("tessera_config", io::hf_config_text(qm.config));
   w.set_metadata("quantization", meta.dump());
@@ -579,6 +588,7 @@ AnyModel read_any_model(const fs::path& path) {
       q.spec.bits = sp->second.value("bits", 0);
       q.spec.group = sp->second.value("group", 0);
       q.spec.sym = sp->second.value("sym", false);
+      q.spec.min_offset = sp->second.value("min_offset", false);
       if (q.spec.bits < 2 || q.spec.bits > 8) throw bad(fmt::format("{}: bad bit width", name));
       const int ng = q.spec.groups(q.cols);
       auto expect = [&](const std::string& tn, std::vector<std::int64_t> shape) {
@@ -597,7 +607,11 @@ AnyModel read_any_model(const fs::path& path) {
       expect(name + ".g_idx", {q.cols});
       unpack(st.read_i64(name + ".qweight"), q);
       q.scales = st.read_f32(name + ".scales");
-      for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
+      if (q.spec.min_offset) {
+        q.zeros = st.read_f32(name + ".zeros");
+      } else {
+        for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
+      }
       for (auto g : st.read_i64(name + ".g_idx")) {
         if (g < 0 || g >= ng) throw bad(fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
         q.g_idx.push_back(static_cast<std::int32_t>(g));

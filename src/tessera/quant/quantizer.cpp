@@ -21,11 +21,14 @@ void validate(const WeightQuant& q) {
 std::string describe(const WeightQuant& q) {
   return fmt::format("W{} {} {}", q.bits,
                      q.group <= 0 ? std::string("per-channel") : fmt::format("g{}", q.group),
-                     q.sym ? "sym" : "asym");
+                     q.sym ? "sym" : (q.min_offset ? "asym-min" : "asym"));
 }
 
-QParams fit(const float* v, int n, int stride, int bits, bool sym, float clip) {
+QParams fit(const float* v, int n, int stride, const WeightQuant& spec, float clip) {
+  const int bits = spec.bits;
+  const bool sym = spec.sym;
   float lo = 0.0f, hi = 0.0f;
+  if (spec.min_offset && !sym && n > 0) lo = hi = v[0];
   for (int i = 0; i < n; ++i) {
     float x = v[static_cast<std::size_t>(i) * stride];
     lo = std::min(lo, x);
@@ -46,7 +49,8 @@ QParams fit(const float* v, int n, int stride, int bits, bool sym, float clip) {
       hi = 1.0f;
     }
     p.scale = std::max((hi - lo) / maxq, 1e-8f);
-    p.zero = std::round(-lo / p.scale);
+    p.offset = spec.min_offset;
+    p.zero = p.offset ? -lo / p.scale : std::round(-lo / p.scale);
   }
   return p;
 }
@@ -83,7 +87,7 @@ QuantizedLinear rtn(const float* W, int rows, int cols, const WeightQuant& spec)
     const float* wr = W + static_cast<std::size_t>(r) * cols;
     for (int g = 0; g < ng; ++g) {
       int c0 = g * G, n = std::min(G, cols - c0);
-      QParams p = fit(wr + c0, n, 1, spec.bits, spec.sym);
+      QParams p = fit(wr + c0, n, 1, spec);
       out.scales[static_cast<std::size_t>(r) * ng + g] = p.scale;
       out.zeros[static_cast<std::size_t>(r) * ng + g] = p.zero;
       for (int c = c0; c < c0 + n; ++c)
@@ -101,7 +105,7 @@ void rtn_inplace(float* W, int rows, int cols, const WeightQuant& spec) {
     float* wr = W + static_cast<std::size_t>(r) * cols;
     for (int c0 = 0; c0 < cols; c0 += G) {
       int n = std::min(G, cols - c0);
-      QParams p = fit(wr + c0, n, 1, spec.bits, spec.sym);
+      QParams p = fit(wr + c0, n, 1, spec);
       for (int c = c0; c < c0 + n; ++c) wr[c] = quant_dequant(wr[c], p, maxq);
     }
   }

@@ -16,6 +16,10 @@ struct WeightQuant {
   int bits = 4;      // 2..8
   int group = 128;   // columns per group; -1 = one group per row (per channel)
   bool sym = false;  // symmetric (zero at the middle code) or asymmetric (zero fitted)
+  // Asymmetric with the group's minimum as the offset (llama.cpp's Q4_1 form, w = d q + min):
+  // the range is the group's own (not widened to include 0) and the zero point is not rounded
+  // to a code, so a group already on such a grid is represented exactly.
+  bool min_offset = false;
   int maxq() const { return (1 << bits) - 1; }
   int groups(int cols) const { return group <= 0 ? 1 : (cols + group - 1) / group; }
   int group_size(int cols) const { return group <= 0 ? cols : group; }
@@ -25,18 +29,21 @@ struct WeightQuant {
 // positive. A group size need not divide a row: the last group of a row is then shorter (as in
 // the GPTQ reference; SmolLM2's width 576 is 4 groups of 128 and one of 64).
 void validate(const WeightQuant& q);
-std::string describe(const WeightQuant& q);  // "W4 g128 asym"
+std::string describe(const WeightQuant& q);  // "W4 g128 asym", "W4 g32 asym-min"
 
 struct QParams {
   float scale = 1.0f;
-  float zero = 0.0f;  // an integer code
+  float zero = 0.0f;    // an integer code, or any value with WeightQuant::min_offset
+  bool offset = false;  // min_offset: the zero is not a code
 };
 
 // Fits (scale, zero) to the values v[0..n) (stride apart), range including 0 as GPTQ and AWQ
-// do. clip in (0, 1] shrinks the range (AWQ's clip search).
-QParams fit(const float* v, int n, int stride, int bits, bool sym, float clip = 1.0f);
+// do (or the values' own range with min_offset). clip in (0, 1] shrinks the range (AWQ's clip
+// search).
+QParams fit(const float* v, int n, int stride, const WeightQuant& spec, float clip = 1.0f);
 inline float quantize_code(float w, QParams p, int maxq) {
-  float q = __builtin_roundf(w / p.scale) + p.zero;
+  float q =
+      p.offset ? __builtin_roundf(w / p.scale + p.zero) : __builtin_roundf(w / p.scale) + p.zero;
   return q < 0.0f ? 0.0f : (q > static_cast<float>(maxq) ? static_cast<float>(maxq) : q);
 }
 inline float dequant(float q, QParams p) {

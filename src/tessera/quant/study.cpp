@@ -79,8 +79,9 @@ MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
   if (colon == std::string::npos) return m;
   const std::string fmt_s = spec.substr(colon + 1);
   auto bad = [&] {
-    return Error(fmt::format("weight format '{}' of '{}' is not wBITS[gGROUP][sym]", fmt_s, spec),
-                 "e.g. gptq:w3, rtn:w4g32, awq:w4g128sym");
+    return Error(
+        fmt::format("weight format '{}' of '{}' is not wBITS[gGROUP][sym|min]", fmt_s, spec),
+        "e.g. gptq:w3, rtn:w4g32, awq:w4g128sym, rtn:w4g32min (llama.cpp's Q4_1 form)");
   };
   std::size_t i = 0;
   auto number = [&] {
@@ -99,6 +100,9 @@ MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
   }
   if (fmt_s.compare(i, std::string::npos, "sym") == 0) {
     m.wq.sym = true;
+    i = fmt_s.size();
+  } else if (fmt_s.compare(i, std::string::npos, "min") == 0) {
+    m.wq.min_offset = true;
     i = fmt_s.size();
   }
   if (i != fmt_s.size()) throw bad();

@@ -26,7 +26,8 @@ std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::s
                                       int vocab_size);
 
 // A method of the study with its weight format: "gptq" (the base format), "gptq:w3", "rtn:w4g32",
-// "awq:w4g128sym" (bits after w, the group size after g, "sym" for the symmetric quantizer).
+// "awq:w4g128sym" (bits after w, the group size after g, "sym" for the symmetric quantizer,
+// "min" for the asymmetric one with a float minimum: llama.cpp's Q4_1 form, rtn:w4g32min).
 struct MethodSpec {
   std::string label;  // as given
   Method method = Method::Rtn;
