@@ -629,14 +629,20 @@ void validate(const RunConfig& c) {
   if (m.family != "gpt2" && m.family != "llama")
     v.fail("model.family", m.family, "unknown model family", "use \"gpt2\" or \"llama\"");
   const auto& par = c.parallel;
-  if (m.family == "llama" && (par.tx > 1 || par.ty > 1 || par.tz > 1 || par.pp > 1))
-    v.fail("model.family", m.family,
-           fmt::format("trains in one process or data parallel (with ZeRO 0-3) so far; tensor "
-                       "and pipeline parallelism (tx={} ty={} tz={} pp={}) are not implemented "
-                       "for it yet",
-                       par.tx, par.ty, par.tz, par.pp),
-           "set parallel.tx = ty = tz = pp = 1 (and scale with parallel.dp), or train a gpt2 "
-           "model");
+  // Tensor parallelism splits llama's key-value heads (with their query heads) and its MLP width
+  // over ty (parallel/tensor_ops.hpp); the query heads are checked with the grid.
+  if (m.family == "llama" && par.ty > 1) {
+    const int kv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+    if (kv % par.ty != 0)
+      v.fail("model.n_kv_head", kv, fmt::format("must be divisible by parallel.ty = {}", par.ty),
+             fmt::format("the key-value heads are split over ty with their query heads: choose "
+                         "ty among the divisors of {}",
+                         kv));
+    if (m.intermediate_size > 0 && m.intermediate_size % par.ty != 0)
+      v.fail("model.intermediate_size", m.intermediate_size,
+             fmt::format("must be divisible by parallel.ty = {}", par.ty),
+             "the MLP's gate and up rows are split over ty: choose ty dividing it");
+  }
   try {  // the family's own rules (kv heads, llama-only keys on gpt2, ...)
     model::validate(model_config(m));
   } catch (const Error& e) {
