@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "run_util.hpp"
@@ -20,11 +21,12 @@ using namespace tessera::test;
 
 namespace {
 
-// 4 layers (pp=4 holds one each; interleaved pp=2 v=2 too), 20 steps of 4 sequences.
-std::string llama_args(const fs::path& out, int B, int m, int steps) {
+// 4 layers (pp=4 holds one each; interleaved pp=2 v=2 too; interleaved pp=4 v=2 takes 8), 20
+// steps of 4 sequences.
+std::string llama_args(const fs::path& out, int B, int m, int steps, int layers = 4) {
   return train_args(data_dir(), out, B, m, steps) +
-         " model.family=llama model.n_layer=4 model.n_head=4 model.n_kv_head=2"
-         " model.intermediate_size=48 model.tie_embeddings=false";
+         " model.family=llama model.n_layer=" + std::to_string(layers) +
+         " model.n_head=4 model.n_kv_head=2 model.intermediate_size=48 model.tie_embeddings=false";
 }
 
 class LlamaParallel : public ::testing::Test {
@@ -34,27 +36,29 @@ class LlamaParallel : public ::testing::Test {
   }
 };
 
-// The single-process reference (micro-batches of 4 sequences, m of them), computed once per m.
-fs::path llama_reference(int m) {
-  static std::map<int, fs::path> refs;
-  auto it = refs.find(m);
+// The single-process reference (micro-batches of 4 sequences, m of them), computed once per
+// (m, layers).
+fs::path llama_reference(int m, int layers = 4) {
+  static std::map<std::pair<int, int>, fs::path> refs;
+  auto it = refs.find({m, layers});
   if (it != refs.end()) return it->second;
-  auto ref = scratch("llama_ref_m" + std::to_string(m));
-  auto r = sh(llama_args(ref, 4, m, 20));
+  auto ref = scratch("llama_ref_m" + std::to_string(m) + "_l" + std::to_string(layers));
+  auto r = sh(llama_args(ref, 4, m, 20, layers));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(losses(ref / "metrics.jsonl").size(), 20u);
-  return refs[m] = ref;
+  return refs[{m, layers}] = ref;
 }
 
 struct Case {
   int ranks, m, dp;
   std::string set, name;
+  int layers = 4;
 };
 
 void run_case(const Case& c) {
-  const auto ref = llama_reference(c.m);
+  const auto ref = llama_reference(c.m, c.layers);
   auto out = scratch("llama_" + c.name);
-  auto run = sh(mpirun(c.ranks) + llama_args(out, 4 / c.dp, c.m, 20) + " " + c.set);
+  auto run = sh(mpirun(c.ranks) + llama_args(out, 4 / c.dp, c.m, 20, c.layers) + " " + c.set);
   ASSERT_EQ(run.code, 0) << c.set << "\n" << run.output;
   expect_same_run(ref, out, c.set);
 }
@@ -73,14 +77,15 @@ TEST_F(LlamaParallel, TensorGridsMatchOneProcess) {
   for (const auto& c : cases) run_case(c);
 }
 
-// pp in {2, 4} x schedule in {gpipe, 1f1b, interleaved v=2 (pp=2)}, 4 micro-batches.
+// pp in {2, 4} x schedule in {gpipe, 1f1b, interleaved v=2}, 4 micro-batches (interleaved on
+// pp=4: 8 layers, one per chunk).
 TEST_F(LlamaParallel, EveryScheduleMatchesOneProcess) {
   for (int pp : {2, 4})
     for (const std::string sched : {"gpipe", "1f1b", "interleaved"}) {
-      if (sched == "interleaved" && pp == 4) continue;  // 4 layers: v=2 needs 8
       const std::string set = "parallel.pp=" + std::to_string(pp) + " parallel.schedule=" + sched +
                               (sched == "interleaved" ? " parallel.virtual_stages=2" : "");
-      run_case({pp, 4, 1, set, "pp" + std::to_string(pp) + "_" + sched});
+      const int layers = sched == "interleaved" && pp == 4 ? 8 : 4;
+      run_case({pp, 4, 1, set, "pp" + std::to_string(pp) + "_" + sched, layers});
     }
 }
 
