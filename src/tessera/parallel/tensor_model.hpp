@@ -19,10 +19,10 @@
 // maps it (padding between tensors: -1; the row permutations of the fused matrices are in it, so
 // checkpoints keep the global Hugging Face order; llama's k_proj, v_proj and up_proj have no local
 // elements: the rank's block of the fused matrix lies at q_proj, gate_proj). Replicated elements
-// (norm parameters and wpe over ty
-// and tz; biases over their linear's input axis and tz) are "owned" by the rank with coordinate 0
-// on the replicating axes; every global element has exactly one owner in the tensor group. The
-// owner mask is what the global gradient norm counts, and what gather_full() assembles.
+// (norm parameters and wpe over ty and tz; biases over their linear's input axis and tz) are
+// "owned" by the rank with coordinate 0 on the replicating axes; every global element has exactly
+// one owner in the tensor group. The owner mask is what the global gradient norm counts, and what
+// gather_full() assembles.
 //
 // Batch. Every rank of a tensor group is given the same global micro-batch (B, T) of ids; the
 // rank computes the sequences [cz*B/tz, (cz+1)*B/tz) (B % tz == 0). Losses are the mean over the
@@ -84,7 +84,8 @@ namespace tessera::parallel {
 
 // A run of consecutive layers that a rank holds (pipeline parallelism, parallel/pipeline.hpp):
 // the model's first chunk also holds the token and position embeddings, its last chunk the final
-// LayerNorm and the LM head (tied to the token embedding, so both ends hold a copy of wte).
+// norm and the LM head (tied to the token embedding, so both ends hold a copy of wte; an untied
+// head lives on the last chunk alone).
 struct ModelChunk {
   int first_layer = 0, end_layer = 0;  // layers [first_layer, end_layer); may be empty
   bool embedding = false;              // first_layer == 0 and the embeddings live here
