@@ -423,8 +423,8 @@ TEST_F(BadInput, BadTensorOffsetInTheStateIndexIsRefused) {
 }
 
 // The llama family through the trainer: a few steps train (the loss falls), the checkpoint is a
-// Hugging Face Llama checkpoint that eval reads; bad family settings and the parallel
-// axes it does not have yet are refused before any output, one line, exit 2.
+// Hugging Face Llama checkpoint that eval reads; bad family settings and grids its heads do not
+// split over are refused before any output, one line, exit 2.
 TEST_F(BadInput, LlamaTrainsAndBadLlamaConfigsAreRefused) {
   const std::string llama =
       "model.family=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=48 "
@@ -454,9 +454,11 @@ TEST_F(BadInput, LlamaTrainsAndBadLlamaConfigsAreRefused) {
       cli::run(train(cli::scratch("llama_family"), 1, "model.family=mamba")), "model.family");
   expect_refused_before_output(cli::run(train(cli::scratch("gpt2_kv"), 1, "model.n_kv_head=1")),
                                "llama setting");
+  // Tensor parallelism splits the kv heads over ty: 2 kv heads do not split over ty = 4 (said
+  // before the rank count, which does not matter for it).
   expect_refused_before_output(
-      cli::run(train(cli::scratch("llama_tx"), 1, llama + "parallel.tx=2")),
-      "tensor and pipeline parallelism");
+      cli::run(train(cli::scratch("llama_ty"), 1, llama + "parallel.ty=4")),
+      "is not divisible by ty=4");
 }
 
 // train.init_from starts from a trained model's weights: the validation loss at step 0 of a run

@@ -270,6 +270,43 @@ TEST_F(TensorAttentionTest, HeadGroupedOrderIsAPermutationOfWholeHeads) {
   }
 }
 
+// The general ty-grouped order: llama's fused q|k|v of 8 query heads on 2 or 4 kv heads gives ty
+// rank j its query heads and exactly the kv heads they read (query head h reads kv head
+// h / (NH/KV)); its fused gate|up gives rank j gate row i and up row i together.
+TEST_F(TensorAttentionTest, GroupedOrderKeepsKvHeadsWithTheirQueryHeadsAndGateWithUp) {
+  const int hs = 4, NH = 8, F = 12;
+  for (int KV : {2, 4})
+    for (int ty : {1, 2}) {
+      SCOPED_TRACE(fmt::format("KV={} ty={}", KV, ty));
+      const std::vector<int> seg = {NH * hs, KV * hs, KV * hs};
+      const int rows = (NH + 2 * KV) * hs, per = rows / ty;
+      std::vector<int> hits(rows, 0);
+      for (int r = 0; r < rows; ++r) {
+        const int src = par::grouped_source_row(seg, ty, r);
+        ASSERT_GE(src, 0);
+        ASSERT_LT(src, rows);
+        ++hits[src];
+        const int j = r / per;
+        if (src < NH * hs) {
+          EXPECT_EQ(src / hs / (NH / ty), j) << "q row " << r;
+        } else {
+          const int kv_head = ((src - NH * hs) % (KV * hs)) / hs;
+          EXPECT_EQ(kv_head / (KV / ty), j) << "k/v row " << r;
+          // the rank's query heads read exactly its kv heads
+          EXPECT_EQ((kv_head * (NH / KV)) / (NH / ty), j);
+        }
+      }
+      for (int h : hits) ASSERT_EQ(h, 1);
+      for (int r = 0; r < F / ty; ++r)
+        for (int j = 0; j < ty; ++j) {
+          const int gate = par::grouped_source_row({F, F}, ty, j * 2 * F / ty + r);
+          const int up = par::grouped_source_row({F, F}, ty, j * 2 * F / ty + F / ty + r);
+          EXPECT_EQ(up, gate + F);
+          EXPECT_EQ(gate, j * F / ty + r);
+        }
+    }
+}
+
 TEST_F(TensorAttentionTest, RejectsIndivisibleHeadsAndBatch) {
   Runtime& rt = runtime();
   const int p = rt.world_size();

@@ -8,7 +8,10 @@
 //    sums in different orders; see test_tensor_attention.cpp for the per-layer bound), and every
 //    replica of a replicated gradient equals its owner's copy;
 //  - with recomputation the gradients are bitwise those without it;
-//  - the same holds in sequence-parallel mode (1D grids: tx only).
+//  - the same holds in sequence-parallel mode (1D grids: tx only);
+//  - all of it for a llama model (RMSNorm, RoPE, SwiGLU, 4 query heads on 2 kv heads, untied head)
+//    on every factorization whose ty divides the kv heads: the fused q|k|v and gate|up rows are
+//    permuted whole (exact), RoPE and SwiGLU are per element, so the bounds are GPT-2's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,9 +105,28 @@ void expect_grads_close(const model::ParamLayout& layout, const std::vector<floa
   }
 }
 
+model::ModelConfig tiny_llama_config() {
+  model::ModelConfig c = tiny_config();
+  c.family = model::Family::Llama;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 48;
+  c.tie_embeddings = false;
+  return c;
+}
+
+void check_every_factorization(tessera::comm::Runtime& rt, const model::ModelConfig& cfg);
+
 TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
-  const int world = runtime().world_size();
-  const auto cfg = tiny_config();
+  check_every_factorization(runtime(), tiny_config());
+}
+
+TEST_F(TensorModelTest, LlamaMatchesSingleProcessForEveryFactorizationTheHeadsAllow) {
+  check_every_factorization(runtime(), tiny_llama_config());
+}
+
+void check_every_factorization(tessera::comm::Runtime& rt, const model::ModelConfig& cfg) {
+  const int world = rt.world_size();
   const model::ParamLayout layout(cfg);
   const Batch batch = make_batch(cfg);
   const Reference ref = make_reference(layout, batch);
@@ -113,8 +135,9 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
   const float ref_loss = ref.loss;
 
   for (auto [tx, ty, tz] : factorizations(world)) {
+    if (cfg.n_head % ty != 0 || cfg.kv_heads() % ty != 0) continue;  // heads split over ty
     SCOPED_TRACE(fmt::format("tx={} ty={} tz={}", tx, ty, tz));
-    Topology topo(GridShape{1, 1, tx, ty, tz}, runtime().world_rank());
+    Topology topo(GridShape{1, 1, tx, ty, tz}, rt.world_rank());
     std::vector<float> first_grads;
     for (int variant = 0; variant < 4; ++variant) {
       const bool recompute = variant % 2 == 1, sp = variant >= 2;
@@ -126,7 +149,7 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
       // overlap on for the first pass of each mode, off for the recompute pass: both must give
       // the same gradients bitwise (overlap only moves when communication happens)
       opt.overlap_dx = opt.defer_dw = opt.prefetch = !recompute;
-      par::TensorModel tm(cfg, topo, runtime(), opt);
+      par::TensorModel tm(cfg, topo, rt, opt);
       const auto& local = tm.local_layout();
 
       // Coverage: among the owners, every element of every global tensor exactly once.
@@ -139,7 +162,7 @@ TEST_F(TensorModelTest, MatchesSingleProcessForEveryFactorization) {
           count[g] += 1.0f;
         }
       }
-      runtime().world().all_reduce_sum(count.data(), count.size());
+      rt.world().all_reduce_sum(count.data(), count.size());
       for (const auto& t : layout.tensors())
         for (std::size_t j = 0; j < t.numel; ++j)
           ASSERT_EQ(count[t.offset + j], 1.0f) << t.name << " element " << j;

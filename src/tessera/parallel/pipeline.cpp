@@ -176,7 +176,9 @@ void PipelineExecutor::sum_tied_embedding_grads(model::ParamStore& store) {
   const bool first = stage_ == 0, last = stage_ == spec_.pp - 1;
   if (!first && !last) return;
   const auto& layout = model_.local_layout();
+  if (layout.head != layout.wte) return;  // an untied head: one copy of the token embedding
   const model::ParamTensor* wte = layout.find("wte.weight");
+  if (!wte) wte = layout.find("model.embed_tokens.weight");
   TESSERA_CHECK(wte && wte->numel > 0, "stage {} holds no copy of wte", stage_);
   float* g = store.grads(0) + (wte->offset - model::block_begin(layout, 0));
   const std::size_t n = wte->numel;

@@ -61,7 +61,8 @@ class PipelineExecutor {
   std::vector<float> run(model::ParamStore& store, const std::vector<const std::int32_t*>& inputs,
                          const std::vector<const std::int32_t*>& targets, int B, int T,
                          const model::ForwardOptions& opt);
-  // Adds the first stage's and the last stage's wte gradients on both (no-op with pp = 1).
+  // Adds the first stage's and the last stage's wte gradients on both (no-op with pp = 1, or
+  // with an untied LM head, which lives on the last stage alone).
   void sum_tied_embedding_grads(model::ParamStore& store);
   // The last run().
   const PipelineStats& stats() const { return stats_; }

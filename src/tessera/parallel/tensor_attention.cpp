@@ -70,12 +70,24 @@ TensorAttentionComms tensor_attention_comms(comm::Runtime& rt, const comm::Topol
 
 // ---- head-grouped order ----
 
+int grouped_source_row(const std::vector<int>& segments, int ty, int r) {
+  int total = 0;
+  for (int s : segments) total += s;
+  const int per_rank = total / ty;
+  const int j = r / per_rank;
+  int within = r % per_rank, base = 0;
+  for (int s : segments) {
+    const int part = s / ty;
+    if (within < part) return base + j * part + within;
+    within -= part;
+    base += s;
+  }
+  TESSERA_CHECK(false, "row {} outside the {} rows of the segments", r, total);
+  return -1;
+}
+
 int qkv_head_grouped_source_row(int C, int ty, int r) {
-  const int per_head_group = C / ty;  // rows of one of q, k, v on one ty rank
-  const int j = r / (3 * per_head_group);
-  const int s = (r % (3 * per_head_group)) / per_head_group;
-  const int i = r % per_head_group;
-  return s * C + j * per_head_group + i;
+  return grouped_source_row({C, C, C}, ty, r);
 }
 
 void qkv_rows_to_head_grouped(const float* src, float* dst, int C, int ty, std::int64_t row_len) {

@@ -93,6 +93,13 @@ struct TensorAttentionComms {
 TensorAttentionComms tensor_attention_comms(comm::Runtime& rt, const comm::Topology& topo);
 
 // ---- the head-grouped order of the c_attn rows (see the top of the file) ----
+// The general form: a matrix whose rows are segments [s_0 | s_1 | ...] (each divisible by ty) is
+// given to a normal linear (rows split into ty contiguous ranges) in the order where ty rank j's
+// range is [slice j of s_0 | slice j of s_1 | ...]. GPT-2's c_attn is {C, C, C}; llama's fused
+// q, k, v projection {n_head hs, n_kv_head hs, n_kv_head hs} (rank j: its q heads, then its kv
+// heads), its fused gate and up projection {F, F} (rank j: matching gate and up slices).
+// Global row held at row r of that order.
+int grouped_source_row(const std::vector<int>& segments, int ty, int r);
 // Global row (GPT-2 order) held at row r of the head-grouped order.
 int qkv_head_grouped_source_row(int C, int ty, int r);
 // dst (3C, row_len) <- src (3C, row_len) in head-grouped order (row_len = C for W, 1 for b).

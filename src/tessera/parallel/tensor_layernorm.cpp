@@ -82,4 +82,50 @@ void tensor_layernorm_backward(comm::Communicator& tx, comm::Communicator& tz, f
   }
 }
 
+void tensor_rmsnorm_forward(comm::Communicator& tx, float* out, float* rstd, const float* x,
+                            const float* w, std::int64_t n, int cl, int C, float eps, float* sums) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    float ss = 0.0f;
+    for (int k = 0; k < cl; ++k) ss += xi[k] * xi[k];
+    sums[i] = ss;
+  }
+  if (tx.size() > 1) tx.iall_reduce_sum(sums, static_cast<std::size_t>(n)).wait();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float r = 1.0f / std::sqrt(sums[i] / C + eps);
+    rstd[i] = r;
+    float* o = out + i * cl;
+    for (int k = 0; k < cl; ++k) o[k] = xi[k] * r * w[k];
+  }
+}
+
+void tensor_rmsnorm_backward(comm::Communicator& tx, comm::Communicator& tz, float* dx, float* dw,
+                             const float* g, const float* x, const float* w, const float* rstd,
+                             std::int64_t n, int cl, int C, float* sums, float* scratch) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float* gi = g + i * cl;
+    const float r = rstd[i];
+    float s = 0.0f;
+    for (int k = 0; k < cl; ++k) s += w[k] * gi[k] * xi[k] * r;
+    sums[i] = s;
+  }
+  if (tx.size() > 1) tx.iall_reduce_sum(sums, static_cast<std::size_t>(n)).wait();
+  std::fill(scratch, scratch + cl, 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * cl;
+    const float* gi = g + i * cl;
+    float* dxi = dx + i * cl;
+    const float r = rstd[i], mean_dn_n = sums[i] / C;
+    for (int k = 0; k < cl; ++k) {
+      const float nk = xi[k] * r;
+      scratch[k] += gi[k] * nk;
+      dxi[k] += (w[k] * gi[k] - nk * mean_dn_n) * r;
+    }
+  }
+  if (tz.size() > 1) tz.iall_reduce_sum(scratch, static_cast<std::size_t>(cl)).wait();
+  for (int k = 0; k < cl; ++k) dw[k] += scratch[k];
+}
+
 }  // namespace tessera::parallel

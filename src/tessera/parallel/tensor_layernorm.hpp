@@ -6,6 +6,10 @@
 // floats, one call). The weight and bias gradients are complete over ty (every ty rank holds the
 // same rows) and are summed over the batch shards of tz: an all-reduce over tz, never over ty.
 // Used by the attention and MLP sub-blocks and by the final LayerNorm (tensor_model.hpp).
+//
+// RMSNorm (llama) the same way with one statistic: the forward all-reduces the per-row partial
+// sums of squares over tx (n floats), the backward the per-row partial sums of w*g*xhat (n
+// floats); the weight gradient is summed over tz. No bias.
 #pragma once
 
 #include <cstdint>
@@ -27,5 +31,18 @@ void tensor_layernorm_backward(comm::Communicator& tx, comm::Communicator& tz, f
                                float* db, const float* dout, const float* x, const float* w,
                                const float* mean, const float* rstd, std::int64_t n, int c_local,
                                int C, float* row_stats, float* param_scratch);
+
+// out (n, c_local) = x * rstd * w, rstd = 1 / sqrt(mean over the C channels of x^2 + eps);
+// rstd (n) saved for the backward. row_stats: scratch of n floats.
+void tensor_rmsnorm_forward(comm::Communicator& tx, float* out, float* rstd, const float* x,
+                            const float* w, std::int64_t n, int c_local, int C, float eps,
+                            float* row_stats);
+
+// dx (n, c_local) += the RMSNorm path of dout (ACCUMULATES); dw (c_local) += its gradient summed
+// over tz. row_stats: n floats; param_scratch: c_local floats.
+void tensor_rmsnorm_backward(comm::Communicator& tx, comm::Communicator& tz, float* dx, float* dw,
+                             const float* dout, const float* x, const float* w, const float* rstd,
+                             std::int64_t n, int c_local, int C, float* row_stats,
+                             float* param_scratch);
 
 }  // namespace tessera::parallel

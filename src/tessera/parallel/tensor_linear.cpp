@@ -207,10 +207,9 @@ void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l
   }
 }
 
-void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
-                            const TensorLinearComms& c, float* dx, float* dw_shard, float* db,
-                            const float* dy, const float* x, const float* w_block, std::int64_t n,
-                            TensorLinearWorkspace& ws) {
+namespace {
+void check_backward(const TensorLinearLayout& l, const TensorLinearComms& c,
+                    const TensorLinearWorkspace& ws) {
   TESSERA_CHECK(c.out_group && c.out_group->size() == l.out_parts,
                 "output-axis communicator does not match the layout");
   TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
@@ -218,24 +217,39 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
                     static_cast<std::int64_t>(ws.dw_shard.size()) == l.shard_numel &&
                     static_cast<int>(ws.db.size()) == l.out_local,
                 "workspace was built for another layout");
+}
+}  // namespace
+
+comm::Request tensor_linear_backward_input(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                                           const TensorLinearComms& c, float* dx, const float* dy,
+                                           const float* w_block, std::int64_t n,
+                                           TensorLinearWorkspace& ws) {
+  check_backward(l, c, ws);
   tensor_linear_finish(ws);  // a deferred reduction of an earlier call still owns the buffers
-  // 1. dx (n, in_local) = dy (n, out_local) @ w_block (out_local, in_local): partial over this
-  //    rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
+  // dx (n, in_local) = dy (n, out_local) @ w_block (out_local, in_local): partial over this
+  // rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
   comm::Request dx_req;
-  if (dx) {
-    layer_gemm(ws, lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
-               l.in_local, 0.0f, dx, l.in_local);
-    dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
-    if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
-  }
-  // 2. dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the
-  //    batch shards of tz and scattered: this rank receives its shard.
+  if (!dx) return dx_req;
+  layer_gemm(ws, lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
+             l.in_local, 0.0f, dx, l.in_local);
+  dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
+  if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
+  return dx_req;
+}
+
+void tensor_linear_backward_weight(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                                   const TensorLinearComms& c, float* dw_shard, float* db,
+                                   const float* dy, const float* x, std::int64_t n,
+                                   TensorLinearWorkspace& ws, comm::Request& dx_req) {
+  check_backward(l, c, ws);
+  // dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the batch
+  // shards of tz and scattered: this rank receives its shard.
   layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
              0.0f, ws.dw_block.data(), l.in_local);
   dx_req.test();  // drive progress (Open MPI has no progress thread)
   comm::Request dw_req =
       c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);
-  // 3. db (out_local): column sums of dy, summed over tz (complete over the input axis already).
+  // db (out_local): column sums of dy, summed over tz (complete over the input axis already).
   comm::Request db_req;
   if (db) {
     std::fill(ws.db.begin(), ws.db.end(), 0.0f);
@@ -251,6 +265,14 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
   ws.dw_dst = dw_shard;
   ws.db_dst = db;
   if (!ws.defer_reduce) tensor_linear_finish(ws);
+}
+
+void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                            const TensorLinearComms& c, float* dx, float* dw_shard, float* db,
+                            const float* dy, const float* x, const float* w_block, std::int64_t n,
+                            TensorLinearWorkspace& ws) {
+  comm::Request dx_req = tensor_linear_backward_input(lib, l, c, dx, dy, w_block, n, ws);
+  tensor_linear_backward_weight(lib, l, c, dw_shard, db, dy, x, n, ws, dx_req);
 }
 
 }  // namespace tessera::parallel

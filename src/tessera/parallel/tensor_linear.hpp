@@ -164,4 +164,17 @@ void tensor_linear_backward(kernels::GemmLibrary lib, const TensorLinearLayout& 
                             const float* dy, const float* x, const float* w_block, std::int64_t n,
                             TensorLinearWorkspace& ws);
 
+// tensor_linear_backward in two calls, so that work can run between them (the caller's own
+// element-wise op on dx, e.g. GELU's backward after the weight gradient): the first computes dx
+// and starts its all-reduce (returned; waited by the second), the second computes dw and db and
+// waits for dx. The collectives start in the same order as in tensor_linear_backward.
+comm::Request tensor_linear_backward_input(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                                           const TensorLinearComms& c, float* dx, const float* dy,
+                                           const float* w_block, std::int64_t n,
+                                           TensorLinearWorkspace& ws);
+void tensor_linear_backward_weight(kernels::GemmLibrary lib, const TensorLinearLayout& l,
+                                   const TensorLinearComms& c, float* dw_shard, float* db,
+                                   const float* dy, const float* x, std::int64_t n,
+                                   TensorLinearWorkspace& ws, comm::Request& dx_req);
+
 }  // namespace tessera::parallel

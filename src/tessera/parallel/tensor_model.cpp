@@ -8,13 +8,13 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
-#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/model/cpu_ops.hpp"
+#include "tessera/model/gpt_block.hpp"
 #include "tessera/parallel/tensor_layernorm.hpp"
 
 namespace tessera::parallel {
 
 using comm::Axis;
-namespace k = kernels::cpu;
 
 namespace {
 
@@ -22,26 +22,79 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Which layer tensor a global tensor is (by its Hugging Face name).
-enum class Kind { Wte, Wpe, Norm, QkvW, QkvB, ProjW, ProjB, FcW, FcB, FcProjW, FcProjB };
+// Which layer tensor a global tensor is (by its Hugging Face name, GPT-2's or llama's). llama's
+// q, k, v (and gate, up) are one fused matrix from q_proj (gate_proj): the rank's block of the
+// fused matrix is stored at q_proj (gate_proj); k_proj, v_proj and up_proj hold no local elements.
+enum class Kind {
+  Wte,
+  Wpe,
+  Head,
+  Norm,
+  QkvW,
+  QkvB,
+  ProjW,
+  ProjB,
+  FcW,
+  FcB,
+  FcProjW,
+  FcProjB,
+  Fused
+};
 
 Kind kind_of(const model::ParamTensor& t) {
   const std::string& n = t.name;
-  if (n == "wte.weight") return Kind::Wte;
+  if (n == "wte.weight" || n == "model.embed_tokens.weight") return Kind::Wte;
   if (n == "wpe.weight") return Kind::Wpe;
-  if (ends_with(n, "attn.c_attn.weight")) return Kind::QkvW;
+  if (n == "lm_head.weight") return Kind::Head;
+  if (ends_with(n, "attn.c_attn.weight") || ends_with(n, "self_attn.q_proj.weight"))
+    return Kind::QkvW;
   if (ends_with(n, "attn.c_attn.bias")) return Kind::QkvB;
-  if (ends_with(n, "attn.c_proj.weight")) return Kind::ProjW;
+  if (ends_with(n, "attn.c_proj.weight") || ends_with(n, "self_attn.o_proj.weight"))
+    return Kind::ProjW;
   if (ends_with(n, "attn.c_proj.bias")) return Kind::ProjB;
-  if (ends_with(n, "mlp.c_fc.weight")) return Kind::FcW;
+  if (ends_with(n, "mlp.c_fc.weight") || ends_with(n, "mlp.gate_proj.weight")) return Kind::FcW;
   if (ends_with(n, "mlp.c_fc.bias")) return Kind::FcB;
-  if (ends_with(n, "mlp.c_proj.weight")) return Kind::FcProjW;
+  if (ends_with(n, "mlp.c_proj.weight") || ends_with(n, "mlp.down_proj.weight"))
+    return Kind::FcProjW;
   if (ends_with(n, "mlp.c_proj.bias")) return Kind::FcProjB;
+  if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight") ||
+      ends_with(n, "mlp.up_proj.weight"))
+    return Kind::Fused;
   if (ends_with(n, "ln_1.weight") || ends_with(n, "ln_1.bias") || ends_with(n, "ln_2.weight") ||
-      ends_with(n, "ln_2.bias") || ends_with(n, "ln_f.weight") || ends_with(n, "ln_f.bias"))
+      ends_with(n, "ln_2.bias") || ends_with(n, "ln_f.weight") || ends_with(n, "ln_f.bias") ||
+      ends_with(n, "input_layernorm.weight") || ends_with(n, "post_attention_layernorm.weight") ||
+      n == "model.norm.weight")
     return Kind::Norm;
   TESSERA_CHECK(false, "tensor parallelism does not know the parameter {}", n);
   return Kind::Norm;
+}
+
+// The block's linears on the grid. Throws (with a hint) unless the heads, the kv heads and the
+// hidden sizes split.
+TensorBlockGrid make_block_grid(const model::ModelConfig& cfg, const comm::Topology& topo) {
+  const auto& s = topo.shape();
+  const int C = cfg.n_embd, NH = cfg.n_head, KV = cfg.kv_heads(), F = cfg.ffn();
+  if (NH % s.ty != 0)
+    throw Error(fmt::format("n_head={} is not divisible by ty={}", NH, s.ty),
+                "attention heads are split over ty: choose ty dividing the number of heads");
+  if (KV % s.ty != 0)
+    throw Error(fmt::format("n_kv_head={} is not divisible by ty={}", KV, s.ty),
+                "key-value heads are split over ty with their query heads: choose ty dividing "
+                "n_kv_head");
+  if (F % s.ty != 0)
+    throw Error(fmt::format("the MLP width {} is not divisible by ty={}", F, s.ty),
+                "choose ty dividing the model's intermediate size");
+  if (C % s.tx != 0)
+    throw Error(fmt::format("n_embd={} is not divisible by tx={}", C, s.tx),
+                "choose tx dividing the model's hidden size");
+  TensorBlockGrid g;
+  g.qkv = make_tensor_linear_layout(topo, C, cfg.qkv_rows(), false);
+  g.proj = make_tensor_linear_layout(topo, NH * cfg.head_dim(), C, true);
+  g.fc = make_tensor_linear_layout(topo, C, cfg.fc_rows(), false);
+  g.fcproj = make_tensor_linear_layout(topo, F, C, true);
+  g.C = C;
+  g.c_local = C / s.tx;
+  return g;
 }
 
 // The options with the chunks checked (empty: the whole model as one chunk).
@@ -67,17 +120,21 @@ TensorModelOptions with_chunks(const model::ModelConfig& cfg, TensorModelOptions
 
 // ---- activations and scratch ----
 
+// One layer's activations (model::BlockActs; the output is the slot's next residual). n_att rows
+// in the region between a normal and a transposed linear: n, or n/tx with sequence parallelism.
 struct TensorModel::Layer {
-  TensorAttentionActivations att;
+  std::vector<float> ln1, ln1_mean, ln1_rstd;  // (n, cl), (n), (n)
+  std::vector<float> qkv, atty, lse;           // (n_att, qkv/ty), (n_att, C/ty), (b_att, NH/ty, T)
   std::vector<float> res2;                     // (n, cl) residual after attention
   std::vector<float> ln2, ln2_mean, ln2_rstd;  // (n, cl), (n), (n)
-  std::vector<float> fch, fch_gelu;            // (n, 4C/ty)
-};
-
-struct TensorModel::WsSet {
-  TensorAttentionWorkspace att;
-  TensorLinearWorkspace fc, fcproj;
-  std::vector<TensorLinearWorkspace*> linears() { return {&att.qkv, &att.proj, &fc, &fcproj}; }
+  std::vector<float> fch, fch_gelu;            // (n_att, fc_rows/ty), (n_att, F/ty)
+  std::size_t numel() const {
+    std::size_t f = 0;
+    for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &lse, &res2, &ln2, &ln2_mean,
+                          &ln2_rstd, &fch, &fch_gelu})
+      f += v->size();
+    return f;
+  }
 };
 
 // One micro-batch's activations through one chunk of nl layers.
@@ -94,22 +151,20 @@ struct TensorModel::Slot {
     std::size_t f = ids.size() + targets.size() + lnf.size() + lnf_mean.size() + lnf_rstd.size() +
                     losses.size() + logits.size() + h_full.size();
     for (const auto& r : resid) f += r.size();
-    for (const auto& a : layers)
-      f += a.att.ln_out.size() + a.att.ln_mean.size() + a.att.ln_rstd.size() + a.att.qkv.size() +
-           a.att.att.size() + a.att.lse.size() + a.res2.size() + a.ln2.size() + a.ln2_mean.size() +
-           a.ln2_rstd.size() + a.fch.size() + a.fch_gelu.size();
+    for (const auto& a : layers) f += a.numel();
     return f * sizeof(float);
   }
 };
 
 struct TensorModel::State {
   int B = 0, T = 0;
-  std::int64_t n = 0;               // local rows
-  std::vector<Layer> shared_layer;  // recomputation: the one layer's activations, rebuilt
-  std::vector<WsSet> sets;          // 1, or 2 alternating by layer parity (overlap)
+  std::int64_t n = 0;                      // local rows
+  std::vector<Layer> shared_layer;         // recomputation: the one layer's activations, rebuilt
+  std::vector<TensorBlockWorkspace> sets;  // 1, or 2 alternating by layer parity (overlap)
+  TensorOpsScratch ops;
   VocabParallelWorkspace vocab_ws;
-  std::vector<float> row_stats, ln_params, mlp_out, d_fch, d_ln, d_res;
-  std::vector<float> sp_full, sp_part, sp_local;  // sequence parallelism: (n, 4C), (n/tx, 4C)
+  // Backward scratch (model::BlockScratch): (n, cl) x2, then the replicated region's.
+  std::vector<float> d_res, d_ln, d_atty, d_qkv, d_fch, d_act;
   std::vector<std::vector<std::unique_ptr<Slot>>> pool;       // per chunk: free slots
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> live;  // (chunk, mb) in flight
   ActivationStats stats;
@@ -120,52 +175,62 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
     : cfg_(cfg),
       opt_(with_chunks(cfg, opt)),
       global_(cfg),
-      att_(make_tensor_attention_layout(topo, cfg.n_embd, cfg.n_head)),
-      fc_(make_tensor_linear_layout(topo, cfg.n_embd, 4 * cfg.n_embd, false)),
-      fcproj_(make_tensor_linear_layout(topo, 4 * cfg.n_embd, cfg.n_embd, true)),
+      grid_(make_block_grid(cfg, topo)),
       vocab_(make_vocab_parallel_layout(topo, cfg.vocab_size, cfg.padded_vocab(), cfg.n_embd)),
       local_(cfg,
              [this](const model::ParamTensor& t) -> std::size_t {
                if (!holds(t)) return 0;
+               auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
                switch (kind_of(t)) {
                  case Kind::Wte:
-                   return static_cast<std::size_t>(vocab_.shard_numel);
+                 case Kind::Head:
+                   return z(vocab_.shard_numel);
                  case Kind::Wpe:
-                   return static_cast<std::size_t>(cfg_.block_size) *
-                          static_cast<std::size_t>(att_.c_local);
+                   return z(cfg_.block_size) * z(grid_.c_local);
                  case Kind::Norm:
-                   return static_cast<std::size_t>(att_.c_local);
+                   return z(grid_.c_local);
                  case Kind::QkvW:
-                   return static_cast<std::size_t>(att_.qkv.shard_numel);
+                   return z(grid_.qkv.shard_numel);
                  case Kind::QkvB:
-                   return static_cast<std::size_t>(att_.qkv.out_local);
+                   return z(grid_.qkv.out_local);
                  case Kind::ProjW:
-                   return static_cast<std::size_t>(att_.proj.shard_numel);
+                   return z(grid_.proj.shard_numel);
                  case Kind::ProjB:
-                   return static_cast<std::size_t>(att_.proj.out_local);
+                   return z(grid_.proj.out_local);
                  case Kind::FcW:
-                   return static_cast<std::size_t>(fc_.shard_numel);
+                   return z(grid_.fc.shard_numel);
                  case Kind::FcB:
-                   return static_cast<std::size_t>(fc_.out_local);
+                   return z(grid_.fc.out_local);
                  case Kind::FcProjW:
-                   return static_cast<std::size_t>(fcproj_.shard_numel);
+                   return z(grid_.fcproj.shard_numel);
                  case Kind::FcProjB:
-                   return static_cast<std::size_t>(fcproj_.out_local);
+                   return z(grid_.fcproj.out_local);
+                 case Kind::Fused:
+                   return 0;
                }
                return 0;
              }),
       st_(std::make_unique<State>()) {
   const auto& s = topo.shape();
   tensor_size_ = s.tx * s.ty * s.tz;
+  tx_ = s.tx;
+  ty_ = s.ty;
+  tz_ = s.tz;
+  ty_index_ = topo.coord(Axis::TY);
+  tz_index_ = topo.coord(Axis::TZ);
+  c_offset_ = topo.coord(Axis::TX) * grid_.c_local;
   if (opt.sequence_parallel && (s.ty != 1 || s.tz != 1))
     throw Error(fmt::format("sequence parallelism is implemented for 1D tensor parallelism over "
                             "tx; the grid has ty={} tz={}",
                             s.ty, s.tz),
                 "set parallel.sequence_parallel = false, or use tx alone");
   // Communicators: every rank asks for the same groups in the same order.
-  att_comms_ = tensor_attention_comms(rt, topo);
-  fc_comms_ = tensor_linear_comms(rt, topo, false);
-  fcproj_comms_ = tensor_linear_comms(rt, topo, true);
+  grid_.qkv_c = tensor_linear_comms(rt, topo, false);
+  grid_.proj_c = tensor_linear_comms(rt, topo, true);
+  grid_.fc_c = tensor_linear_comms(rt, topo, false);
+  grid_.fcproj_c = tensor_linear_comms(rt, topo, true);
+  grid_.tx = &rt.group(topo, comm::AxisSet{Axis::TX});
+  grid_.tz = &rt.group(topo, comm::AxisSet{Axis::TZ});
   vocab_comms_ = vocab_parallel_comms(rt, topo);
   tensor_group_ = &rt.group(topo, comm::AxisSet{Axis::TX, Axis::TY, Axis::TZ});
   model_group_ = s.pp > 1 ? &rt.group(topo, comm::AxisSet{Axis::PP, Axis::TX, Axis::TY, Axis::TZ})
@@ -185,82 +250,95 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
 
 void TensorModel::build_maps(std::vector<std::int64_t>& index,
                              std::vector<std::uint8_t>& owner) const {
-  const int C = cfg_.n_embd;
+  const int C = cfg_.n_embd, cl = grid_.c_local;
   const model::ModelConfig& cfg = cfg_;
-  const bool norm_owner = att_.ty_index == 0 && att_.tz_index == 0;
+  const bool norm_owner = ty_index_ == 0 && tz_index_ == 0;
   index.assign(local_.total(), -1);
   owner.assign(local_.total(), 0);
   const auto& gt = global_.tensors();
   const auto& lt = local_.tensors();
   TESSERA_CHECK(gt.size() == lt.size(), "local and global layouts differ");
   const bool embedding_here = opt_.chunks.front().embedding;
+  // The ty-grouped row orders of the fused matrices (tensor_attention.hpp).
+  const int hs = cfg.head_dim();
+  const std::vector<int> qkv_rows = {cfg.n_head * hs, cfg.kv_heads() * hs, cfg.kv_heads() * hs};
+  const std::vector<int> fc_rows =
+      cfg.llama() ? std::vector<int>{cfg.ffn(), cfg.ffn()} : std::vector<int>{cfg.ffn()};
   for (std::size_t ti = 0; ti < gt.size(); ++ti) {
-    if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage
+    if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage (or fused into one)
     const std::int64_t go = static_cast<std::int64_t>(gt[ti].offset);
     std::int64_t* idx = index.data() + lt[ti].offset;
     std::uint8_t* own = owner.data() + lt[ti].offset;
-    auto weight = [&](const TensorLinearLayout& L, bool qkv) {
+    auto source = [&](const std::vector<int>* seg, std::int64_t row) -> std::int64_t {
+      return seg ? grouped_source_row(*seg, ty_, static_cast<int>(row)) : row;
+    };
+    auto weight = [&](const TensorLinearLayout& L, const std::vector<int>* seg) {
       for (std::int64_t s2 = 0; s2 < L.shard_numel; ++s2) {
         const std::int64_t e = L.shard_offset + s2;
-        std::int64_t row = L.out_offset + e / L.in_local;
-        if (qkv) row = qkv_head_grouped_source_row(C, att_.ty, static_cast<int>(row));
+        const std::int64_t row = source(seg, L.out_offset + e / L.in_local);
         idx[s2] = go + row * L.in + L.in_offset + e % L.in_local;
         own[s2] = 1;
       }
     };
-    auto bias = [&](const TensorLinearLayout& L, bool qkv) {
+    auto bias = [&](const TensorLinearLayout& L, const std::vector<int>* seg) {
       const bool o = L.in_index == 0 && L.tz_index == 0;
       for (int j = 0; j < L.out_local; ++j) {
-        std::int64_t row = L.out_offset + j;
-        if (qkv) row = qkv_head_grouped_source_row(C, att_.ty, static_cast<int>(row));
-        idx[j] = go + row;
+        idx[j] = go + source(seg, L.out_offset + j);
         own[j] = o;
+      }
+    };
+    auto vocab_rows = [&](bool owned) {
+      for (std::int64_t s2 = 0; s2 < vocab_.shard_numel; ++s2) {
+        const std::int64_t e = vocab_.shard_offset + s2;
+        idx[s2] = go + (vocab_.vocab_offset + e / C) * C + e % C;
+        own[s2] = owned;
       }
     };
     switch (kind_of(gt[ti])) {
       case Kind::Wte:
-        for (std::int64_t s2 = 0; s2 < vocab_.shard_numel; ++s2) {
-          const std::int64_t e = vocab_.shard_offset + s2;
-          idx[s2] = go + (vocab_.vocab_offset + e / C) * C + e % C;
-          own[s2] = embedding_here;  // the head's copy (another stage) is not counted
-        }
+        vocab_rows(embedding_here);  // the head's copy (another stage) is not counted
+        break;
+      case Kind::Head:
+        vocab_rows(true);
         break;
       case Kind::Wpe:
         for (std::int64_t t = 0; t < cfg.block_size; ++t)
-          for (int j = 0; j < att_.c_local; ++j) {
-            idx[t * att_.c_local + j] = go + t * C + att_.c_offset + j;
-            own[t * att_.c_local + j] = norm_owner;
+          for (int j = 0; j < cl; ++j) {
+            idx[t * cl + j] = go + t * C + c_offset_ + j;
+            own[t * cl + j] = norm_owner;
           }
         break;
       case Kind::Norm:
-        for (int j = 0; j < att_.c_local; ++j) {
-          idx[j] = go + att_.c_offset + j;
+        for (int j = 0; j < cl; ++j) {
+          idx[j] = go + c_offset_ + j;
           own[j] = norm_owner;
         }
         break;
       case Kind::QkvW:
-        weight(att_.qkv, true);
+        weight(grid_.qkv, &qkv_rows);
         break;
       case Kind::QkvB:
-        bias(att_.qkv, true);
+        bias(grid_.qkv, &qkv_rows);
         break;
       case Kind::ProjW:
-        weight(att_.proj, false);
+        weight(grid_.proj, nullptr);
         break;
       case Kind::ProjB:
-        bias(att_.proj, false);
+        bias(grid_.proj, nullptr);
         break;
       case Kind::FcW:
-        weight(fc_, false);
+        weight(grid_.fc, &fc_rows);
         break;
       case Kind::FcB:
-        bias(fc_, false);
+        bias(grid_.fc, &fc_rows);
         break;
       case Kind::FcProjW:
-        weight(fcproj_, false);
+        weight(grid_.fcproj, nullptr);
         break;
       case Kind::FcProjB:
-        bias(fcproj_, false);
+        bias(grid_.fcproj, nullptr);
+        break;
+      case Kind::Fused:
         break;
     }
   }
@@ -276,11 +354,11 @@ bool TensorModel::holds(const model::ParamTensor& t) const {
     return false;
   }
   switch (kind_of(t)) {
-    case Kind::Wte:
-      return ch.front().embedding || ch.back().head;
+    case Kind::Wte:  // tied: the LM head's weight too
+      return ch.front().embedding || (ch.back().head && cfg_.tie_embeddings);
     case Kind::Wpe:
       return ch.front().embedding;
-    default:  // ln_f
+    default:  // ln_f, an untied LM head
       return ch.back().head;
   }
 }
@@ -317,11 +395,7 @@ std::size_t TensorModel::activation_bytes() const {
   const State& s = *st_;
   std::size_t f = 0;
   auto add = [&](const std::vector<float>& v) { f += v.size(); };
-  for (const auto& a : s.shared_layer) {
-    add(a.att.ln_out), add(a.att.ln_mean), add(a.att.ln_rstd), add(a.att.qkv), add(a.att.att),
-        add(a.att.lse);
-    add(a.res2), add(a.ln2), add(a.ln2_mean), add(a.ln2_rstd), add(a.fch), add(a.fch_gelu);
-  }
+  for (const auto& a : s.shared_layer) f += a.numel();
   add(s.vocab_ws.logits), add(s.vocab_ws.h_full);
   return f * sizeof(float) + s.stats.live_bytes;
 }
@@ -337,12 +411,12 @@ void TensorModel::reset_activation_stats() {
 }
 
 std::size_t TensorModel::boundary_numel() const {
-  return static_cast<std::size_t>(st_->n) * static_cast<std::size_t>(att_.c_local);
+  return static_cast<std::size_t>(st_->n) * static_cast<std::size_t>(grid_.c_local);
 }
 
 // ---- overlap helpers ----
 
-TensorModel::WsSet& TensorModel::ws_of(int layer) {
+TensorBlockWorkspace& TensorModel::ws_of(int layer) {
   auto& sets = st_->sets;
   return sets[static_cast<std::size_t>(layer) % sets.size()];
 }
@@ -350,12 +424,13 @@ TensorModel::WsSet& TensorModel::ws_of(int layer) {
 void TensorModel::prefetch_layer(int layer, const float* blk) {
   const auto& w = local_.layers[layer];
   auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-  WsSet& ws = ws_of(layer);
+  TensorBlockWorkspace& ws = ws_of(layer);
+  const TensorBlockGrid& g = grid_;
   // The order of consumption (the same on every rank: tz collectives start in one order).
-  tensor_linear_prefetch_weight(att_.qkv, att_comms_.qkv, PL(w.qkv_w), ws.att.qkv, layer);
-  tensor_linear_prefetch_weight(att_.proj, att_comms_.proj, PL(w.attproj_w), ws.att.proj, layer);
-  tensor_linear_prefetch_weight(fc_, fc_comms_, PL(w.fc_w), ws.fc, layer);
-  tensor_linear_prefetch_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), ws.fcproj, layer);
+  tensor_linear_prefetch_weight(g.qkv, g.qkv_c, PL(w.qkv_w), ws.qkv, layer);
+  tensor_linear_prefetch_weight(g.proj, g.proj_c, PL(w.attproj_w), ws.proj, layer);
+  tensor_linear_prefetch_weight(g.fc, g.fc_c, PL(w.fc_w), ws.fc, layer);
+  tensor_linear_prefetch_weight(g.fcproj, g.fcproj_c, PL(w.fcproj_w), ws.fcproj, layer);
 }
 
 void TensorModel::progress_all(model::ParamStore& store) {
@@ -364,222 +439,93 @@ void TensorModel::progress_all(model::ParamStore& store) {
     for (auto* lw : set.linears()) tensor_linear_progress(*lw);
 }
 
-// ---- one layer ----
+// ---- one layer: the one block (model/gpt_block.hpp) through the grid's op table ----
+
+model::BlockShape TensorModel::local_shape(int B, int T) const {
+  // The shape the block passes to the ops on the rank's heads and columns: the sequences of the
+  // replicated region (B/tz, or B/tz/tx with sequence parallelism), NH/ty heads, KV/ty kv heads,
+  // F/ty. The ops take the rows and channels of the norms and linears from the grid.
+  const int b_att = B / tz_ / (opt_.sequence_parallel ? tx_ : 1);
+  model::BlockShape sh = model::block_shape(cfg_, b_att, T);
+  sh.NH /= ty_;
+  sh.KV /= ty_;
+  sh.F /= ty_;
+  return sh;
+}
+
+model::BlockActs<float> TensorModel::block_acts(Layer& a, float* y) {
+  return {a.ln1.data(),
+          a.ln1_mean.data(),
+          a.ln1_rstd.data(),
+          a.qkv.data(),
+          a.atty.data(),
+          a.lse.data(),
+          a.res2.data(),
+          a.ln2.data(),
+          a.ln2_mean.data(),
+          a.ln2_rstd.data(),
+          a.fch.data(),
+          a.fch_gelu.data(),
+          y};
+}
 
 void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x,
                                 float* y, int B, int T, Layer& a) {
   State& s = *st_;
-  const auto& w = local_.layers[l];
-  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-  const std::int64_t n = s.n;
-  const int cl = att_.c_local;
-  TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
-                           PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
-  WsSet& ws = ws_of(l);
-  tensor_attention_forward(lib, att_, att_comms_, a.res2.data(), x, ap, B, T, a.att, ws.att, l);
-  tensor_layernorm_forward(*att_comms_.tx, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                           a.res2.data(), PL(w.ln2_w), PL(w.ln2_b), n, cl, cfg_.n_embd,
-                           s.row_stats.data());
-  tensor_linear_forward(lib, fc_, fc_comms_, a.fch.data(), a.ln2.data(), PL(w.fc_w), PL(w.fc_b), n,
-                        ws.fc, l);
-  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n * fc_.out_local);
-  tensor_linear_forward(lib, fcproj_, fcproj_comms_, s.mlp_out.data(), a.fch_gelu.data(),
-                        PL(w.fcproj_w), PL(w.fcproj_b), n, ws.fcproj, l);
-  k::add(y, a.res2.data(), s.mlp_out.data(), n * cl);
+  const auto w = model::block_weights(local_.layers[l], blk);
+  TensorOps ops(grid_, ws_of(l), s.ops, lib, s.n, opt_.sequence_parallel, w, l, {});
+  model::block_forward(ops, w, block_acts(a, y), x, local_shape(B, T));
 }
 
 void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
                                  const float* x, int B, int T, Layer& a, model::ParamStore& store) {
   State& s = *st_;
-  const int C = cfg_.n_embd;
-  const std::int64_t n = s.n;
-  const int cl = att_.c_local;
-  auto progress = [&] { progress_all(store); };
-  const auto& w = local_.layers[l];
-  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-  auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
-  WsSet& ws = ws_of(l);
-  // The blocks: still in the workspace (from the forward, a recompute or a prefetch) or gathered
-  // again now; always acquired in the forward's order (qkv, proj, fc, fcproj) on every rank.
-  tensor_linear_acquire_weight(att_.qkv, att_comms_.qkv, PL(w.qkv_w), ws.att.qkv, l);
-  tensor_linear_acquire_weight(att_.proj, att_comms_.proj, PL(w.attproj_w), ws.att.proj, l);
-  tensor_linear_acquire_weight(fc_, fc_comms_, PL(w.fc_w), ws.fc, l);
-  tensor_linear_acquire_weight(fcproj_, fcproj_comms_, PL(w.fcproj_w), ws.fcproj, l);
-  // d_res: gradient w.r.t. the layer output res3 = res2 + fcproj(gelu(fc(ln2(res2)))).
-  tensor_linear_backward(lib, fcproj_, fcproj_comms_, s.d_fch.data(), GL(w.fcproj_w),
-                         GL(w.fcproj_b), s.d_res.data(), a.fch_gelu.data(),
-                         ws.fcproj.w_block.data(), n, ws.fcproj);
-  progress();
-  k::gelu_backward(s.d_fch.data(), a.fch.data(), s.d_fch.data(), n * fc_.out_local);
-  tensor_linear_backward(lib, fc_, fc_comms_, s.d_ln.data(), GL(w.fc_w), GL(w.fc_b), s.d_fch.data(),
-                         a.ln2.data(), ws.fc.w_block.data(), n, ws.fc);
-  progress();
-  tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GL(w.ln2_w),
-                            GL(w.ln2_b), s.d_ln.data(), a.res2.data(), PL(w.ln2_w),
-                            a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C, s.row_stats.data(),
-                            s.ln_params.data());
-  // d_res: gradient w.r.t. res2 = x + attention sub-block(x).
-  TensorAttentionParams ap{PL(w.ln1_w), PL(w.ln1_b),     PL(w.qkv_w),
-                           PL(w.qkv_b), PL(w.attproj_w), PL(w.attproj_b)};
-  TensorAttentionGrads ag{GL(w.ln1_w), GL(w.ln1_b),     GL(w.qkv_w),
-                          GL(w.qkv_b), GL(w.attproj_w), GL(w.attproj_b)};
-  tensor_attention_backward(lib, att_, att_comms_, s.d_res.data(), ag, s.d_res.data(), x, ap, B, T,
-                            a.att, ws.att);
-  progress();
-}
-
-// ---- one layer, sequence-parallel (1D over tx; tz = ty = 1, so weight shards are the blocks) ----
-//
-// Shapes (n rows on the rank, ns = n/tx rows of its sequence slice, cl = C/tx): the normal
-// linears' blocks are (K*C, cl), the transposed ones' (cl, K*C); biases of normal linears are
-// (K*C) replicated over tx, of transposed ones (cl).
-
-namespace {
-
-void add_bias_rows(float* y, const float* b, std::int64_t rows, int cols) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (int o = 0; o < cols; ++o) y[r * cols + o] += b[o];
-}
-
-void col_sums_into(float* db, const float* dy, std::int64_t rows, int cols) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (int o = 0; o < cols; ++o) db[o] += dy[r * cols + o];
-}
-
-}  // namespace
-
-void TensorModel::sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk,
-                                   const float* x, float* y, int B, int T, Layer& a) {
-  State& s = *st_;
-  comm::Communicator& tx = *att_comms_.tx;
-  const auto& w = local_.layers[l];
-  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-  const int C = cfg_.n_embd, cl = att_.c_local, P = att_.tx;
-  const std::int64_t n = s.n, ns = n / P;
-  const int bs = B / P;  // sequences in this rank's slice
-  (void)T;
-  float* part = s.sp_part.data();
-  float* full = s.sp_full.data();
-  // attention: LN1 -> qkv partial (n, 3C) -> reduce-scatter rows -> attention on ns rows
-  tensor_layernorm_forward(tx, a.att.ln_out.data(), a.att.ln_mean.data(), a.att.ln_rstd.data(), x,
-                           PL(w.ln1_w), PL(w.ln1_b), n, cl, C, s.row_stats.data());
-  kernels::gemm(lib, false, true, n, 3 * C, cl, 1.0f, a.att.ln_out.data(), cl, PL(w.qkv_w), cl,
-                0.0f, part, 3 * C);
-  tx.reduce_scatter_sum(part, a.att.qkv.data(), static_cast<std::size_t>(ns) * 3 * C);
-  add_bias_rows(a.att.qkv.data(), PL(w.qkv_b), ns, 3 * C);
-  k::attention_forward(lib, a.att.att.data(), a.att.lse.data(), a.att.qkv.data(), bs, T,
-                       cfg_.n_head, cfg_.n_head, cfg_.head_dim());
-  // proj: all-gather the attention output rows, (n, C) @ (cl, C)^T -> (n, cl), residual
-  tx.all_gather(a.att.att.data(), full, static_cast<std::size_t>(ns) * C);
-  kernels::gemm(lib, false, true, n, cl, C, 1.0f, full, C, PL(w.attproj_w), C, 0.0f,
-                s.mlp_out.data(), cl);
-  add_bias_rows(s.mlp_out.data(), PL(w.attproj_b), n, cl);
-  k::add(a.res2.data(), x, s.mlp_out.data(), n * cl);
-  // MLP: LN2 -> fc partial (n, 4C) -> reduce-scatter rows -> GELU on ns rows -> all-gather ->
-  // fcproj (n, cl), residual
-  tensor_layernorm_forward(tx, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
-                           PL(w.ln2_w), PL(w.ln2_b), n, cl, C, s.row_stats.data());
-  kernels::gemm(lib, false, true, n, 4 * C, cl, 1.0f, a.ln2.data(), cl, PL(w.fc_w), cl, 0.0f, part,
-                4 * C);
-  tx.reduce_scatter_sum(part, a.fch.data(), static_cast<std::size_t>(ns) * 4 * C);
-  add_bias_rows(a.fch.data(), PL(w.fc_b), ns, 4 * C);
-  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), ns * 4 * C);
-  tx.all_gather(a.fch_gelu.data(), full, static_cast<std::size_t>(ns) * 4 * C);
-  kernels::gemm(lib, false, true, n, cl, 4 * C, 1.0f, full, 4 * C, PL(w.fcproj_w), 4 * C, 0.0f,
-                s.mlp_out.data(), cl);
-  add_bias_rows(s.mlp_out.data(), PL(w.fcproj_b), n, cl);
-  k::add(y, a.res2.data(), s.mlp_out.data(), n * cl);
-}
-
-void TensorModel::sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
-                                    const float* x, int B, int T, Layer& a,
-                                    model::ParamStore& store) {
-  State& s = *st_;
-  comm::Communicator& tx = *att_comms_.tx;
-  comm::Communicator& tz = *att_comms_.tz;  // size 1 here
-  const auto& w = local_.layers[l];
-  auto PL = [&](std::size_t off) { return blk + (off - w.begin); };
-  auto GL = [&](std::size_t off) { return gblk + (off - w.begin); };
-  const int C = cfg_.n_embd, cl = att_.c_local, P = att_.tx;
-  const std::int64_t n = s.n, ns = n / P;
-  const int bs = B / P;
-  float* part = s.sp_part.data();
-  float* full = s.sp_full.data();
-  float* loc = s.sp_local.data();
-  float* d_res = s.d_res.data();
-  // fcproj: dW += d_res^T @ gelu (gathered again); d_gelu partial (n, 4C) reduce-scattered.
-  tx.all_gather(a.fch_gelu.data(), full, static_cast<std::size_t>(ns) * 4 * C);
-  kernels::gemm(lib, true, false, cl, 4 * C, n, 1.0f, d_res, cl, full, 4 * C, 1.0f, GL(w.fcproj_w),
-                4 * C);
-  col_sums_into(GL(w.fcproj_b), d_res, n, cl);
-  kernels::gemm(lib, false, false, n, 4 * C, cl, 1.0f, d_res, cl, PL(w.fcproj_w), 4 * C, 0.0f, part,
-                4 * C);
-  tx.reduce_scatter_sum(part, loc, static_cast<std::size_t>(ns) * 4 * C);
-  store.progress();
-  k::gelu_backward(loc, a.fch.data(), loc, ns * 4 * C);
-  // fc: all-gather d_fch rows; dW += d_fch^T @ ln2, db += column sums, d_ln2 = d_fch @ W.
-  tx.all_gather(loc, full, static_cast<std::size_t>(ns) * 4 * C);
-  kernels::gemm(lib, true, false, 4 * C, cl, n, 1.0f, full, 4 * C, a.ln2.data(), cl, 1.0f,
-                GL(w.fc_w), cl);
-  col_sums_into(GL(w.fc_b), full, n, 4 * C);
-  kernels::gemm(lib, false, false, n, cl, 4 * C, 1.0f, full, 4 * C, PL(w.fc_w), cl, 0.0f,
-                s.d_ln.data(), cl);
-  store.progress();
-  tensor_layernorm_backward(tx, tz, d_res, GL(w.ln2_w), GL(w.ln2_b), s.d_ln.data(), a.res2.data(),
-                            PL(w.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), n, cl, C,
-                            s.row_stats.data(), s.ln_params.data());
-  // proj: dW += d_res^T @ att (gathered again); d_att partial (n, C) reduce-scattered.
-  tx.all_gather(a.att.att.data(), full, static_cast<std::size_t>(ns) * C);
-  kernels::gemm(lib, true, false, cl, C, n, 1.0f, d_res, cl, full, C, 1.0f, GL(w.attproj_w), C);
-  col_sums_into(GL(w.attproj_b), d_res, n, cl);
-  kernels::gemm(lib, false, false, n, C, cl, 1.0f, d_res, cl, PL(w.attproj_w), C, 0.0f, part, C);
-  tx.reduce_scatter_sum(part, loc, static_cast<std::size_t>(ns) * C);
-  store.progress();
-  // attention on this rank's sequences: d_qkv (ns, 3C) into part's tail-free start.
-  float* d_qkv = s.d_fch.data();  // (n, 4C/ty) >= (ns, 3C)
-  k::attention_backward(lib, d_qkv, loc, a.att.qkv.data(), a.att.att.data(), a.att.lse.data(), bs,
-                        T, cfg_.n_head, cfg_.n_head, cfg_.head_dim());
-  // qkv: all-gather d_qkv rows; dW += d_qkv^T @ ln1, db += column sums, d_ln1 = d_qkv @ W.
-  tx.all_gather(d_qkv, full, static_cast<std::size_t>(ns) * 3 * C);
-  kernels::gemm(lib, true, false, 3 * C, cl, n, 1.0f, full, 3 * C, a.att.ln_out.data(), cl, 1.0f,
-                GL(w.qkv_w), cl);
-  col_sums_into(GL(w.qkv_b), full, n, 3 * C);
-  kernels::gemm(lib, false, false, n, cl, 3 * C, 1.0f, full, 3 * C, PL(w.qkv_w), cl, 0.0f,
-                s.d_ln.data(), cl);
-  store.progress();
-  tensor_layernorm_backward(tx, tz, d_res, GL(w.ln1_w), GL(w.ln1_b), s.d_ln.data(), x, PL(w.ln1_w),
-                            a.att.ln_mean.data(), a.att.ln_rstd.data(), n, cl, C,
-                            s.row_stats.data(), s.ln_params.data());
+  const auto& lw = local_.layers[l];
+  const auto w = model::block_weights(lw, blk);
+  TensorBlockWorkspace& ws = ws_of(l);
+  if (!opt_.sequence_parallel) {
+    // The blocks: still in the workspace (from the forward, a recompute or a prefetch) or
+    // gathered again now; always acquired in the forward's order (qkv, proj, fc, fcproj) on
+    // every rank.
+    const TensorBlockGrid& g = grid_;
+    tensor_linear_acquire_weight(g.qkv, g.qkv_c, w.qkv_w, ws.qkv, l);
+    tensor_linear_acquire_weight(g.proj, g.proj_c, w.attproj_w, ws.proj, l);
+    tensor_linear_acquire_weight(g.fc, g.fc_c, w.fc_w, ws.fc, l);
+    tensor_linear_acquire_weight(g.fcproj, g.fcproj_c, w.fcproj_w, ws.fcproj, l);
+  }
+  TensorOps ops(grid_, ws, s.ops, lib, s.n, opt_.sequence_parallel, w, l,
+                [this, &store] { progress_all(store); });
+  const model::BlockScratch<float> d{s.d_res.data(),
+                                     s.d_res.data(),
+                                     s.d_ln.data(),
+                                     s.d_atty.data(),
+                                     s.d_qkv.data(),
+                                     s.d_fch.data(),
+                                     cfg_.llama() ? s.d_act.data() : nullptr};
+  // The layer's output is not read by the backward.
+  model::block_backward(ops, w, model::block_grads(lw, gblk), block_acts(a, nullptr), d, x,
+                        local_shape(B, T));
 }
 
 // ---- buffers and slots ----
 
 void TensorModel::init_layer(Layer& a, int B, int T) const {
-  const int C = cfg_.n_embd, cl = att_.c_local;
-  const std::int64_t n = st_->n;
-  if (opt_.sequence_parallel) {
-    const std::int64_t ns = n / att_.tx;  // rows of the replicated region
-    a.att.ln_out.resize(n * cl);
-    a.att.ln_mean.resize(n);
-    a.att.ln_rstd.resize(n);
-    a.att.qkv.resize(ns * 3 * C);
-    a.att.att.resize(ns * C);
-    a.att.lse.resize(static_cast<std::size_t>(B / att_.tx) * cfg_.n_head * T);
-    a.res2.resize(n * cl);
-    a.ln2.resize(n * cl);
-    a.ln2_mean.resize(n);
-    a.ln2_rstd.resize(n);
-    a.fch.resize(ns * 4 * C);
-    a.fch_gelu.resize(ns * 4 * C);
-    return;
-  }
-  a.att = TensorAttentionActivations(att_, B, T);
+  const std::int64_t n = st_->n, cl = grid_.c_local;
+  const model::BlockShape sh = local_shape(B, T);
+  const std::int64_t n_att = sh.N();  // rows of the replicated region
+  const bool ln = !cfg_.llama();      // RMSNorm keeps no mean
+  a.ln1.resize(n * cl);
+  a.ln1_mean.resize(ln ? n : 0);
+  a.ln1_rstd.resize(n);
+  a.qkv.resize(n_att * grid_.qkv.out_local);
+  a.atty.resize(n_att * grid_.proj.in_local);
+  a.lse.resize(static_cast<std::size_t>(sh.B) * sh.NH * T);
   a.res2.resize(n * cl);
   a.ln2.resize(n * cl);
-  a.ln2_mean.resize(n);
+  a.ln2_mean.resize(ln ? n : 0);
   a.ln2_rstd.resize(n);
-  a.fch.resize(n * fc_.out_local);
-  a.fch_gelu.resize(n * fc_.out_local);
+  a.fch.resize(n_att * grid_.fc.out_local);
+  a.fch_gelu.resize(n_att * grid_.fcproj.in_local);
 }
 
 void TensorModel::prepare(int B, int T) {
@@ -588,23 +534,24 @@ void TensorModel::prepare(int B, int T) {
         fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg_.block_size));
   State& s = *st_;
   if (s.B == B && s.T == T) return;
-  const int L = cfg_.n_layer, C = cfg_.n_embd;
+  const int L = cfg_.n_layer;
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
-  att_.local_batch(B);  // throws unless B % tz == 0
+  if (B <= 0 || B % tz_ != 0)
+    throw Error(fmt::format("a batch of {} sequences cannot be split over tz={}", B, tz_),
+                "attention needs whole sequences per rank: use a micro-batch divisible by tz");
   const bool sp = opt_.sequence_parallel;
-  if (sp && B % att_.tx != 0)
+  if (sp && B % tx_ != 0)
     throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
                             "tx={}: it is not divisible",
-                            B, att_.tx),
+                            B, tx_),
                 "choose a micro-batch divisible by parallel.tx");
   TESSERA_CHECK(s.live.empty(), "the micro-batch shape changed with {} slots in flight",
                 s.live.size());
   s = State{};
   s.B = B;
   s.T = T;
-  s.n = N / att_.tz;
-  const std::int64_t n = s.n;
-  const int cl = att_.c_local;
+  s.n = N / tz_;
+  const std::int64_t n = s.n, cl = grid_.c_local;
   if (opt_.recompute) {
     s.shared_layer.resize(1);
     init_layer(s.shared_layer[0], B, T);
@@ -615,27 +562,22 @@ void TensorModel::prepare(int B, int T) {
   const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1 && max_nl > 1;
   s.sets.resize(two ? 2 : 1);
   for (auto& w : s.sets) {
-    w.att = TensorAttentionWorkspace(att_, B, T);
-    w.fc = TensorLinearWorkspace(fc_);
-    w.fcproj = TensorLinearWorkspace(fcproj_);
+    w = TensorBlockWorkspace(grid_);
     for (auto* lw : w.linears()) {
       lw->tuner = tuner_.get();
       lw->overlap_dx = opt_.overlap_dx;
       lw->defer_reduce = opt_.defer_dw && two;
     }
   }
+  s.ops.resize(grid_, n, sp);
   s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
-  s.row_stats.resize(2 * n);
-  s.ln_params.resize(2 * cl);
-  s.mlp_out.resize(n * cl);
-  s.d_fch.resize(n * fc_.out_local);
-  s.d_ln.resize(n * cl);
+  const std::int64_t n_att = local_shape(B, T).N();
   s.d_res.resize(n * cl);
-  if (sp) {
-    s.sp_full.resize(n * 4 * C);
-    s.sp_part.resize(n * 4 * C);
-    s.sp_local.resize(n / att_.tx * 4 * C);
-  }
+  s.d_ln.resize(n * cl);
+  s.d_atty.resize(n_att * grid_.proj.in_local);
+  s.d_qkv.resize(n_att * grid_.qkv.out_local);
+  s.d_fch.resize(n_att * grid_.fc.out_local);
+  if (cfg_.llama()) s.d_act.resize(n_att * grid_.fcproj.in_local);
   s.pool.resize(opt_.chunks.size());
 }
 
@@ -731,20 +673,45 @@ const float* TensorModel::input_grad() const {
 
 // ---- forward ----
 
+void TensorModel::final_norm_forward(Slot& sl, const float* w, const float* b) {
+  State& s = *st_;
+  const int cl = grid_.c_local, C = cfg_.n_embd;
+  if (cfg_.llama())
+    tensor_rmsnorm_forward(*grid_.tx, sl.lnf.data(), sl.lnf_rstd.data(), sl.resid.back().data(), w,
+                           s.n, cl, C, static_cast<float>(cfg_.norm_eps), s.ops.row_stats.data());
+  else
+    tensor_layernorm_forward(*grid_.tx, sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
+                             sl.resid.back().data(), w, b, s.n, cl, C, s.ops.row_stats.data());
+}
+
+void TensorModel::final_norm_backward(Slot& sl, const float* w, float* dw, float* db) {
+  State& s = *st_;
+  const int cl = grid_.c_local, C = cfg_.n_embd;
+  std::fill(s.d_res.begin(), s.d_res.end(), 0.0f);
+  if (cfg_.llama())
+    tensor_rmsnorm_backward(*grid_.tx, *grid_.tz, s.d_res.data(), dw, s.d_ln.data(),
+                            sl.resid.back().data(), w, sl.lnf_rstd.data(), s.n, cl, C,
+                            s.ops.row_stats.data(), s.ops.norm_params.data());
+  else
+    tensor_layernorm_backward(*grid_.tx, *grid_.tz, s.d_res.data(), dw, db, s.d_ln.data(),
+                              sl.resid.back().data(), w, sl.lnf_mean.data(), sl.lnf_rstd.data(),
+                              s.n, cl, C, s.ops.row_stats.data(), s.ops.norm_params.data());
+}
+
 float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
                                  const std::int32_t* inputs, const std::int32_t* targets,
                                  const model::ForwardOptions& opt) {
   State& s = *st_;
   const auto& ch = opt_.chunks.at(chunk);
-  const int L = cfg_.n_layer, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int L = cfg_.n_layer, V = cfg_.vocab_size;
   const int B = s.B, T = s.T;
   const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
-  const int cl = att_.c_local;
   const std::int64_t r0 = vocab_.row_offset(N);
   Slot& sl = acquire(chunk, mb);
   const auto lib = opt.gemm;
   const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
-  const float* E = (ch.embedding || ch.head) ? store.params(0) : nullptr;
+  const bool tied = local_.head == local_.wte;
+  const float* E = (ch.embedding || (ch.head && tied)) ? store.params(0) : nullptr;
   if (ch.embedding) {
     for (std::int64_t i = 0; i < N; ++i)
       if (inputs[i] < 0 || inputs[i] >= V)
@@ -752,8 +719,9 @@ float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
             fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
             "the data was tokenized with a larger vocabulary than model.vocab_size");
     std::copy(inputs + r0, inputs + r0 + n, sl.ids.begin());
+    const float* wpe = local_.wpe == model::k_absent ? nullptr : E + local_.wpe;
     vocab_embedding_forward(vocab_, vocab_comms_, sl.resid[0].data(), sl.ids.data(), E + local_.wte,
-                            E + local_.wpe, N, T, s.vocab_ws);
+                            wpe, N, T, s.vocab_ws);
   }
   const int a = ch.first_layer, b = ch.end_layer;
   for (int l = a; l < b; ++l) {
@@ -762,19 +730,16 @@ float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
     Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
     const float* x = sl.resid[l - a].data();
     float* y = sl.resid[l - a + 1].data();
-    if (opt_.sequence_parallel)
-      sp_layer_forward(lib, l, blk, x, y, B, T, acts);
-    else
-      layer_forward(lib, l, blk, x, y, B, T, acts);
+    layer_forward(lib, l, blk, x, y, B, T, acts);
     store.release(l + 1);
   }
   if (!ch.head) return 0.0f;
   const float* F = store.params(L + 1);
   auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
-  tensor_layernorm_forward(*att_comms_.tx, sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
-                           sl.resid.back().data(), PF(local_.lnf_w), PF(local_.lnf_b), n, cl, C,
-                           s.row_stats.data());
-  vocab_lm_head_forward(lib, vocab_, vocab_comms_, sl.lnf.data(), E + local_.wte, n, s.vocab_ws);
+  final_norm_forward(sl, PF(local_.lnf_w),
+                     local_.lnf_b == model::k_absent ? nullptr : PF(local_.lnf_b));
+  vocab_lm_head_forward(lib, vocab_, vocab_comms_, sl.lnf.data(),
+                        tied ? E + local_.wte : PF(local_.head), n, s.vocab_ws);
   store.release(L + 1);
   sl.have_targets = targets != nullptr;
   float loss = 0.0f;
@@ -814,12 +779,13 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
   State& s = *st_;
   const auto& ch = opt_.chunks.at(chunk);
   Slot& sl = live_slot(chunk, mb);
-  const int L = cfg_.n_layer, C = cfg_.n_embd, B = s.B, T = s.T;
+  const int L = cfg_.n_layer, B = s.B, T = s.T;
   const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
-  const int cl = att_.c_local;
   auto progress = [&] { progress_all(store); };
+  const bool tied = local_.head == local_.wte;
+  const bool block0 = ch.embedding || (ch.head && tied);
   float* GE = nullptr;
-  if (ch.embedding || ch.head) {
+  if (block0) {
     store.params(0);
     GE = store.grads(0);
   }
@@ -829,18 +795,15 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
     float* GFb = store.grads(L + 1);
     auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
     auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
-    // LM head (the slot's logits hold the dlogits), then the final LayerNorm.
+    // LM head (the slot's logits hold the dlogits), then the final norm.
     std::swap(sl.logits, s.vocab_ws.logits);
     std::swap(sl.h_full, s.vocab_ws.h_full);
-    vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(), GE + local_.wte, n,
-                           s.vocab_ws);
+    vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(),
+                           tied ? GE + local_.wte : GF(local_.head), n, s.vocab_ws);
     std::swap(sl.logits, s.vocab_ws.logits);
     std::swap(sl.h_full, s.vocab_ws.h_full);
-    std::fill(s.d_res.begin(), s.d_res.end(), 0.0f);
-    tensor_layernorm_backward(*att_comms_.tx, *att_comms_.tz, s.d_res.data(), GF(local_.lnf_w),
-                              GF(local_.lnf_b), s.d_ln.data(), sl.resid.back().data(),
-                              PF(local_.lnf_w), sl.lnf_mean.data(), sl.lnf_rstd.data(), n, cl, C,
-                              s.row_stats.data(), s.ln_params.data());
+    final_norm_backward(sl, PF(local_.lnf_w), GF(local_.lnf_w),
+                        local_.lnf_b == model::k_absent ? nullptr : GF(local_.lnf_b));
     store.grads_done(L + 1);
     store.release(L + 1);
   } else {
@@ -860,20 +823,12 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
     if (prefetch && l > a) prefetch_layer(l - 1, store.params(l));
     Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
     const float* x = sl.resid[l - a].data();
-    if (opt_.sequence_parallel) {
-      if (opt_.recompute) {
-        sp_layer_forward(lib, l, blk, x, sl.resid[l - a + 1].data(), B, T, acts);
-        progress();
-      }
-      sp_layer_backward(lib, l, blk, gblk, x, B, T, acts, store);
-    } else {
-      if (opt_.recompute) {
-        // Re-issues the gathers and all-reduces; rewrites the (unchanged) layer output.
-        layer_forward(lib, l, blk, x, sl.resid[l - a + 1].data(), B, T, acts);
-        progress();
-      }
-      layer_backward(lib, l, blk, gblk, x, B, T, acts, store);
+    if (opt_.recompute) {
+      // Re-issues the gathers and all-reduces; rewrites the (unchanged) layer output.
+      layer_forward(lib, l, blk, x, sl.resid[l - a + 1].data(), B, T, acts);
+      progress();
     }
+    layer_backward(lib, l, blk, gblk, x, B, T, acts, store);
     if (!defer) {
       store.grads_done(l + 1);
     } else if (l + 1 < b) {
@@ -887,10 +842,12 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
     finish_layer(a);
     store.grads_done(a + 1);
   }
-  if (ch.embedding)
-    vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, GE + local_.wpe, s.d_res.data(),
+  if (ch.embedding) {
+    float* gwpe = local_.wpe == model::k_absent ? nullptr : GE + local_.wpe;
+    vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, gwpe, s.d_res.data(),
                              sl.ids.data(), N, T, s.vocab_ws);
-  if (ch.embedding || ch.head) {
+  }
+  if (block0) {
     store.grads_done(0);
     store.release(0);
   }

@@ -1,23 +1,28 @@
-// The GPT-2 model on the tx x ty x tz tensor grid (AxoNN's 3D tensor parallelism),
-// assembled from the parallel layers:
+// The model (either family) on the tx x ty x tz tensor grid (AxoNN's 3D tensor parallelism):
 //
-//   embedding (vocab_parallel.hpp) -> L x [attention sub-block (tensor_attention.hpp),
-//   MLP sub-block (below)] -> final LayerNorm (tensor_layernorm.hpp) -> LM head tied to the
-//   embedding with the vocabulary-parallel cross-entropy (vocab_parallel.hpp).
+//   embedding (vocab_parallel.hpp) -> L x the one block of model/gpt_block.hpp, run through the
+//   grid's op table (tensor_ops.hpp) -> final norm (tensor_layernorm.hpp: LayerNorm or RMSNorm)
+//   -> LM head (tied to the embedding, or llama's own) with the vocabulary-parallel cross-entropy
+//   (vocab_parallel.hpp).
 //
-// MLP sub-block: y = x + fcproj(gelu(fc(ln2(x)))). fc (C -> 4C) is a NORMAL 3D linear (in over
-// tx, out over ty) and fcproj (4C -> C) a TRANSPOSED one, so the residual stream keeps the layout
-// (rows / tz, C / tx) from the embedding to the LM head, and GELU runs on (rows / tz, 4C / ty),
-// replicated over tx.
+// In a block, qkv and fc are NORMAL 3D linears (in over tx, out over ty) and attproj and fcproj
+// TRANSPOSED ones, so the residual stream keeps the layout (rows / tz, C / tx) from the embedding
+// to the LM head, and attention, GELU or SwiGLU run on the rank's heads and columns (over ty),
+// replicated over tx. The fused rows of qkv ([q | k | v]) and of llama's fc ([gate | up]) are
+// held in ty-grouped order (tensor_attention.hpp, grouped_source_row): ty rank j holds its query
+// heads with their kv heads, and matching gate and up slices.
 //
 // Parameters. Each rank holds its slices of every tensor in ONE flat buffer described by a local
 // model::ParamLayout (same tensors, order and blocks as the whole model, local sizes), so data
 // parallelism and ZeRO (parallel/data_parallel.hpp) shard and reduce it exactly as they do a whole
 // model, over the dp group. Each local element is a copy of one global element: global_index()
-// maps it (padding between tensors: -1). Replicated elements (LayerNorm parameters and wpe over ty
-// and tz; biases over their linear's input axis and tz) are "owned" by the rank with coordinate 0
-// on the replicating axes; every global element has exactly one owner in the tensor group. The
-// owner mask is what the global gradient norm counts, and what gather_full() assembles.
+// maps it (padding between tensors: -1; the row permutations of the fused matrices are in it, so
+// checkpoints keep the global Hugging Face order; llama's k_proj, v_proj and up_proj have no local
+// elements: the rank's block of the fused matrix lies at q_proj, gate_proj). Replicated elements
+// (norm parameters and wpe over ty and tz; biases over their linear's input axis and tz) are
+// "owned" by the rank with coordinate 0 on the replicating axes; every global element has exactly
+// one owner in the tensor group. The owner mask is what the global gradient norm counts, and what
+// gather_full() assembles.
 //
 // Batch. Every rank of a tensor group is given the same global micro-batch (B, T) of ids; the
 // rank computes the sequences [cz*B/tz, (cz+1)*B/tz) (B % tz == 0). Losses are the mean over the
@@ -26,10 +31,10 @@
 // Store protocol: forward/backward ask the ParamStore for blocks (0 = embeddings, 1..L = layers,
 // L+1 = ln_f) exactly as model::forward/backward do, with local block offsets.
 //
-// Sequence parallelism (options.sequence_parallel, 1D mode tx only). With ty = tz = 1 the
-// normal linears (qkv, fc) split their input channels over tx and produce full-width partial
-// outputs, and the transposed ones (proj, fcproj) need full-width inputs: the attention core and
-// the GELU run on (n, 3C) / (n, 4C) activations replicated on every tx rank. Sequence
+// Sequence parallelism (options.sequence_parallel, 1D mode tx only; in tensor_ops.hpp). With ty =
+// tz = 1 the normal linears (qkv, fc) split their input channels over tx and produce full-width
+// partial outputs, and the transposed ones (proj, fcproj) need full-width inputs: the attention
+// core and the GELU run on (n, 3C) / (n, 4C) activations replicated on every tx rank. Sequence
 // parallelism splits those regions by rows instead (whole sequences: rows [cx*n/tx, +n/tx)):
 // the forward all-reduce of a normal linear becomes a reduce-scatter over rows, and a transposed
 // linear all-gathers its input rows first; in the backward, the transposed linear's input-gradient
@@ -68,16 +73,19 @@
 #include "tessera/comm/topology.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_block.hpp"
 #include "tessera/model/layout.hpp"
 #include "tessera/parallel/tensor_attention.hpp"
 #include "tessera/parallel/tensor_linear.hpp"
+#include "tessera/parallel/tensor_ops.hpp"
 #include "tessera/parallel/vocab_parallel.hpp"
 
 namespace tessera::parallel {
 
 // A run of consecutive layers that a rank holds (pipeline parallelism, parallel/pipeline.hpp):
 // the model's first chunk also holds the token and position embeddings, its last chunk the final
-// LayerNorm and the LM head (tied to the token embedding, so both ends hold a copy of wte).
+// norm and the LM head (tied to the token embedding, so both ends hold a copy of wte; an untied
+// head lives on the last chunk alone).
 struct ModelChunk {
   int first_layer = 0, end_layer = 0;  // layers [first_layer, end_layer); may be empty
   bool embedding = false;              // first_layer == 0 and the embeddings live here
@@ -188,7 +196,6 @@ class TensorModel {
   struct Layer;
   struct Slot;
   struct State;
-  struct WsSet;
   bool holds(const model::ParamTensor& t) const;  // this rank's chunks hold the tensor
   void build_maps(std::vector<std::int64_t>& index, std::vector<std::uint8_t>& owner) const;
   void prepare(int B, int T);
@@ -197,30 +204,29 @@ class TensorModel {
   Slot& live_slot(int chunk, int mb) const;
   void release_slot(int chunk, int mb);
   void init_layer(Layer& a, int B, int T) const;
-  WsSet& ws_of(int layer);
+  TensorBlockWorkspace& ws_of(int layer);
   void prefetch_layer(int layer, const float* blk);
   void progress_all(model::ParamStore& store);
+  // A layer is model::block_forward / block_backward through TensorOps (tensor_ops.hpp).
+  model::BlockShape local_shape(int B, int T) const;
+  static model::BlockActs<float> block_acts(Layer& a, float* y);
   void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, float* y,
                      int B, int T, Layer& acts);
   void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
                       const float* x, int B, int T, Layer& acts, model::ParamStore& store);
-  // The same in sequence-parallel mode.
-  void sp_layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, float* y,
-                        int B, int T, Layer& acts);
-  void sp_layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
-                         const float* x, int B, int T, Layer& acts, model::ParamStore& store);
+  void final_norm_forward(Slot& sl, const float* w, const float* b);
+  void final_norm_backward(Slot& sl, const float* w, float* dw, float* db);
 
   model::ModelConfig cfg_;
   TensorModelOptions opt_;
   model::ParamLayout global_;
-  TensorAttentionLayout att_;
-  TensorLinearLayout fc_, fcproj_;
+  TensorBlockGrid grid_;  // the block's linears and the norms' communicators
   VocabParallelLayout vocab_;
   model::ParamLayout local_;
   int tensor_size_ = 1;
+  int tx_ = 1, ty_ = 1, tz_ = 1, ty_index_ = 0, tz_index_ = 0;
+  int c_offset_ = 0;  // the rank's residual-stream channels [c_offset_, +C/tx)
   std::vector<std::uint8_t> owner_;
-  TensorAttentionComms att_comms_;
-  TensorLinearComms fc_comms_, fcproj_comms_;
   VocabParallelComms vocab_comms_;
   comm::Communicator* tensor_group_ = nullptr;  // {tx, ty, tz}
   comm::Communicator* model_group_ = nullptr;   // {pp, tx, ty, tz}

@@ -198,6 +198,7 @@ void vocab_embedding_forward(const VocabParallelLayout& l, const VocabParallelCo
   }
   c.tx->ireduce_scatter_sum(part, out, tx_counts(l, n)).wait();
   c.ty->iall_reduce_sum(out, static_cast<std::size_t>(n * cl)).wait();
+  if (!wpe_local) return;  // no learned positions (llama)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* p = wpe_local + ((r0 + i) % T) * cl;
     float* o = out + i * cl;

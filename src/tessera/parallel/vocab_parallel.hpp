@@ -141,7 +141,8 @@ void vocab_gather_weight(const VocabParallelLayout& l, const VocabParallelComms&
 
 // out (n, C/tx) = wte[ids] + wpe[position] on the rank's rows [row_offset, +n) of a (B, T) batch
 // of n_global = B*T rows (position of global row r = r % T). ids (n) in [0, Vp), else
-// tessera::Error. wpe_local (>= T rows, C/tx). Gathers the block into ws.w_block.
+// tessera::Error. wpe_local (>= T rows, C/tx; null: no positions). Gathers the block into
+// ws.w_block.
 void vocab_embedding_forward(const VocabParallelLayout& l, const VocabParallelComms& c, float* out,
                              const std::int32_t* ids, const float* wte_shard,
                              const float* wpe_local, std::int64_t n_global, int T,

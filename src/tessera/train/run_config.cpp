@@ -599,15 +599,6 @@ void validate(const RunConfig& c) {
                        (m.n_embd / m.n_head + 1) * m.n_head, std::gcd(m.n_embd, m.n_head)));
   if (m.family != "gpt2" && m.family != "llama")
     v.fail("model.family", m.family, "unknown model family", "use \"gpt2\" or \"llama\"");
-  const auto& par = c.parallel;
-  if (m.family == "llama" && (par.tx > 1 || par.ty > 1 || par.tz > 1 || par.pp > 1))
-    v.fail("model.family", m.family,
-           fmt::format("trains in one process or data parallel (with ZeRO 0-3) so far; tensor "
-                       "and pipeline parallelism (tx={} ty={} tz={} pp={}) are not implemented "
-                       "for it yet",
-                       par.tx, par.ty, par.tz, par.pp),
-           "set parallel.tx = ty = tz = pp = 1 (and scale with parallel.dp), or train a gpt2 "
-           "model");
   try {  // the family's own rules (kv heads, llama-only keys on gpt2, ...)
     model::validate(model_config(m));
   } catch (const Error& e) {

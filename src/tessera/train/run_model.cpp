@@ -31,12 +31,6 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                          const comm::Topology& topo, comm::Runtime& rt) {
   RunModel model;
   model.layout = &layout;
-  if (mcfg.llama() && (plan.tensor_size() > 1 || plan.pipeline()))
-    throw Error(fmt::format("the llama family trains in one process or data parallel (with ZeRO "
-                            "0-3) so far; tensor and pipeline parallelism (grid {}) are not "
-                            "implemented for it yet",
-                            plan.grid().describe()),
-                "set parallel.tx = ty = tz = pp = 1 (and scale with parallel.dp)");
   if (plan.tensor_size() > 1 || plan.pipeline()) {
     model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
                                                            tensor_model_options(cfg, plan, topo));

@@ -81,9 +81,10 @@ RunPlan plan_run(const RunConfig& cfg, const model::ModelConfig& mcfg, int world
     throw Error(fmt::format("train.grad_accum={} must be >= 1", cfg.train.grad_accum),
                 "grad_accum is the number of micro-batches per optimizer step (1 = none)");
   plan.par = parallel_plan(cfg, micro_batch_sequences(cfg.train, pc.dp));
-  check_world_size(plan.par.grid, world_size);
+  // What the model and the grid cannot do is said first: it holds however the run is launched.
   if (auto why = parallel::plan_infeasible_reason(mcfg, plan.par))
     throw Error(why->message, why->hint);
+  check_world_size(plan.par.grid, world_size);
   if (plan.pipeline()) plan.par.layer_split = parallel::plan_layer_split(mcfg, plan.par);
   note_ignored(pc, plan.par);
   return plan;

@@ -1,0 +1,266 @@
+#include "tessera/parallel/tensor_ops.hpp"
+
+#include <algorithm>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/parallel/tensor_layernorm.hpp"
+
+namespace tessera::parallel {
+
+namespace k = kernels::cpu;
+
+const TensorLinearLayout& TensorBlockGrid::layout(BlockLinear id) const {
+  switch (id) {
+    case BlockLinear::Qkv:
+      return qkv;
+    case BlockLinear::Proj:
+      return proj;
+    case BlockLinear::Fc:
+      return fc;
+    case BlockLinear::FcProj:
+      break;
+  }
+  return fcproj;
+}
+
+const TensorLinearComms& TensorBlockGrid::comms(BlockLinear id) const {
+  switch (id) {
+    case BlockLinear::Qkv:
+      return qkv_c;
+    case BlockLinear::Proj:
+      return proj_c;
+    case BlockLinear::Fc:
+      return fc_c;
+    case BlockLinear::FcProj:
+      break;
+  }
+  return fcproj_c;
+}
+
+TensorLinearWorkspace& TensorBlockWorkspace::of(BlockLinear id) {
+  switch (id) {
+    case BlockLinear::Qkv:
+      return qkv;
+    case BlockLinear::Proj:
+      return proj;
+    case BlockLinear::Fc:
+      return fc;
+    case BlockLinear::FcProj:
+      break;
+  }
+  return fcproj;
+}
+
+void TensorOpsScratch::resize(const TensorBlockGrid& g, std::int64_t n, bool sequence_parallel) {
+  row_stats.assign(2 * n, 0.0f);
+  norm_params.assign(2 * g.c_local, 0.0f);
+  proj_out.assign(n * g.c_local, 0.0f);
+  if (sequence_parallel) {
+    const std::int64_t wide = std::max({g.qkv.out, g.fc.out, g.proj.in, g.fcproj.in});
+    sp_full.assign(n * wide, 0.0f);
+    sp_part.assign(n * wide, 0.0f);
+  }
+}
+
+namespace {
+
+void add_bias_rows(float* y, const float* b, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int o = 0; o < cols; ++o) y[r * cols + o] += b[o];
+}
+
+void col_sums_into(float* db, const float* dy, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int o = 0; o < cols; ++o) db[o] += dy[r * cols + o];
+}
+
+}  // namespace
+
+BlockLinear TensorOps::which(const float* w) const {
+  if (w == w_.qkv_w) return BlockLinear::Qkv;
+  if (w == w_.attproj_w) return BlockLinear::Proj;
+  if (w == w_.fc_w) return BlockLinear::Fc;
+  TESSERA_CHECK(w == w_.fcproj_w, "a linear of another layer");
+  return BlockLinear::FcProj;
+}
+
+std::int64_t TensorOps::sp_rows() const {
+  return n_ / g_.tx->size();
+}
+
+// ---- norms: the rank's rows and channels, statistics over tx (N and C: the caller's local
+// shape; the rank's own n and cl are used) ----
+
+void TensorOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* w, const float* b, std::int64_t, int) {
+  tensor_layernorm_forward(*g_.tx, out, mean, rstd, inp, w, b, n_, g_.c_local, g_.C,
+                           s_.row_stats.data());
+}
+
+void TensorOps::layernorm_backward(float* dinp, float*, float* dw, float* db, const float* dout,
+                                   const float* inp, const float* w, const float* mean,
+                                   const float* rstd, std::int64_t, int) {
+  tensor_layernorm_backward(*g_.tx, *g_.tz, dinp, dw, db, dout, inp, w, mean, rstd, n_, g_.c_local,
+                            g_.C, s_.row_stats.data(), s_.norm_params.data());
+}
+
+void TensorOps::rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w,
+                                std::int64_t, int, float eps) {
+  tensor_rmsnorm_forward(*g_.tx, out, rstd, inp, w, n_, g_.c_local, g_.C, eps, s_.row_stats.data());
+}
+
+void TensorOps::rmsnorm_backward(float* dinp, float*, float* dw, const float* dout,
+                                 const float* inp, const float* w, const float* rstd, std::int64_t,
+                                 int) {
+  tensor_rmsnorm_backward(*g_.tx, *g_.tz, dinp, dw, dout, inp, w, rstd, n_, g_.c_local, g_.C,
+                          s_.row_stats.data(), s_.norm_params.data());
+}
+
+// ---- linears ----
+
+void TensorOps::linear(float* out, const float* inp, const float* w, const float* b, std::int64_t,
+                       int, int) {
+  const BlockLinear id = which(w);
+  const TensorLinearLayout& l = g_.layout(id);
+  TESSERA_CHECK(!l.transposed, "linear() is a normal linear (qkv, fc)");
+  if (sp_)
+    sp_normal_forward(out, inp, w, b, l.out_local);
+  else
+    tensor_linear_forward(lib_, l, g_.comms(id), out, inp, w, b, n_, ws_.of(id), key_);
+}
+
+void TensorOps::linear_residual(float* out, const float* residual, const float* inp, const float* w,
+                                const float* b, std::int64_t, int, int) {
+  const BlockLinear id = which(w);
+  const TensorLinearLayout& l = g_.layout(id);
+  TESSERA_CHECK(l.transposed, "linear_residual() is a transposed linear (attproj, fcproj)");
+  float* y = s_.proj_out.data();
+  if (sp_)
+    sp_transposed_forward(y, inp, w, b, l.in_local);
+  else
+    tensor_linear_forward(lib_, l, g_.comms(id), y, inp, w, b, n_, ws_.of(id), key_);
+  k::add(out, residual, y, n_ * g_.c_local);
+}
+
+void TensorOps::linear_gelu(float* out, float* pre, const float* inp, const float* w,
+                            const float* b, std::int64_t N, int IC, int OC) {
+  linear(pre, inp, w, b, N, IC, OC);
+  const std::int64_t rows = sp_ ? sp_rows() : n_;
+  k::gelu_forward(out, pre, rows * g_.layout(which(w)).out_local);
+}
+
+void TensorOps::linear_backward(float* dinp, float* dw, float* db, const float* dout,
+                                const float* inp, const float* w, std::int64_t, int, int) {
+  const BlockLinear id = which(w);
+  const TensorLinearLayout& l = g_.layout(id);
+  if (sp_) {
+    if (!l.transposed) {
+      sp_normal_backward(dinp, dw, db, dout, inp, w, l.out_local);
+    } else {
+      sp_transposed_backward_weight(dw, db, dout, inp, l.in_local);
+      if (dinp) sp_transposed_backward_input(dinp, dout, w, l.in_local);
+    }
+    return;
+  }
+  TensorLinearWorkspace& ws = ws_.of(id);
+  if (dgelu_dinp_) {  // the second half of GPT-2's fcproj backward
+    TESSERA_CHECK(!dinp && id == BlockLinear::FcProj, "fcproj's weight gradient must follow");
+    tensor_linear_backward_weight(lib_, l, g_.comms(id), dw, db, dout, inp, n_, ws, dx_pending_);
+    k::gelu_backward(dgelu_dinp_, dgelu_pre_, dgelu_dinp_, n_ * l.in_local);
+    dgelu_dinp_ = nullptr;
+    return;
+  }
+  tensor_linear_backward(lib_, l, g_.comms(id), dinp, dw, db, dout, inp, ws.w_block.data(), n_, ws);
+}
+
+void TensorOps::linear_backward_input_dgelu(float* dinp, const float* dout, const float* w,
+                                            const float* pre, std::int64_t, int, int) {
+  const BlockLinear id = which(w);
+  const TensorLinearLayout& l = g_.layout(id);
+  if (sp_) {
+    sp_transposed_backward_input(dinp, dout, w, l.in_local);
+    k::gelu_backward(dinp, pre, dinp, sp_rows() * l.in_local);
+    return;
+  }
+  TensorLinearWorkspace& ws = ws_.of(id);
+  dx_pending_ =
+      tensor_linear_backward_input(lib_, l, g_.comms(id), dinp, dout, ws.w_block.data(), n_, ws);
+  dgelu_dinp_ = dinp;
+  dgelu_pre_ = pre;
+}
+
+// ---- sequence parallelism (ty = tz = 1: the weight shards are the whole blocks) ----
+
+void TensorOps::sp_normal_forward(float* out, const float* inp, const float* w, const float* b,
+                                  int OC) {
+  const int cl = g_.c_local;
+  const std::int64_t ns = sp_rows();
+  float* part = s_.sp_part.data();
+  kernels::gemm(lib_, false, true, n_, OC, cl, 1.0f, inp, cl, w, cl, 0.0f, part, OC);
+  g_.tx->reduce_scatter_sum(part, out, static_cast<std::size_t>(ns) * OC);
+  if (b) add_bias_rows(out, b, ns, OC);
+}
+
+void TensorOps::sp_transposed_forward(float* out, const float* inp, const float* w, const float* b,
+                                      int IC) {
+  const int cl = g_.c_local;
+  float* full = s_.sp_full.data();
+  g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
+  kernels::gemm(lib_, false, true, n_, cl, IC, 1.0f, full, IC, w, IC, 0.0f, out, cl);
+  if (b) add_bias_rows(out, b, n_, cl);
+}
+
+void TensorOps::sp_normal_backward(float* dinp, float* dw, float* db, const float* dout,
+                                   const float* inp, const float* w, int OC) {
+  const int cl = g_.c_local;
+  float* full = s_.sp_full.data();
+  g_.tx->all_gather(dout, full, static_cast<std::size_t>(sp_rows()) * OC);
+  kernels::gemm(lib_, true, false, OC, cl, n_, 1.0f, full, OC, inp, cl, 1.0f, dw, cl);
+  if (db) col_sums_into(db, full, n_, OC);
+  if (dinp) kernels::gemm(lib_, false, false, n_, cl, OC, 1.0f, full, OC, w, cl, 0.0f, dinp, cl);
+}
+
+void TensorOps::sp_transposed_backward_input(float* dinp, const float* dout, const float* w,
+                                             int IC) {
+  const int cl = g_.c_local;
+  float* part = s_.sp_part.data();
+  kernels::gemm(lib_, false, false, n_, IC, cl, 1.0f, dout, cl, w, IC, 0.0f, part, IC);
+  g_.tx->reduce_scatter_sum(part, dinp, static_cast<std::size_t>(sp_rows()) * IC);
+}
+
+void TensorOps::sp_transposed_backward_weight(float* dw, float* db, const float* dout,
+                                              const float* inp, int IC) {
+  const int cl = g_.c_local;
+  float* full = s_.sp_full.data();
+  g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
+  kernels::gemm(lib_, true, false, cl, IC, n_, 1.0f, dout, cl, full, IC, 1.0f, dw, IC);
+  if (db) col_sums_into(db, dout, n_, cl);
+}
+
+// ---- the rank's heads and columns ----
+
+void TensorOps::swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
+  k::swiglu_forward(out, inp, N, F);
+}
+void TensorOps::swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N,
+                                int F) {
+  k::swiglu_backward(dinp, dout, inp, N, F);
+}
+void TensorOps::rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta) {
+  k::rope_forward(qkv, B, T, NH, KV, hs, theta);
+}
+void TensorOps::rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
+  k::rope_backward(dqkv, B, T, NH, KV, hs, theta);
+}
+void TensorOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH,
+                                  int KV, int hs) {
+  k::attention_forward(lib_, out, lse, qkv, B, T, NH, KV, hs);
+}
+void TensorOps::attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int B, int T, int NH, int KV,
+                                   int hs) {
+  k::attention_backward(lib_, dqkv, dout, qkv, out, lse, B, T, NH, KV, hs);
+}
+
+}  // namespace tessera::parallel
