@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "commands.hpp"
@@ -25,20 +26,24 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
 void check_names(CLI::App& app, int argc, char** argv) {
   CLI::App* sub = &app;
   std::string path = "tessera";
+  bool value_next = false;  // the previous token was an option that takes a value
   for (int i = 1; i < argc; ++i) {
     const std::string_view tok = argv[i];
     if (tok == "--") return;
-    if (tok.size() > 2 && tok.substr(0, 2) == "--") {
-      const std::string name(tok.substr(
-          2, tok.find('=') == std::string_view::npos ? std::string_view::npos : tok.find('=') - 2));
-      if (sub->get_option_no_throw("--" + name) || name == "help" || name == "version") continue;
+    if (!tok.empty() && tok[0] == '-') {
+      const bool is_long = tok.size() > 2 && tok.substr(0, 2) == "--";
+      const std::size_t eq = tok.find('=');
+      const std::string name(tok.substr(0, eq));
+      const CLI::Option* opt = sub->get_option_no_throw(name);
+      value_next = eq == std::string_view::npos && opt && opt->get_type_size_max() > 0;
+      if (!is_long || opt || name == "--help" || name == "--version") continue;
       std::vector<std::string> names;
       for (const CLI::Option* o : sub->get_options())
         for (const auto& n : o->get_lnames()) names.push_back(n);
-      throw tessera::Error(fmt::format("unknown option --{} for '{}'", name, path),
-                           did_you_mean(name, names, "--") + "see '" + path + " --help'");
+      throw tessera::Error(fmt::format("unknown option {} for '{}'", name, path),
+                           did_you_mean(name.substr(2), names, "--") + "see '" + path + " --help'");
     }
-    if (tok.empty() || tok[0] == '-') continue;
+    if (std::exchange(value_next, false)) continue;  // an option's value, not a command
     std::vector<std::string> names;
     CLI::App* next = nullptr;
     for (CLI::App* c : sub->get_subcommands({})) {

@@ -576,8 +576,10 @@ RunConfig load_run_config(const std::filesystem::path& file,
   return parse_run_config(text, file.string(), overrides);
 }
 
-void validate(const RunConfig& c) {
-  Validator v(c);
+namespace {
+
+// [model]: sizes, the family and its own rules (model::validate).
+void validate_model(Validator& v, const RunConfig& c) {
   const auto& m = c.model;
   if (!m.preset.empty()) {
     auto names = model_preset_names();
@@ -606,7 +608,10 @@ void validate(const RunConfig& c) {
         fmt::format("invalid model in {}: {}", c.source.empty() ? "<config>" : c.source, e.what()),
         e.hint());
   }
+}
 
+// [data]: the shards and the tokenizer are named.
+void validate_data(Validator& v, const RunConfig& c) {
   const auto& d = c.data;
   if (d.train.empty())
     v.fail("data.train", d.train, "must not be empty",
@@ -617,7 +622,11 @@ void validate(const RunConfig& c) {
   if (d.tokenizer.empty())
     v.fail("data.tokenizer", d.tokenizer, "must not be empty",
            "the folder of the GPT-2 tokenizer files, e.g. data/gpt2");
+}
 
+// [train]: batch, schedule, optimizer, checkpoints and threads.
+void validate_train(Validator& v, const RunConfig& c) {
+  const auto& m = c.model;
   const auto& t = c.train;
   v.at_least("train.batch_size", t.batch_size, 1);
   v.at_least("train.seq_len", t.seq_len, 1);
@@ -668,7 +677,10 @@ void validate(const RunConfig& c) {
   if (t.threads > k_max_threads)
     v.fail("train.threads", t.threads, fmt::format("must be at most {}", k_max_threads),
            "0 uses all cores; more threads than cores only slows training down");
+}
 
+// [sample] and [hardware] (with train.precision, which depends on the device).
+void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   const auto& s = c.sample;
   v.at_least("sample.every", s.every, 0, "0 samples only at the end");
   v.at_least("sample.tokens", s.tokens, 0, "0 turns sampling off");
@@ -692,7 +704,11 @@ void validate(const RunConfig& c) {
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",
            "0 measures this machine's fp32 GEMM rate at start-up");
+}
 
+// [parallel]: the values each key may take; which grids a model can run on is
+// parallel::plan_problems's answer.
+void validate_parallel(Validator& v, const RunConfig& c) {
   const auto& p = c.parallel;
   v.at_least("parallel.dp", p.dp, 1);
   v.at_least("parallel.pp", p.pp, 1);
@@ -719,7 +735,10 @@ void validate(const RunConfig& c) {
   if (!(p.timeout_s >= 0))
     v.fail("parallel.timeout_s", p.timeout_s, "must be >= 0",
            "0 turns the collective watchdog off");
+}
 
+// [goldfish]: k, h, the strategy and its seed.
+void validate_goldfish(Validator& v, const RunConfig& c) {
   const auto& g = c.goldfish;
   if (g.k < 0 || g.k == 1)
     v.fail("goldfish.k", g.k, "must be 0 (off) or >= 2",
@@ -731,6 +750,18 @@ void validate(const RunConfig& c) {
            "by (seed, step, position)");
   if (g.seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
     v.fail("goldfish.seed", g.seed, "must be < 2^63", "TOML integers are 64-bit signed");
+}
+
+}  // namespace
+
+void validate(const RunConfig& c) {
+  Validator v(c);
+  validate_model(v, c);
+  validate_data(v, c);
+  validate_train(v, c);
+  validate_sample_and_hardware(v, c);
+  validate_parallel(v, c);
+  validate_goldfish(v, c);
 }
 
 std::string to_toml(const RunConfig& c) {
