@@ -420,3 +420,12 @@ TEST(RunConfig, WriteAndLoadResolvedConfig) {
   EXPECT_EQ(back, c);
   fs::remove_all(dir);
 }
+
+// bf16 on the CPU: accepted in one process; with a parallel grid, one error line naming it.
+TEST(RunConfig, Bf16OnTheCpuInOneProcessOnly) {
+  EXPECT_EQ(parse("[train]\nprecision = \"bf16\"\n").train.precision, "bf16");
+  expect_parse_error("[train]\nprecision = \"bf16\"\n[parallel]\ndp = 2\n",
+                     "invalid train.precision = \"bf16\" in t.toml: trains in one process on the "
+                     "CPU so far (the grid here is dp=2 pp=1 tx=1 ty=1 tz=1)",
+                     "parallel.dp = pp = tx = ty = tz = 1");
+}

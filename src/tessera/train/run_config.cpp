@@ -693,10 +693,14 @@ void validate(const RunConfig& c) {
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
-  if (c.train.precision == "bf16" && c.hardware.device == "cpu")
-    v.fail("train.precision", c.train.precision, "is implemented on the GPU only so far",
-           "set hardware.device = \"cuda\" on a machine with an NVIDIA GPU, or precision = "
-           "\"fp32\"");
+  const auto& grid = c.parallel;
+  if (c.train.precision == "bf16" && c.hardware.device == "cpu" &&
+      grid.dp * grid.pp * grid.tx * grid.ty * grid.tz > 1)
+    v.fail("train.precision", c.train.precision,
+           fmt::format("trains in one process on the CPU so far (the grid here is dp={} pp={} "
+                       "tx={} ty={} tz={})",
+                       grid.dp, grid.pp, grid.tx, grid.ty, grid.tz),
+           "set parallel.dp = pp = tx = ty = tz = 1, or precision = \"fp32\" for parallel runs");
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",
