@@ -257,8 +257,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   refresh_bf16(model);  // bf16 on the CPU: the GEMMs' copy of the initialized or resumed weights
   if (model.bf16.size() > 0 && lead && !kernels::cpu_has_native_bf16())
     log_info(
-        "note: this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 GEMMs are emulated by "
-        "oneDNN, correct but slower than fp32");
+        "note: this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 GEMMs are emulated "
+        "(the same arithmetic: exact products, fp32 sums), slower than fp32");
   if (model.device && lead && !opt.quiet) {
     const std::string why = model.device->attention_fallback_reason();
     log_info("GPU attention: {}{}", model.device->attention_backend(),
