@@ -112,7 +112,9 @@ Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
     peak = resolve_peak(cfg.hardware.peak_tflops, kernels::GemmLibrary::OneDnn);
   double f = peak.flops;
   rt.world().broadcast_bytes(&f, sizeof f, 0);
-  if (!lead) peak = {f, "measured fp32 GEMM on rank 0"};
+  if (!lead)
+    peak = {f, cfg.train.precision == "bf16" ? "measured bf16 GEMM on rank 0"
+                                             : "measured fp32 GEMM on rank 0"};
   return peak;
 }
 
