@@ -2,8 +2,10 @@
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
@@ -12,6 +14,27 @@
 #include "tessera/core/timer.hpp"
 
 namespace tessera::kernels {
+
+namespace {
+
+// Two warm-up runs, then timed runs until there are at least min_reps and min_seconds have
+// passed; the median run's seconds.
+template <class Run>
+double median_seconds(Run&& run, int min_reps, double min_seconds) {
+  run();
+  run();
+  std::vector<double> t;
+  Timer total;
+  do {
+    Timer one;
+    run();
+    t.push_back(one.seconds());
+  } while (static_cast<int>(t.size()) < min_reps || total.seconds() < min_seconds);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
 
 GemmLibrary parse_gemm_library(std::string_view name) {
   if (name == "onednn" || name == "dnnl") return GemmLibrary::OneDnn;
@@ -49,20 +72,98 @@ double measure_gemm_gflops(GemmLibrary lib, bool trans_b, std::int64_t M, std::i
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = rng.uniform() - 0.5f;
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = rng.uniform() - 0.5f;
   auto run = [&] {
-    gemm(lib, false, trans_b, M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f,
-         c.data(), N);
+    gemm(lib, false, trans_b, M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f, c.data(),
+         N);
   };
-  run();
-  run();
-  std::vector<double> t;
-  Timer total;
-  do {
-    Timer one;
-    run();
-    t.push_back(one.seconds());
-  } while (static_cast<int>(t.size()) < min_reps || total.seconds() < min_seconds);
-  std::sort(t.begin(), t.end());
-  return 2.0 * static_cast<double>(M) * N * K / t[t.size() / 2] / 1e9;
+  return 2.0 * static_cast<double>(M) * N * K / median_seconds(run, min_reps, min_seconds) / 1e9;
+}
+
+namespace {
+
+// A stored bf16 matrix (rows, ld) widened to fp32: exact (bf16 is the upper half of an fp32).
+Buffer<float> widen(const std::uint16_t* x, std::int64_t rows, std::int64_t ld) {
+  Buffer<float> out(static_cast<std::size_t>(rows * ld));
+  float* o = out.data();
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < rows * ld; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(x[i]) << 16;
+    std::memcpy(o + i, &u, 4);
+  }
+  return out;
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  // oneDNN runs bf16 matmuls from AVX-512 up (natively with AVX-512 BF16 or AMX). Below that
+  // (AVX2, or a ONEDNN_MAX_CPU_ISA cap), the emulation: the operands widened to fp32 (exact), then
+  // the fp32 GEMM. The products of bf16 values are exact in fp32 either way; both accumulate in
+  // fp32, so the two paths differ only in the order of the sums.
+  const auto avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+  if ((static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & avx512) != avx512) {
+    const Buffer<float> a = widen(A, trans_a ? K : M, lda), b = widen(B, trans_b ? N : K, ldb);
+    gemm(GemmLibrary::OneDnn, trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta,
+         C, ldc);
+    return;
+  }
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  // A transposed operand is the same matrix with swapped strides: op(A) (M,K) stored (K,M).
+  const dnnl::memory::desc a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {  // C = alpha * A B + beta * C
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  try {
+    // The engine and stream are cheap values; the primitive comes from oneDNN's primitive cache
+    // after the first call of a shape.
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(eng);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+    dnnl::memory a_mem(a_md, eng, const_cast<std::uint16_t*>(A));
+    dnnl::memory b_mem(b_md, eng, const_cast<std::uint16_t*>(B));
+    dnnl::memory c_mem(c_md, eng, C);
+    dnnl::matmul(pd).execute(
+        stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    TESSERA_CHECK(false, "oneDNN bf16 matmul failed: {} (M={} N={} K={})", e.what(), M, N, K);
+  }
+}
+
+bool cpu_has_native_bf16() {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return __builtin_cpu_supports("avx512bf16") && (isa & bf16) == bf16;
+}
+
+double measure_gemm_bf16_gflops(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                                int min_reps, double min_seconds) {
+  Buffer<std::uint16_t> a(static_cast<std::size_t>(M * K)), b(static_cast<std::size_t>(K * N));
+  Buffer<float> c(static_cast<std::size_t>(M * N));
+  Rng rng(1);
+  // bf16 of uniform(-0.5, 0.5): the upper half of the fp32 bits (truncation is enough here)
+  auto bits = [&] {
+    const float f = rng.uniform() - 0.5f;
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<std::uint16_t>(u >> 16);
+  };
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = bits();
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = bits();
+  auto run = [&] {
+    gemm_bf16(false, trans_b, M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f, c.data(),
+              N);
+  };
+  return 2.0 * static_cast<double>(M) * N * K / median_seconds(run, min_reps, min_seconds) / 1e9;
 }
 
 }  // namespace tessera::kernels

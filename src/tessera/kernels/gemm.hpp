@@ -29,4 +29,20 @@ void gemm(GemmLibrary lib, bool trans_a, bool trans_b, std::int64_t M, std::int6
 double measure_gemm_gflops(GemmLibrary lib, bool trans_b, std::int64_t M, std::int64_t N,
                            std::int64_t K, int min_reps, double min_seconds);
 
+// bf16 inputs, fp32 accumulation and output (oneDNN's bf16 matmul), the same row-major contract
+// as gemm(): C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C, A and B bf16 bit patterns
+// (the upper 16 bits of an fp32), C fp32. Natively computed with AVX-512 BF16 or AMX; emulated
+// (correct, slower) on CPUs without them.
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B,
+               std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+
+// Whether this CPU computes bf16 GEMMs natively (AVX-512 BF16 or AMX, as oneDNN sees them: a
+// ONEDNN_MAX_CPU_ISA cap below them counts as no).
+bool cpu_has_native_bf16();
+
+// measure_gemm_gflops for gemm_bf16 (the weights B stored (N,K) if trans_b).
+double measure_gemm_bf16_gflops(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                                int min_reps, double min_seconds);
+
 }  // namespace tessera::kernels

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/profile.hpp"
@@ -112,11 +113,62 @@ class CpuOps {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// The op table of bf16 mixed precision on the CPU: every linear reads bf16 (its input rounded to
+// bf16 in a scratch buffer, the weights' bf16 copy W) and accumulates and writes fp32
+// (kernels::gemm_bf16); the biases of the fused q/k/v and the first MLP GEMM are bf16 (W), the
+// residual projections' fp32. Activations stay fp32 (A = float), so the norms, attention, GELU,
+// SwiGLU, RoPE and every gradient are CpuOps' fp32 kernels: the only rounding is of the GEMM
+// operands (the activations and output gradients they read, and the weights).
+class CpuBf16Ops : public CpuOps {
+ public:
+  using A = float;
+  using W = std::uint16_t;
+  CpuBf16Ops(kernels::GemmLibrary lib, kernels::Profile* profile, kernels::cpu::Bf16Scratch& s,
+             ParamStore* store = nullptr)
+      : CpuOps(lib, profile, store), s_(s) {}
+
+  void linear(float* out, const float* inp, const W* w, const W* b, std::int64_t N, int IC,
+              int OC) {
+    kernels::cpu::linear_forward_bf16(s_, out, inp, w, b, nullptr, N, IC, OC);
+  }
+  void linear_residual(float* out, const float* residual, const float* inp, const W* w,
+                       const float* b, std::int64_t N, int IC, int OC) {
+    kernels::cpu::copy(out, residual, N * OC);
+    kernels::cpu::linear_forward_bf16(s_, out, inp, w, nullptr, b, N, IC, OC, true);
+  }
+  void linear_gelu(float* out, float* pre, const float* inp, const W* w, const W* b, std::int64_t N,
+                   int IC, int OC) {
+    kernels::cpu::linear_forward_bf16(s_, pre, inp, w, b, nullptr, N, IC, OC);
+    kernels::cpu::gelu_forward(out, pre, N * OC);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const W* w, std::int64_t N, int IC, int OC) {
+    kernels::cpu::linear_backward_bf16(s_, dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void linear_backward_input_dgelu(float* dinp, const float* dout, const W* w, const float* pre,
+                                   std::int64_t N, int IC, int OC) {
+    kernels::cpu::linear_backward_input_bf16(s_, dinp, dout, w, N, IC, OC);
+    kernels::cpu::gelu_backward(dinp, pre, dinp, N * IC);
+  }
+
+ private:
+  kernels::cpu::Bf16Scratch& s_;
+};
+
 // A layer's parameters (a block from the store, laid out from `w.begin`) and activations.
 inline BlockWeights<float> block_weights(const LayerOffsets& w, const float* blk) {
   auto P = [&](std::size_t off) { return off == k_absent ? nullptr : blk + (off - w.begin); };
   return {P(w.ln1_w), P(w.ln1_b), P(w.qkv_w), P(w.qkv_b), P(w.attproj_w), P(w.attproj_b),
           P(w.ln2_w), P(w.ln2_b), P(w.fc_w),  P(w.fc_b),  P(w.fcproj_w),  P(w.fcproj_b)};
+}
+// The same for CpuBf16Ops: the GEMM weights and the biases added in A from the bf16 copy of the
+// block (blk16, laid out as blk), the norms and the residual projections' biases from blk.
+inline BlockWeights<std::uint16_t> block_weights_bf16(const LayerOffsets& w, const float* blk,
+                                                      const std::uint16_t* blk16) {
+  auto P = [&](std::size_t off) { return off == k_absent ? nullptr : blk + (off - w.begin); };
+  auto H = [&](std::size_t off) { return off == k_absent ? nullptr : blk16 + (off - w.begin); };
+  return {P(w.ln1_w), P(w.ln1_b), H(w.qkv_w), H(w.qkv_b), H(w.attproj_w), P(w.attproj_b),
+          P(w.ln2_w), P(w.ln2_b), H(w.fc_w),  H(w.fc_b),  H(w.fcproj_w),  P(w.fcproj_b)};
 }
 inline BlockGrads block_grads(const LayerOffsets& w, float* gblk) {
   auto G = [&](std::size_t off) { return off == k_absent ? nullptr : gblk + (off - w.begin); };

@@ -138,10 +138,17 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
   }
   const float* residual = a.at(a.encoded);
   const BlockShape shape = block_shape(cfg, B, T);
+  const std::uint16_t* P16 = opt.bf16_params;  // bf16 mixed precision, or null
   for (int l = 0; l < cfg.n_layer; ++l) {
-    CpuOps ops(lib, PROF);
-    block_forward(ops, block_weights(layout.layers[l], store.params(l + 1)), block_acts(a, l),
-                  residual, shape);
+    const float* p = store.params(l + 1);
+    if (P16) {
+      CpuBf16Ops ops(lib, PROF, a.bf16);
+      block_forward(ops, block_weights_bf16(layout.layers[l], p, P16 + block_begin(layout, l + 1)),
+                    block_acts(a, l), residual, shape);
+    } else {
+      CpuOps ops(lib, PROF);
+      block_forward(ops, block_weights(layout.layers[l], p), block_acts(a, l), residual, shape);
+    }
     residual = a.at(a.layers[l].res3);
     store.release(l + 1);
   }
@@ -160,7 +167,11 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
     const float* head = layout.head == layout.wte ? PE(layout.wte) : PF(layout.head);
-    k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), head, nullptr, N, C, Vp);
+    if (P16)  // the head's bf16 copy (layout.head is wte when tied)
+      k::linear_forward_bf16(a.bf16, a.at(a.logits), a.at(a.lnf), P16 + layout.head, nullptr,
+                             nullptr, N, C, Vp);
+    else
+      k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), head, nullptr, N, C, Vp);
   }
   store.release(cfg.n_layer + 1);
   if (!targets) return 0.0f;
@@ -189,7 +200,7 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
 
 void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary lib,
-              kernels::Profile* PROF) {
+              kernels::Profile* PROF, const std::uint16_t* P16) {
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
@@ -212,8 +223,13 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
     const bool tied = layout.head == layout.wte;
-    k::linear_backward(lib, d_ln, tied ? GE(layout.wte) : GF(layout.head), nullptr, a.at(a.logits),
-                       a.at(a.lnf), tied ? PE(layout.wte) : PF(layout.head), N, C, Vp);
+    float* dhead = tied ? GE(layout.wte) : GF(layout.head);
+    if (P16)
+      k::linear_backward_bf16(a.bf16, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
+                              P16 + layout.head, N, C, Vp);
+    else
+      k::linear_backward(lib, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
+                         tied ? PE(layout.wte) : PF(layout.head), N, C, Vp);
   }
   std::fill(d_res, d_res + N * C, 0.0f);
   const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
@@ -239,10 +255,17 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
                                     cfg.llama() ? a.at(a.d_act) : nullptr};
   for (int l = cfg.n_layer - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.at(a.encoded) : a.at(a.layers[l - 1].res3);
-    CpuOps ops(lib, PROF, &store);
-    block_backward(ops, block_weights(layout.layers[l], store.params(l + 1)),
-                   block_grads(layout.layers[l], store.grads(l + 1)), block_acts(a, l), scratch, x,
-                   shape);
+    const float* p = store.params(l + 1);
+    const BlockGrads g = block_grads(layout.layers[l], store.grads(l + 1));
+    if (P16) {
+      CpuBf16Ops ops(lib, PROF, a.bf16, &store);
+      block_backward(ops, block_weights_bf16(layout.layers[l], p, P16 + block_begin(layout, l + 1)),
+                     g, block_acts(a, l), scratch, x, shape);
+    } else {
+      CpuOps ops(lib, PROF, &store);
+      block_backward(ops, block_weights(layout.layers[l], p), g, block_acts(a, l), scratch, x,
+                     shape);
+    }
     store.grads_done(l + 1);  // this layer's gradients are final
     store.release(l + 1);
   }
@@ -297,9 +320,10 @@ float forward(const ParamLayout& layout, const float* params, Activations& acts,
 
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
-              kernels::Profile* profile, const BackwardHooks* hooks) {
+              kernels::Profile* profile, const BackwardHooks* hooks,
+              const std::uint16_t* bf16_params) {
   FlatStore store(layout, params, grads, hooks);
-  backward(layout, store, acts, inputs, B, T, gemm, profile);
+  backward(layout, store, acts, inputs, B, T, gemm, profile, bf16_params);
 }
 
 // ---------------------------------------------------------------- decoding

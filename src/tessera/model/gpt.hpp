@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/profile.hpp"
 #include "tessera/model/layout.hpp"
@@ -44,6 +45,8 @@ struct Activations {
   std::size_t d_fch = 0;                        // (B,T,fc_rows)
   std::size_t d_act = 0;                        // (B,T,ffn), llama only
   Buffer<float> buf;
+  // bf16 mixed precision: the GEMM operands rounded to bf16 (grown by the first pass)
+  kernels::cpu::Bf16Scratch bf16;
 
   // (Re)allocates for a micro-batch shape; a no-op when the shape is unchanged.
   void allocate(const ModelConfig& cfg, int B, int T);
@@ -58,6 +61,9 @@ struct ForwardOptions {
   bool training = false;
   float dloss = 0.0f;  // d(total loss)/d(per-position loss), e.g. 1 / (B*T*grad_accum)
   kernels::Profile* profile = nullptr;  // time per op family, if set
+  // bf16 mixed precision (CpuBf16Ops): the bf16 copy of the whole flat parameter buffer (the
+  // layout's offsets), which every GEMM reads instead of the fp32 parameters; null: fp32.
+  const std::uint16_t* bf16_params = nullptr;
 };
 
 // ---- where the parameters and gradients are: blocks and stores ----
@@ -116,9 +122,10 @@ class FlatStore final : public ParamStore {
 float forward(const ParamLayout& layout, ParamStore& store, Activations& acts,
               const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
               const ForwardOptions& opt);
+// bf16_params: as ForwardOptions' (the same as the forward's).
 void backward(const ParamLayout& layout, ParamStore& store, Activations& acts,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
-              kernels::Profile* profile = nullptr);
+              kernels::Profile* profile = nullptr, const std::uint16_t* bf16_params = nullptr);
 // The same over one flat parameter (and gradient) buffer.
 float forward(const ParamLayout& layout, const float* params, Activations& acts,
               const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
@@ -128,7 +135,8 @@ float forward(const ParamLayout& layout, const float* params, Activations& acts,
 // same micro-batch just before.
 void backward(const ParamLayout& layout, const float* params, float* grads, Activations& acts,
               const std::int32_t* inputs, int B, int T, kernels::GemmLibrary gemm,
-              kernels::Profile* profile = nullptr, const BackwardHooks* hooks = nullptr);
+              kernels::Profile* profile = nullptr, const BackwardHooks* hooks = nullptr,
+              const std::uint16_t* bf16_params = nullptr);
 
 // ---- incremental decoding with a KV cache (sampling) ----
 class Decoder {

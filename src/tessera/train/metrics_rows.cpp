@@ -103,11 +103,18 @@ Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
     return {0, "unknown (set hardware.peak_tflops)"};
   }
   Peak peak;
-  if (lead || cfg.hardware.peak_tflops > 0)
+  if (lead && cfg.hardware.peak_tflops == 0 && cfg.train.precision == "bf16")
+    // bf16 on the CPU: MFU against the bf16 GEMM rate (on CPUs with native bf16 several times
+    // the fp32 rate)
+    peak = {kernels::measure_gemm_bf16_gflops(false, 1024, 1024, 1024, 1, 0.3) * 1e9,
+            "measured bf16 GEMM 1024^3 on this machine"};
+  else if (lead || cfg.hardware.peak_tflops > 0)
     peak = resolve_peak(cfg.hardware.peak_tflops, kernels::GemmLibrary::OneDnn);
   double f = peak.flops;
   rt.world().broadcast_bytes(&f, sizeof f, 0);
-  if (!lead) peak = {f, "measured fp32 GEMM on rank 0"};
+  if (!lead)
+    peak = {f, cfg.train.precision == "bf16" ? "measured bf16 GEMM on rank 0"
+                                             : "measured fp32 GEMM on rank 0"};
   return peak;
 }
 

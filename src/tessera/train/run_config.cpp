@@ -696,9 +696,15 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
-  if (c.train.precision == "bf16" && c.hardware.device == "cpu")
-    v.fail("train.precision", c.train.precision, "is implemented on the GPU only so far",
-           "set hardware.device = \"cuda\" on a machine with an NVIDIA GPU, or precision = "
+  const auto& grid = c.parallel;
+  if (c.train.precision == "bf16" && c.hardware.device == "cpu" &&
+      grid.pp * grid.tx * grid.ty * grid.tz > 1)
+    v.fail("train.precision", c.train.precision,
+           fmt::format("trains in one process or data parallel (ZeRO 0-3) on the CPU so far, "
+                       "without tensor or pipeline parallelism (the grid here has pp={} tx={} "
+                       "ty={} tz={})",
+                       grid.pp, grid.tx, grid.ty, grid.tz),
+           "set parallel.pp = tx = ty = tz = 1 (scale with parallel.dp), or precision = "
            "\"fp32\"");
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))

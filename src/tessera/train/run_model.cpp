@@ -2,6 +2,7 @@
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 
 namespace tessera::train {
 
@@ -48,6 +49,8 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
         mcfg,
         cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
         plan.B(), plan.T);
+  else if (cfg.train.precision == "bf16")
+    model.bf16.resize(layout.total());
   return model;
 }
 
@@ -67,6 +70,12 @@ void to_host(RunModel& model) {
   model.device->download_params(p.data());
   model.device->download_moments(m.data(), v.data());
   model.dp->load(p.data(), m.data(), v.data());
+}
+
+void refresh_bf16(RunModel& model) {
+  if (model.bf16.size() == 0) return;
+  kernels::cpu::to_bf16(model.bf16.data(), model.dp->full_params(),
+                        static_cast<std::int64_t>(model.bf16.size()));
 }
 
 const float* full_params(RunModel& model) {

@@ -102,7 +102,7 @@ double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activation
     if (model.tensor)
       model.tensor->backward(dp, xa, B, T, gemm);
     else
-      model::backward(*model.layout, dp, acts, xa, B, T, gemm);
+      model::backward(*model.layout, dp, acts, xa, B, T, gemm, nullptr, work.forward.bf16_params);
     result.backward_s += phase.seconds();
     Timer comm_timer;
     dp.end_micro_batch();  // waits for the reductions still in flight
@@ -134,6 +134,7 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   }
   if (!model.device)  // the clipping fused into the update, as on the device
     dp.step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));
+  refresh_bf16(model);  // bf16 on the CPU: the GEMMs' copy of the updated master weights
   result.update_s = update_timer.seconds();
   result.grad_norm = norm;
   result.lr = lr;
