@@ -8,10 +8,11 @@
 // rounding only. With u = 2^-24 and gamma(n) = n u / (1 - n u) (Higham, any summation order):
 //  - the reference rounds s (q - z) (q - z is exact), the division, the product and at most
 //    IC - 1 additions: |err| <= gamma(IC + 2) * sum_c |w_c x_c|;
-//  - the kernels round x' = x / in_scale, q x' (or s (q - z) and its product with x' in the tile
-//    path), at most IC additions inside and across groups, s times each group's sum, the zero
-//    term and the final subtraction: |err| <= gamma(IC + 6) * (sum_c |s q x'_c| +
-//    sum_g |s z| sum_{c in g} |x'_c|), a sum of the absolute values of every term it adds.
+//  - the kernels round x' = x / in_scale, q x' (or, in the tile path, s z, then s q - s z in one
+//    fused multiply-add, and its product with x'), at most IC additions inside and across
+//    groups, s times each group's sum, the zero term and the final subtraction:
+//    |err| <= gamma(IC + 6) * (sum_c |s q x'_c| + sum_g |s z| sum_{c in g} |x'_c|), a sum of the
+//    absolute values of every term it adds.
 // The test bound is gamma(IC + 8) times the sum of both sums, per output element. Nothing here
 // depends on the thread count: every output element is computed by one thread in a fixed order.
 #include <gtest/gtest.h>

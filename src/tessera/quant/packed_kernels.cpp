@@ -26,6 +26,7 @@ struct V {
   static constexpr int W = 16, K = 2;
   static T zero() { return _mm512_setzero_ps(); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T a) { _mm512_storeu_ps(p, a); }
   static T set1(float f) { return _mm512_set1_ps(f); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
@@ -61,6 +62,7 @@ struct V {
   static constexpr int W = 8, K = 4;
   static T zero() { return _mm256_setzero_ps(); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T a) { _mm256_storeu_ps(p, a); }
   static T set1(float f) { return _mm256_set1_ps(f); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
@@ -167,16 +169,30 @@ float row_dot(const PackedLinear& w, int r, const float* xp, const float* s, Isa
   return portable::row_dot(row, w.storage_bits, xp, s, w.colsp, w.group);
 }
 
-// wt (colsp) = the decoded row r in packed order: scale * (q - zero) (in_scale is in the input).
-void decode_row(const PackedLinear& w, int r, float* wt) {
+// wt (colsp) = the decoded row r in packed order: scale * q - scale * zero (in_scale is in the
+// input); s, sz (ngroups) scratch.
+void decode_row(const PackedLinear& w, int r, float* wt, float* s, float* sz, Isa isa) {
   const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
   for (int g = 0; g < w.ngroups; ++g) {
     const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
-    const float s = decode_scale(w.scales[i], w.scale_type);
-    const float z = static_cast<float>(w.sym ? w.zero_code() : w.zeros[i]);
-    for (int j = g * w.group; j < std::min((g + 1) * w.group, w.colsp); ++j)
-      wt[j] = s * (static_cast<float>(portable::code(row, w.storage_bits, j)) - z);
+    s[g] = decode_scale(w.scales[i], w.scale_type);
+    sz[g] = s[g] * static_cast<float>(w.sym ? w.zero_code() : w.zeros[i]);
   }
+  const int nb = w.colsp / 32, bpg = w.group / 32;
+  const bool b4 = w.storage_bits == 4;
+  switch (isa) {
+    case Isa::Avx512:
+      return b4 ? avx512::decode_row<4>(row, s, sz, nb, bpg, wt)
+                : avx512::decode_row<8>(row, s, sz, nb, bpg, wt);
+    case Isa::Avx2:
+      return b4 ? avx2::decode_row<4>(row, s, sz, nb, bpg, wt)
+                : avx2::decode_row<8>(row, s, sz, nb, bpg, wt);
+    case Isa::Portable:
+      break;
+  }
+  for (int j = 0; j < w.colsp; ++j)
+    wt[j] = s[j / w.group] * static_cast<float>(portable::code(row, w.storage_bits, j)) -
+            sz[j / w.group];
 }
 
 void tile_product(float* Y, std::int64_t ldy, const float* xp, std::int64_t N, const float* wt,
@@ -224,11 +240,12 @@ void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float*
   const int ntiles = (w.rows + kTile - 1) / kTile;
 #pragma omp parallel
   {
-    std::vector<float> wt(static_cast<std::size_t>(kTile) * cp);
+    std::vector<float> wt(static_cast<std::size_t>(kTile) * cp), s(w.ngroups), sz(w.ngroups);
 #pragma omp for schedule(static)
     for (int t = 0; t < ntiles; ++t) {
       const int r0 = t * kTile, R = std::min(kTile, w.rows - r0);
-      for (int i = 0; i < R; ++i) decode_row(w, r0 + i, wt.data() + std::size_t(i) * cp);
+      for (int i = 0; i < R; ++i)
+        decode_row(w, r0 + i, wt.data() + std::size_t(i) * cp, s.data(), sz.data(), isa);
       tile_product(Y + r0, w.rows, xp.data(), N, wt.data(), R, cp, isa);
       if (bias)
         for (std::int64_t n = 0; n < N; ++n)
