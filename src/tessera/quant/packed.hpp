@@ -1,7 +1,7 @@
 // Packed quantized linears and the kernels that compute from them (W4A16 / W8A16 style, fp32
 // activations): the weight stays in its packed form (int4 codes two per byte, int8 codes one per
 // byte, one fp16 or bf16 scale and one integer zero per (row, group)) and is decoded in registers
-// (matrix-vector) or one tile of rows at a time (matrix-matrix), never as a whole fp32 copy.
+// (matrix-vector) or one tile of 64 rows at a time (matrix-matrix), never as a whole fp32 copy.
 //
 // Layout of a PackedLinear (rows = OC output rows, cols = IC input columns):
 //  - Columns are in "packed order": act-order g_idx is converted at pack time by a stable sort of
@@ -82,8 +82,9 @@ QuantizedLinear with_rounded_scales(const QuantizedLinear& ql, ScaleType scale_t
 
 // y (OC) = W x (IC) + bias (OC, may be null). OpenMP over output rows; fp32 accumulation.
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa);
-// Y (N, OC) = X (N, IC) W^T + bias (OC, may be null). OpenMP over tiles of 16 output rows, each
-// tile decoded once into a per-thread fp32 buffer (16 x colsp) and multiplied with every row of X.
+// Y (N, OC) = X (N, IC) W^T + bias (OC, may be null). OpenMP over tiles of 64 output rows, each
+// tile decoded (SIMD) once into a per-thread fp32 buffer (64 x colsp, in cache) and multiplied
+// with every row of X by oneDNN's sgemm (the portable path: plain loops).
 void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float* bias,
                    std::int64_t N, Isa isa);
 

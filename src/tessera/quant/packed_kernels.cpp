@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/quant/packed.hpp"
 
 namespace tessera::quant {
@@ -195,15 +196,15 @@ void decode_row(const PackedLinear& w, int r, float* wt, float* s, float* sz, Is
             sz[j / w.group];
 }
 
+// Y[n, i] (ldy apart) = dot(xp[n], wt[i]) for n < N, i < R; xp (N, n32), wt (R, n32). The SIMD
+// paths hand the decoded tile to oneDNN's sgemm (one thread inside the caller's parallel region;
+// its own ISA choice, which ONEDNN_MAX_CPU_ISA caps as it caps best_isa()).
 void tile_product(float* Y, std::int64_t ldy, const float* xp, std::int64_t N, const float* wt,
                   int R, int n32, Isa isa) {
-  switch (isa) {
-    case Isa::Avx512:
-      return avx512::tile_product(Y, ldy, xp, N, wt, R, n32);
-    case Isa::Avx2:
-      return avx2::tile_product(Y, ldy, xp, N, wt, R, n32);
-    case Isa::Portable:
-      break;
+  if (isa != Isa::Portable) {
+    kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, N, R, n32, 1.0f, xp, n32, wt, n32,
+                  0.0f, Y, ldy);
+    return;
   }
   for (std::int64_t n = 0; n < N; ++n)
     for (int i = 0; i < R; ++i)
@@ -232,7 +233,7 @@ void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float*
                    std::int64_t N, Isa isa) {
   check_isa(isa);
   if (N <= 0) return;
-  constexpr int kTile = 16;
+  constexpr int kTile = 64;
   const int cp = w.colsp;
   std::vector<float> xp(static_cast<std::size_t>(N) * cp),
       xsum(static_cast<std::size_t>(N) * w.ngroups);
