@@ -132,6 +132,7 @@ void add_sample_command(CLI::App& root) {
         try {
           packed = quant::pack_model(any);
           so.linear = packed.decoder_linear();
+          packed.release_linear_weights(layout, loaded.params.data());
         } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
           std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
         }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <memory>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
@@ -43,6 +46,24 @@ void PackedModel::dequantize_into(const model::ParamLayout& layout, float* param
     for (int k = 0; k < k_num_lin; ++k)
       linears[static_cast<std::size_t>(l) * k_num_lin + k].dequantize(
           params + lin_weight_offset(layout, l, static_cast<Lin>(k)));
+}
+
+std::int64_t PackedModel::release_linear_weights(const model::ParamLayout& layout,
+                                                 float* params) const {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::int64_t released = 0;
+  for (int l = 0; l < config.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      const PackedLinear& w = linears[static_cast<std::size_t>(l) * k_num_lin + k];
+      const float* p = params + lin_weight_offset(layout, l, static_cast<Lin>(k));
+      const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+      const auto end =
+          reinterpret_cast<std::uintptr_t>(p + static_cast<std::size_t>(w.rows) * w.cols) / page *
+          page;
+      if (end > begin && madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0)
+        released += static_cast<std::int64_t>(end - begin);
+    }
+  return released;
 }
 
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {

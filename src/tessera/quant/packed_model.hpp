@@ -25,6 +25,10 @@ struct PackedModel {
   // Writes every linear's dequantized weight (with the packed, rounded scales) into params:
   // the fp32 model that the packed one computes, up to summation order.
   void dequantize_into(const model::ParamLayout& layout, float* params) const;
+  // Gives the memory pages of params that hold only block-linear weights back to the system
+  // (they read as zeros afterwards; decoding with decoder_linear() never reads them), so a
+  // sampled model holds its linears packed only. Returns the bytes released.
+  std::int64_t release_linear_weights(const model::ParamLayout& layout, float* params) const;
 };
 
 // Packs the linears of a loaded quantized file. Throws tessera::Error for a model that is not a
