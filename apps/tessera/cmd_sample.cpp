@@ -1,5 +1,5 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
-//                [--device cpu|cuda] [--precision fp32|bf16]
+//                [--device cpu|cuda] [--precision fp32|bf16] [--kernels packed|fp32]
 #include <cmath>
 #include <cstdio>
 
@@ -14,6 +14,7 @@
 #include "tessera/io/tokenizer_files.hpp"
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/generate.hpp"
+#include "tessera/quant/packed_model.hpp"
 #include "tessera/quant/quantize.hpp"
 
 namespace tessera::app {
@@ -33,7 +34,7 @@ void add_sample_command(CLI::App& root) {
     std::uint64_t seed = 42;
     bool ids = false;
     bool stop_at_eot = false;
-    std::string device = "cpu", precision = "fp32";
+    std::string device = "cpu", precision = "fp32", kernels = "packed";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option(
@@ -62,6 +63,11 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--precision", a->precision, "with --device cuda: fp32 or bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--kernels", a->kernels,
+                  "weight-only quantized files on the CPU: packed (int4/int8 weights, fp16 "
+                  "scales) or fp32 (the dequantized weights)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"packed", "fp32"}));
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
     if (!std::isfinite(a->temperature) || a->temperature < 0)
@@ -121,6 +127,16 @@ void add_sample_command(CLI::App& root) {
     } else if (any.act.mode != quant::ActMode::None) {
       quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
     } else {
+      quant::PackedModel packed;
+      if (any.quantized && a->kernels == "packed") {  // weight-only: the packed kernels
+        try {
+          packed = quant::pack_model(any);
+          so.linear = packed.decoder_linear();
+          packed.release_linear_weights(layout, loaded.params.data());
+        } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
+          std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
+        }
+      }
       eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
     }
     std::fputc('\n', stdout);

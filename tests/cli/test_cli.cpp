@@ -331,3 +331,24 @@ TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
   expect_clean_error(r2, "/nonexistent.toml");
   EXPECT_FALSE(fs::exists(out2 / "metrics.jsonl"));
 }
+
+// tessera sample on weight-only quantized files decodes from the packed linears (the library
+// tests compare its tokens with the dequantized path); a group size the packed kernels do not
+// take (16) samples from the dequantized weights with a note; --kernels fp32 asks for those.
+TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
+  auto dir = cli::scratch("quant_packed");
+  for (const std::string group : {"32", "16"}) {
+    auto out = (dir / group).string();
+    auto q = cli::run("quantize -m " + model_.string() + " -o " + out + " --method rtn --group " +
+                      group);
+    ASSERT_EQ(q.code, 0) << q.err;
+    for (const std::string kernels : {"packed", "fp32"}) {
+      auto s = cli::run("sample -m " + out + " --prompt 'The quick' --tokens 6 --temperature 0 " +
+                        "--kernels " + kernels);
+      ASSERT_EQ(s.code, 0) << group << " " << kernels << ": " << s.err;
+      EXPECT_EQ(s.out.rfind("The quick", 0), 0u) << s.out;
+      const bool note = s.err.find("sampling with the dequantized weights") != std::string::npos;
+      EXPECT_EQ(note, group == "16" && kernels == "packed") << s.err;
+    }
+  }
+}

@@ -43,7 +43,7 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
   // Keep the last block_size tokens of the prompt (older context cannot be attended to).
   std::vector<std::int32_t> window(prompt.end() - std::min<std::ptrdiff_t>(prompt.size(), ctx),
                                    prompt.end());
-  model::Decoder dec(layout, params, ctx, opt.gemm);
+  model::Decoder dec(layout, params, ctx, opt.gemm, opt.linear);
   const float* logits = nullptr;
   for (std::size_t i = 0; i < window.size(); ++i)
     logits = dec.step(window[i], i + 1 == window.size());  // logits of the last prompt token only

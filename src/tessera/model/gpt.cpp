@@ -328,8 +328,8 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 
 // ---------------------------------------------------------------- decoding
 Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
-                 kernels::GemmLibrary gemm)
-    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm) {
+                 kernels::GemmLibrary gemm, DecoderLinear linear)
+    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm), linear_(std::move(linear)) {
   const auto& cfg = layout.config();
   if (max_T > cfg.block_size)
     throw Error(
@@ -357,6 +357,14 @@ void norm_row(const ModelConfig& cfg, float* out, const float* x, const float* w
     k::layernorm_forward(out, &mean, &rstd, x, w, b, 1, cfg.n_embd);
 }
 }  // namespace
+
+void Decoder::linear(int layer, int which, float* out, const float* in, const float* weight,
+                     const float* bias, int IC, int OC, bool accumulate) {
+  if (linear_)
+    linear_(layer, which, out, in, bias, accumulate);
+  else
+    k::linear_forward(gemm_, out, in, weight, bias, 1, IC, OC, accumulate);
+}
 
 // Causal attention of the newest position over the cache; out (NH * hs).
 void Decoder::attend(float* out, const float* q, const float* kc, const float* vc, int t) {
@@ -410,8 +418,7 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   for (int l = 0; l < cfg.n_layer; ++l) {
     const auto& w = layout_.layers[l];
     norm_row(cfg, ln_.data(), x, at(w.ln1_w), at(w.ln1_b));
-    k::linear_forward(gemm_, qkv_.data(), ln_.data(), at(w.qkv_w), at(w.qkv_b), 1, C,
-                      cfg.qkv_rows());
+    linear(l, 0, qkv_.data(), ln_.data(), at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
     if (cfg.llama()) k::rope_forward(qkv_.data(), 1, 1, NH, KV, hs, cfg.rope_theta, t);
     float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
     float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
@@ -419,9 +426,9 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     std::copy(kv, kv + KVC, kc + t * KVC);
     std::copy(kv + KVC, kv + 2 * KVC, vc + t * KVC);
     attend(att_.data(), qkv_.data(), kc, vc, t);
-    k::linear_forward(gemm_, x, att_.data(), at(w.attproj_w), at(w.attproj_b), 1, C, C, true);
+    linear(l, 1, x, att_.data(), at(w.attproj_w), at(w.attproj_b), C, C, true);
     norm_row(cfg, ln_.data(), x, at(w.ln2_w), at(w.ln2_b));
-    k::linear_forward(gemm_, fch_.data(), ln_.data(), at(w.fc_w), at(w.fc_b), 1, C, cfg.fc_rows());
+    linear(l, 2, fch_.data(), ln_.data(), at(w.fc_w), at(w.fc_b), C, cfg.fc_rows(), false);
     float* act = fch_.data();
     if (cfg.llama()) {
       k::swiglu_forward(act_.data(), fch_.data(), 1, F);
@@ -429,7 +436,7 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     } else {
       k::gelu_forward(act, act, F);
     }
-    k::linear_forward(gemm_, x, act, at(w.fcproj_w), at(w.fcproj_b), 1, F, C, true);
+    linear(l, 3, x, act, at(w.fcproj_w), at(w.fcproj_b), F, C, true);
   }
   ++pos_;
   if (!want_logits) return nullptr;

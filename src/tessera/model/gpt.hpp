@@ -139,9 +139,18 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
               const std::uint16_t* bf16_params = nullptr);
 
 // ---- incremental decoding with a KV cache (sampling) ----
+// A block linear of the decoder computed by someone else (a quantized model's packed weights):
+// out (OC) = W in (IC) + bias (OC, may be null), or out += that when accumulate. `which` is the
+// linear of `layer`: 0 qkv, 1 attention projection, 2 fc (gate_up), 3 fc projection (down).
+using DecoderLinear = std::function<void(int layer, int which, float* out, const float* in,
+                                         const float* bias, bool accumulate)>;
+
 class Decoder {
  public:
-  Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm);
+  // linear (optional) replaces the block linears; params then only need the embeddings, norms,
+  // biases and head (the block linears' weights are not read).
+  Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm,
+          DecoderLinear linear = {});
   // Feeds one token at the next position; returns logits (Vp) for the following token, or
   // nullptr without computing them when `logits` is false (prompt tokens before the last: the
   // LM head is the largest product of a step).
@@ -156,6 +165,9 @@ class Decoder {
   int max_T_;
   int pos_ = 0;
   kernels::GemmLibrary gemm_;
+  DecoderLinear linear_;
+  void linear(int layer, int which, float* out, const float* in, const float* weight,
+              const float* bias, int IC, int OC, bool accumulate);
   void attend(float* out, const float* q, const float* k_cache, const float* v_cache, int t);
 
   Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)

@@ -624,6 +624,7 @@ AnyModel read_any_model(const fs::path& path) {
         q.in_scale = st.read_f32(name + ".in_scale");
       }
       q.dequantize(P + lin_weight_offset(layout, l, kind));
+      out.linears.push_back(std::move(q));
     }
   io::check_finite(layout, P, file.string() + " (dequantized)");
   out.quantized = true;

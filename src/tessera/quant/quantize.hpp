@@ -82,6 +82,9 @@ struct AnyModel {
   bool quantized = false;
   std::string description;  // "gptq W4 g128 asym" or "fp32"
   std::map<std::string, std::string> info;
+  // Quantized files: the block linears as stored ((n_layer * 4), layer-major, in Lin order);
+  // their dequantized weights are also in model.params.
+  std::vector<QuantizedLinear> linears;
 };
 AnyModel load_any_model(const std::filesystem::path& path);
 

@@ -1,0 +1,91 @@
+// Packed quantized linears and the kernels that compute from them (W4A16 / W8A16 style, fp32
+// activations): the weight stays in its packed form (int4 codes two per byte, int8 codes one per
+// byte, one fp16 or bf16 scale and one integer zero per (row, group)) and is decoded in registers
+// (matrix-vector) or one tile of 64 rows at a time (matrix-matrix), never as a whole fp32 copy.
+//
+// Layout of a PackedLinear (rows = OC output rows, cols = IC input columns):
+//  - Columns are in "packed order": act-order g_idx is converted at pack time by a stable sort of
+//    the columns by group (perm[j] = the original column stored at j), so every group is a run of
+//    contiguous columns; the kernels gather the input through perm. Each row is padded with
+//    zero-code columns to colsp (a multiple of 32); the padded inputs are zero.
+//  - Codes of a row come in blocks of 32 columns. 4-bit storage (bits 2..4; int2/int3 are kept in
+//    4-bit nibbles, not densely packed): 16 bytes per block, byte i holds column i in its low
+//    nibble and column i + 16 in its high nibble. 8-bit storage (bits 5..8): 32 bytes per block.
+//  - A group is `group` columns (a multiple of 32; per channel: the whole padded row); the last
+//    group of a row may be shorter (576 = 4 x 128 + 64). Block b of a row belongs to group
+//    b * 32 / group.
+//  - scales (rows, ngroups) as fp16 or bf16 bits; zeros (rows, ngroups) as uint8 codes for
+//    asymmetric formats (symmetric formats store none: zero = (maxq + 1) / 2).
+//  - in_scale (AWQ, colsp in packed order, or empty): the input is divided by it before the dot
+//    product, which is the dequantized weight's division of its columns.
+// Dequantized weight: w[r, perm[j]] = scale[r, j / group] * (q[r, j] - zero[r, j / group]) /
+// in_scale[j], the same as QuantizedLinear::dequantize up to the rounding of the scales.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/quant/quantizer.hpp"
+
+namespace tessera::quant {
+
+enum class ScaleType { F16, BF16 };
+const char* scale_type_name(ScaleType t);          // "fp16" | "bf16"
+std::uint16_t encode_scale(float s, ScaleType t);  // round to nearest even
+float decode_scale(std::uint16_t bits, ScaleType t);
+inline float round_scale(float s, ScaleType t) {
+  return decode_scale(encode_scale(s, t), t);
+}
+
+// The instruction set a kernel runs with. best_isa() is what this CPU supports, capped by
+// ONEDNN_MAX_CPU_ISA when it names AVX2 (or SSE4.1: portable), the variable the project already
+// uses to force the AVX2 kernels of oneDNN; every kernel also takes the ISA as an argument.
+enum class Isa { Portable, Avx2, Avx512 };
+const char* isa_name(Isa isa);  // "portable" | "avx2" | "avx512"
+bool isa_supported(Isa isa);    // by this CPU
+Isa best_isa();
+
+struct PackedLinear {
+  int rows = 0, cols = 0;  // (OC, IC) of the original linear
+  int colsp = 0;           // cols padded to a multiple of 32
+  int bits = 4;            // the codes' bit width (2..8)
+  int storage_bits = 4;    // 4 (two codes per byte) or 8
+  int group = 0;           // columns per group in packed order (a multiple of 32)
+  int ngroups = 0;
+  bool sym = false;
+  ScaleType scale_type = ScaleType::F16;
+  std::vector<std::uint8_t> codes;    // (rows, row_bytes())
+  std::vector<std::uint16_t> scales;  // (rows, ngroups)
+  std::vector<std::uint8_t> zeros;    // (rows, ngroups); empty if sym
+  std::vector<std::int32_t> perm;  // (colsp): original column of packed column j; empty = identity
+  std::vector<float> in_scale;     // (colsp) in packed order (1 in the padding), or empty
+
+  std::int64_t row_bytes() const { return std::int64_t(colsp) * storage_bits / 8; }
+  int zero_code() const { return (1 << (bits - 1)); }  // symmetric formats: (maxq + 1) / 2
+  // Bytes of the weight as the kernels read it (codes, scales, zeros; perm and in_scale too).
+  std::int64_t bytes() const;
+  // bytes() * 8 / (rows * cols): 4 + 16/128 + 8/128 = 4.19 for W4 g128 asym.
+  double bits_per_weight() const;
+  std::string describe() const;     // "W4 g128 asym fp16"
+  void dequantize(float* w) const;  // w (rows, cols), original column order
+};
+
+// Packs a quantized linear. Throws tessera::Error (with a hint) for what the packed form cannot
+// hold: a group size that is not a multiple of 32 (or per channel), non-integer or out-of-range
+// zeros, a g_idx whose groups are not the sizes of contiguous groups, mismatched sizes.
+PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type = ScaleType::F16);
+
+// The same linear with its scales rounded to scale_type (what pack stores): its dequantize is
+// the fp32 reference the packed kernels must match up to summation order.
+QuantizedLinear with_rounded_scales(const QuantizedLinear& ql, ScaleType scale_type);
+
+// y (OC) = W x (IC) + bias (OC, may be null). OpenMP over output rows; fp32 accumulation.
+void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa);
+// Y (N, OC) = X (N, IC) W^T + bias (OC, may be null). OpenMP over tiles of 64 output rows, each
+// tile decoded (SIMD) once into a per-thread fp32 buffer (64 x colsp, in cache) and multiplied
+// with every row of X by oneDNN's sgemm (the portable path: plain loops).
+void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float* bias,
+                   std::int64_t N, Isa isa);
+
+}  // namespace tessera::quant

@@ -1,0 +1,258 @@
+// The packed kernels (see packed.hpp): the input is prepared once per call (gathered through
+// perm, divided by in_scale, zero-padded to colsp, plus its sum per group), then every output row
+// is sum_g scale[g] * (sum_{c in g} q[c] * x[c] - zero[g] * sum_{c in g} x[c]).
+// The SIMD bodies (packed_simd.inc) are compiled once per ISA in a target region; the portable
+// path is plain C++. The ISA is an argument, so tests run every path on one machine.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/quant/packed.hpp"
+
+namespace tessera::quant {
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace avx512 {
+struct V {
+  using T = __m512;
+  static constexpr int W = 16, K = 2;
+  static T zero() { return _mm512_setzero_ps(); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T a) { _mm512_storeu_ps(p, a); }
+  static T set1(float f) { return _mm512_set1_ps(f); }
+  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static float hsum(T a) {  // halves by lane shuffles (no undefined upper lanes)
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E));
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0xB1));
+    __m128 s = _mm512_castps512_ps128(a);
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static T cvt(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+  static void decode4(const std::uint8_t* p, T* q) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    q[0] = cvt(_mm_and_si128(b, m));
+    q[1] = cvt(_mm_and_si128(_mm_srli_epi16(b, 4), m));
+  }
+  static void decode8(const std::uint8_t* p, T* q) {
+    q[0] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    q[1] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  }
+};
+#include "tessera/quant/packed_simd.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+struct V {
+  using T = __m256;
+  static constexpr int W = 8, K = 4;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T a) { _mm256_storeu_ps(p, a); }
+  static T set1(float f) { return _mm256_set1_ps(f); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static float hsum(T a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static T cvt(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+  static void split(__m128i b, T* q) {  // 16 bytes -> 2 vectors of 8
+    q[0] = cvt(b);
+    q[1] = cvt(_mm_srli_si128(b, 8));
+  }
+  static void decode4(const std::uint8_t* p, T* q) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    split(_mm_and_si128(b, m), q);
+    split(_mm_and_si128(_mm_srli_epi16(b, 4), m), q + 2);
+  }
+  static void decode8(const std::uint8_t* p, T* q) {
+    split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), q);
+    split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)), q + 2);
+  }
+};
+#include "tessera/quant/packed_simd.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace portable {
+int code(const std::uint8_t* row, int sb, int j) {
+  if (sb == 8) return row[j];
+  const std::uint8_t b = row[(j / 32) * 16 + (j % 16)];
+  return (j % 32) < 16 ? (b & 15) : (b >> 4);
+}
+float row_dot(const std::uint8_t* row, int sb, const float* xp, const float* s, int colsp,
+              int group) {
+  float total = 0.0f;
+  for (int c0 = 0, g = 0; c0 < colsp; c0 += group, ++g) {
+    float acc = 0.0f;
+    for (int c = c0; c < std::min(c0 + group, colsp); ++c)
+      acc += static_cast<float>(code(row, sb, c)) * xp[c];
+    total += s[g] * acc;
+  }
+  return total;
+}
+float dot(const float* a, const float* b, int n) {
+  float acc = 0.0f;
+  for (int c = 0; c < n; ++c) acc += a[c] * b[c];
+  return acc;
+}
+}  // namespace portable
+
+void check_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
+                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
+}
+
+// xp (N, colsp) = X (N, IC) gathered through perm, divided by in_scale, zero-padded;
+// xsum (N, ngroups) = the sum of xp over each group.
+void prepare(const PackedLinear& w, const float* X, std::int64_t N, float* xp, float* xsum) {
+  const int cp = w.colsp;
+#pragma omp parallel for schedule(static) if (N > 1)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* x = X + n * w.cols;
+    float* o = xp + n * cp;
+    for (int j = 0; j < cp; ++j) {
+      float v = j < w.cols ? x[w.perm.empty() ? j : w.perm[j]] : 0.0f;
+      o[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
+    }
+    for (int g = 0; g < w.ngroups; ++g) {
+      float s = 0.0f;
+      for (int j = g * w.group; j < std::min((g + 1) * w.group, cp); ++j) s += o[j];
+      xsum[n * w.ngroups + g] = s;
+    }
+  }
+}
+
+// s (ngroups) = the row's decoded scales; returns sum_g s[g] * zero[g] * xsum[g].
+float row_scales(const PackedLinear& w, int r, const float* xsum, float* s) {
+  float zterm = 0.0f;
+  for (int g = 0; g < w.ngroups; ++g) {
+    const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
+    s[g] = decode_scale(w.scales[i], w.scale_type);
+    const int z = w.sym ? w.zero_code() : w.zeros[i];
+    zterm += s[g] * static_cast<float>(z) * xsum[g];
+  }
+  return zterm;
+}
+
+float row_dot(const PackedLinear& w, int r, const float* xp, const float* s, Isa isa) {
+  const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
+  const int nb = w.colsp / 32, bpg = w.group / 32;
+  const bool b4 = w.storage_bits == 4;
+  switch (isa) {
+    case Isa::Avx512:
+      return b4 ? avx512::row_dot<4>(row, xp, s, nb, bpg) : avx512::row_dot<8>(row, xp, s, nb, bpg);
+    case Isa::Avx2:
+      return b4 ? avx2::row_dot<4>(row, xp, s, nb, bpg) : avx2::row_dot<8>(row, xp, s, nb, bpg);
+    case Isa::Portable:
+      break;
+  }
+  return portable::row_dot(row, w.storage_bits, xp, s, w.colsp, w.group);
+}
+
+// wt (colsp) = the decoded row r in packed order: scale * q - scale * zero (in_scale is in the
+// input); s, sz (ngroups) scratch.
+void decode_row(const PackedLinear& w, int r, float* wt, float* s, float* sz, Isa isa) {
+  const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
+  for (int g = 0; g < w.ngroups; ++g) {
+    const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
+    s[g] = decode_scale(w.scales[i], w.scale_type);
+    sz[g] = s[g] * static_cast<float>(w.sym ? w.zero_code() : w.zeros[i]);
+  }
+  const int nb = w.colsp / 32, bpg = w.group / 32;
+  const bool b4 = w.storage_bits == 4;
+  switch (isa) {
+    case Isa::Avx512:
+      return b4 ? avx512::decode_row<4>(row, s, sz, nb, bpg, wt)
+                : avx512::decode_row<8>(row, s, sz, nb, bpg, wt);
+    case Isa::Avx2:
+      return b4 ? avx2::decode_row<4>(row, s, sz, nb, bpg, wt)
+                : avx2::decode_row<8>(row, s, sz, nb, bpg, wt);
+    case Isa::Portable:
+      break;
+  }
+  for (int j = 0; j < w.colsp; ++j)
+    wt[j] = s[j / w.group] * static_cast<float>(portable::code(row, w.storage_bits, j)) -
+            sz[j / w.group];
+}
+
+// Y[n, i] (ldy apart) = dot(xp[n], wt[i]) for n < N, i < R; xp (N, n32), wt (R, n32). The SIMD
+// paths hand the decoded tile to oneDNN's sgemm (one thread inside the caller's parallel region;
+// its own ISA choice, which ONEDNN_MAX_CPU_ISA caps as it caps best_isa()).
+void tile_product(float* Y, std::int64_t ldy, const float* xp, std::int64_t N, const float* wt,
+                  int R, int n32, Isa isa) {
+  if (isa != Isa::Portable) {
+    kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, N, R, n32, 1.0f, xp, n32, wt, n32,
+                  0.0f, Y, ldy);
+    return;
+  }
+  for (std::int64_t n = 0; n < N; ++n)
+    for (int i = 0; i < R; ++i)
+      Y[n * ldy + i] = portable::dot(xp + n * n32, wt + std::int64_t(i) * n32, n32);
+}
+
+}  // namespace
+
+void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
+  check_isa(isa);
+  std::vector<float> xp(w.colsp), xsum(w.ngroups);
+  prepare(w, x, 1, xp.data(), xsum.data());
+#pragma omp parallel
+  {
+    std::vector<float> s(w.ngroups);
+#pragma omp for schedule(static)
+    for (int r = 0; r < w.rows; ++r) {
+      const float zterm = row_scales(w, r, xsum.data(), s.data());
+      const float v = row_dot(w, r, xp.data(), s.data(), isa) - zterm;
+      y[r] = bias ? v + bias[r] : v;
+    }
+  }
+}
+
+void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float* bias,
+                   std::int64_t N, Isa isa) {
+  check_isa(isa);
+  if (N <= 0) return;
+  constexpr int kTile = 64;
+  const int cp = w.colsp;
+  std::vector<float> xp(static_cast<std::size_t>(N) * cp),
+      xsum(static_cast<std::size_t>(N) * w.ngroups);
+  prepare(w, X, N, xp.data(), xsum.data());
+  const int ntiles = (w.rows + kTile - 1) / kTile;
+#pragma omp parallel
+  {
+    std::vector<float> wt(static_cast<std::size_t>(kTile) * cp), s(w.ngroups), sz(w.ngroups);
+#pragma omp for schedule(static)
+    for (int t = 0; t < ntiles; ++t) {
+      const int r0 = t * kTile, R = std::min(kTile, w.rows - r0);
+      for (int i = 0; i < R; ++i)
+        decode_row(w, r0 + i, wt.data() + std::size_t(i) * cp, s.data(), sz.data(), isa);
+      tile_product(Y + r0, w.rows, xp.data(), N, wt.data(), R, cp, isa);
+      if (bias)
+        for (std::int64_t n = 0; n < N; ++n)
+          for (int i = 0; i < R; ++i) Y[n * w.rows + r0 + i] += bias[r0 + i];
+    }
+  }
+}
+
+}  // namespace tessera::quant
