@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/core/cpu.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/timer.hpp"
@@ -142,7 +143,7 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
 bool cpu_has_native_bf16() {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  return __builtin_cpu_supports("avx512bf16") && (isa & bf16) == bf16;
+  return cpu_has_avx512_bf16() && (isa & bf16) == bf16;
 }
 
 double measure_gemm_bf16_gflops(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/cpu.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::quant {
@@ -55,8 +56,7 @@ bool isa_supported(Isa isa) {
     case Isa::Portable:
       return true;
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::Avx512:
       return isa_supported(Isa::Avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");

@@ -1,7 +1,8 @@
 // The packed kernels (see packed.hpp): the input is prepared once per call (gathered through
 // perm, divided by in_scale, zero-padded to colsp, plus its sum per group), then every output row
 // is sum_g scale[g] * (sum_{c in g} q[c] * x[c] - zero[g] * sum_{c in g} x[c]).
-// The SIMD bodies (packed_simd.inc) are compiled once per ISA in a target region; the portable
+// The SIMD bodies (packed_simd.inc) are compiled once per ISA in a target region (GCC's
+// target pragma, clang's target attribute on every function of the region); the portable
 // path is plain C++. The ISA is an argument, so tests run every path on one machine.
 #include <immintrin.h>
 #include <omp.h>
@@ -19,8 +20,12 @@
 namespace tessera::quant {
 namespace {
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 namespace avx512 {
 struct V {
   using T = __m512;
@@ -53,10 +58,18 @@ struct V {
 };
 #include "tessera/quant/packed_simd.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace avx2 {
 struct V {
   using T = __m256;
@@ -91,7 +104,11 @@ struct V {
 };
 #include "tessera/quant/packed_simd.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace portable {
 int code(const std::uint8_t* row, int sb, int j) {
