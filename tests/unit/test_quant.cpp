@@ -735,7 +735,7 @@ TEST(QuantLlama, QuantizedFileRoundTrips) {
     QuantizeOptions o;
     o.method = m;
     o.wq = WeightQuant{m == Method::Gptq ? 3 : 4, 96, false};  // 128 = 96 + a group of 32
-    o.wq.min_offset = m == Method::Rtn;                         // float zero points in the file
+    o.wq.min_offset = m == Method::Rtn;                        // float zero points in the file
     auto qm = quantize_model(layout, tm->params.data(), o, &calib);
     save_quantized(dir / method_name(m), qm);
     auto back = load_any_model(dir / method_name(m));

@@ -200,8 +200,9 @@ TEST(RunConfig, SetOverrideDetails) {
 TEST(RunConfig, UnknownSectionsAndKeys) {
   expect_parse_error("[train]\nlr = 1e-3\nlrr = 1\n", "unknown key 'train.lrr' in t.toml (line 3)",
                      "did you mean 'train.lr'?");
-  expect_parse_error("[train]\nlrr = 1\n", "unknown key 'train.lrr' in t.toml",
-                     "valid keys in [train]: batch_size, seq_len, grad_accum, global_batch, steps, lr,");
+  expect_parse_error(
+      "[train]\nlrr = 1\n", "unknown key 'train.lrr' in t.toml",
+      "valid keys in [train]: batch_size, seq_len, grad_accum, global_batch, steps, lr,");
   expect_parse_error("[train]\nxyzzy_plugh = 1\n", "unknown key 'train.xyzzy_plugh'",
                      "valid keys in [train]:");
   expect_parse_error("[model]\nlayers = 3\n", "unknown key 'model.layers'",

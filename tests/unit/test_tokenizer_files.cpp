@@ -401,9 +401,9 @@ TEST(TokenizerFiles, WrittenTokenizerJsonReadsBackTheSame) {
     if (!fs::exists(c.source)) continue;
     SCOPED_TRACE(c.source.string());
     const Tokenizer tok = tessera::io::load_tokenizer(c.source);
-    const fs::path dir = fs::temp_directory_path() /
-                         ("tessera_tokjson_" + std::to_string(::getpid()) + "_" +
-                          c.source.filename().string());
+    const fs::path dir =
+        fs::temp_directory_path() /
+        ("tessera_tokjson_" + std::to_string(::getpid()) + "_" + c.source.filename().string());
     fs::create_directories(dir);
     tessera::io::write_hf_tokenizer(dir, tok.vocab());
     const Tokenizer back = tessera::io::load_tokenizer(dir);
