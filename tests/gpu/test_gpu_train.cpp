@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/token_shards.hpp"
 #include "gpu_test_util.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/rng.hpp"
@@ -26,24 +27,9 @@ namespace fs = std::filesystem;
 
 constexpr double k_u16 = 0x1p-8;
 
-// A token stream with structure to learn (each token a function of the previous one, half the
-// time), written as train and validation shards.
 fs::path make_data(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("tessera_gpu_train_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  Rng rng(5);
-  for (const char* split : {"train.bin", "val.bin"}) {
-    std::vector<std::uint32_t> toks(40000);
-    std::uint32_t prev = 0;
-    for (auto& t : toks) {
-      t = rng.next_u64() % 2 ? (prev * 7 + 3) % 500
-                             : static_cast<std::uint32_t>(rng.next_u64() % 500);
-      prev = t;
-    }
-    data::write_shard(dir / split, toks);
-  }
-  return dir;
+  return tessera::test_data::write_structured_shards(fs::temp_directory_path() /
+                                                     ("tessera_gpu_train_" + name));
 }
 
 train::RunConfig config(const fs::path& data, const std::string& device,

@@ -56,6 +56,7 @@
 #include "tessera/train/trainer.hpp"
 
 #include "hf_fixture.hpp"
+#include "token_shards.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
@@ -195,25 +196,10 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16Fixture,
 
 namespace {
 
-// A token stream with structure to learn (each token a function of the previous one, half the
-// time), as train and validation shards.
 fs::path make_data(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("tessera_bf16_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  Rng rng(5);
-  for (const char* split : {"train.bin", "val.bin"}) {
-    std::vector<std::uint32_t> toks(40000);
-    std::uint32_t prev = 0;
-    for (auto& t : toks) {
-      t = rng.next_u64() % 2 ? (prev * 7 + 3) % 500
-                             : static_cast<std::uint32_t>(rng.next_u64() % 500);
-      prev = t;
-    }
-    data::write_shard(dir / split, toks);
-  }
-  return dir;
+  return tessera::test_data::write_structured_shards(
+      fs::temp_directory_path() /
+      ("tessera_bf16_train_" + name + "_" + std::to_string(::getpid())));
 }
 
 train::RunConfig config(const fs::path& data, const std::string& family,

@@ -176,14 +176,39 @@ double val_ppl(const TrainedModel& m, const float* params, ActQuant act) {
       .perplexity;
 }
 
+// RTN, GPTQ and AWQ at W4 g128 on 32 calibration windows of a trained model, and each linear's
+// relative reconstruction error on the unquantized model's calibration inputs.
+struct ReconstructionErrors {
+  QuantizedModel rtn, gptq, awq;
+  std::vector<double> er, eg, ea;  // rtn, gptq, awq; in the linears' order
+};
+ReconstructionErrors reconstruction_errors(const TrainedModel& tm) {
+  const auto& layout = *tm.layout;
+  auto calib = byte_calibration(tm, 32, 64, 0);
+  auto cap = capture(layout, tm.params.data(), calib, true);
+  QuantizeOptions o;
+  o.wq = WeightQuant{4, 128, false};
+  ReconstructionErrors r;
+  o.method = Method::Rtn;
+  r.rtn = quantize_model(layout, tm.params.data(), o, nullptr);
+  o.method = Method::Gptq;
+  r.gptq = quantize_model(layout, tm.params.data(), o, &calib);
+  o.method = Method::Awq;
+  r.awq = quantize_model(layout, tm.params.data(), o, &calib);
+  r.er = relative_reconstruction_error(layout, tm.params.data(), r.rtn, cap);
+  r.eg = relative_reconstruction_error(layout, tm.params.data(), r.gptq, cap);
+  r.ea = relative_reconstruction_error(layout, tm.params.data(), r.awq, cap);
+  return r;
+}
+
 #define NEED_MODEL()                                                   \
   const TrainedModel* tm = trained_model();                            \
   if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)"; \
-  const auto& layout = *tm->layout
+  [[maybe_unused]] const auto& layout = *tm->layout
 #define NEED_LLAMA()                                                   \
   const TrainedModel* tm = trained_llama();                            \
   if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)"; \
-  const auto& layout = *tm->layout
+  [[maybe_unused]] const auto& layout = *tm->layout
 
 }  // namespace
 
@@ -471,19 +496,9 @@ TEST(QuantEval, ProtocolsScoreTheRightPositions) {
 // ---------------------------------------------------------------- on a trained model
 TEST(QuantModel, GptqAndAwqReconstructBetterThanRtnOnEveryLinear) {
   NEED_MODEL();
-  auto calib = byte_calibration(*tm, 32, 64, 0);
-  auto cap = capture(layout, tm->params.data(), calib, true);
-  QuantizeOptions o;
-  o.wq = WeightQuant{4, 128, false};
-  o.method = Method::Rtn;
-  auto rtn_m = quantize_model(layout, tm->params.data(), o, nullptr);
-  o.method = Method::Gptq;
-  auto gptq_m = quantize_model(layout, tm->params.data(), o, &calib);
-  o.method = Method::Awq;
-  auto awq_m = quantize_model(layout, tm->params.data(), o, &calib);
-  auto er = relative_reconstruction_error(layout, tm->params.data(), rtn_m, cap);
-  auto eg = relative_reconstruction_error(layout, tm->params.data(), gptq_m, cap);
-  auto ea = relative_reconstruction_error(layout, tm->params.data(), awq_m, cap);
+  const auto r = reconstruction_errors(*tm);
+  const auto &rtn_m = r.rtn, &gptq_m = r.gptq;
+  const auto &er = r.er, &eg = r.eg, &ea = r.ea;
   ASSERT_EQ(er.size(), 8u);
   for (std::size_t i = 0; i < er.size(); ++i) {
     EXPECT_LT(eg[i], er[i]) << rtn_m.linears[i].name;
@@ -647,19 +662,9 @@ TEST(QuantLlama, RunnerGivesTheModelsLogitsForBothFamilies) {
 
 TEST(QuantLlama, GptqAndAwqReconstructBetterThanRtnOnEveryLinear) {
   NEED_LLAMA();
-  auto calib = byte_calibration(*tm, 32, 64, 0);
-  auto cap = capture(layout, tm->params.data(), calib, true);
-  QuantizeOptions o;
-  o.wq = WeightQuant{4, 128, false};
-  o.method = Method::Rtn;
-  auto rtn_m = quantize_model(layout, tm->params.data(), o, nullptr);
-  o.method = Method::Gptq;
-  auto gptq_m = quantize_model(layout, tm->params.data(), o, &calib);
-  o.method = Method::Awq;
-  auto awq_m = quantize_model(layout, tm->params.data(), o, &calib);
-  auto er = relative_reconstruction_error(layout, tm->params.data(), rtn_m, cap);
-  auto eg = relative_reconstruction_error(layout, tm->params.data(), gptq_m, cap);
-  auto ea = relative_reconstruction_error(layout, tm->params.data(), awq_m, cap);
+  const auto r = reconstruction_errors(*tm);
+  const auto &rtn_m = r.rtn, &gptq_m = r.gptq;
+  const auto &er = r.er, &eg = r.eg, &ea = r.ea;
   ASSERT_EQ(er.size(), 8u);
   EXPECT_EQ(rtn_m.linears[0].name, "model.layers.0.self_attn.qkv_proj");
   EXPECT_EQ(rtn_m.linears[7].name, "model.layers.1.mlp.down_proj");
@@ -898,7 +903,9 @@ TEST(QuantPacked, ReleasesOnlyTheLinearWeights) {
   EXPECT_GT(released, 0);
   EXPECT_LE(released, linear_bytes);
   for (std::size_t i = 0; i < layout.total(); ++i)
-    if (!in_linear[i]) ASSERT_EQ(any.model.params.data()[i], before[i]) << i;
+    if (!in_linear[i]) {
+      ASSERT_EQ(any.model.params.data()[i], before[i]) << i;
+    }
 }
 
 TEST(QuantPacked, RefusesModelsItCannotPack) {
