@@ -10,6 +10,7 @@ namespace tessera::parallel {
 void tensor_layernorm_forward(comm::Communicator& tx, float* out, float* mean, float* rstd,
                               const float* x, const float* w, const float* b, std::int64_t n,
                               int cl, int C, float* sums) {
+  if (tx.size() == 1) return kernels::cpu::layernorm_forward(out, mean, rstd, x, w, b, n, C);
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * cl;
     float s = 0.0f;
@@ -43,6 +44,8 @@ void tensor_layernorm_backward(comm::Communicator& tx, comm::Communicator& tz, f
                                float* db, const float* g, const float* x, const float* w,
                                const float* mean, const float* rstd, std::int64_t n, int cl, int C,
                                float* sums, float* scratch) {
+  if (tx.size() == 1 && tz.size() == 1)
+    return kernels::cpu::layernorm_backward(dx, dw, db, g, x, w, mean, rstd, n, C);
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * cl;
     const float* gi = g + i * cl;
@@ -84,6 +87,7 @@ void tensor_layernorm_backward(comm::Communicator& tx, comm::Communicator& tz, f
 
 void tensor_rmsnorm_forward(comm::Communicator& tx, float* out, float* rstd, const float* x,
                             const float* w, std::int64_t n, int cl, int C, float eps, float* sums) {
+  if (tx.size() == 1) return kernels::cpu::rmsnorm_forward(out, rstd, x, w, n, C, eps);
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * cl;
     float ss = 0.0f;
@@ -103,6 +107,8 @@ void tensor_rmsnorm_forward(comm::Communicator& tx, float* out, float* rstd, con
 void tensor_rmsnorm_backward(comm::Communicator& tx, comm::Communicator& tz, float* dx, float* dw,
                              const float* g, const float* x, const float* w, const float* rstd,
                              std::int64_t n, int cl, int C, float* sums, float* scratch) {
+  if (tx.size() == 1 && tz.size() == 1)
+    return kernels::cpu::rmsnorm_backward(dx, dw, g, x, w, rstd, n, C);
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * cl;
     const float* gi = g + i * cl;

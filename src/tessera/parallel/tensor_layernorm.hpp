@@ -10,6 +10,9 @@
 // RMSNorm (llama) the same way with one statistic: the forward all-reduces the per-row partial
 // sums of squares over tx (n floats), the backward the per-row partial sums of w*g*xhat (n
 // floats); the weight gradient is summed over tz. No bias.
+//
+// Without a split (tx = 1, and tz = 1 for the backward) these are the single-rank kernels of
+// kernels/cpu/ops.hpp.
 #pragma once
 
 #include <cstdint>

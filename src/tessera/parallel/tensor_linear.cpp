@@ -69,10 +69,10 @@ TensorLinearComms tensor_linear_comms(comm::Runtime& rt, const comm::Topology& t
 }
 
 TensorLinearWorkspace::TensorLinearWorkspace(const TensorLinearLayout& l)
-    : w_block(l.block_numel, 0.0f),
-      dw_block(l.block_numel, 0.0f),
-      dw_shard(l.shard_numel, 0.0f),
-      db(l.out_local, 0.0f) {}
+    : w_block(l.tz > 1 ? l.block_numel : 0, 0.0f),
+      dw_block(l.tz > 1 ? l.block_numel : 0, 0.0f),
+      dw_shard(l.tz > 1 ? l.shard_numel : 0, 0.0f),
+      db(l.tz > 1 ? l.out_local : 0, 0.0f) {}
 
 // ---- slices of global tensors ----
 
@@ -131,6 +131,14 @@ void layer_gemm(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, bool ta, bo
     kernels::gemm(lib, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// db (cols) += the column sums of dy (rows, cols).
+void add_column_sums(float* db, const float* dy, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = dy + r * cols;
+    for (int o = 0; o < cols; ++o) db[o] += row[o];
+  }
+}
+
 }  // namespace
 
 void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
@@ -143,6 +151,11 @@ void tensor_linear_prefetch_weight(const TensorLinearLayout& l, const TensorLine
                                    const float* w_shard, TensorLinearWorkspace& ws, int key) {
   TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
   if (key >= 0 && ws.cached_key == key) return;
+  if (l.tz == 1) {  // the shard is the block
+    ws.w_used = w_shard;
+    ws.cached_key = key;
+    return;
+  }
   ws.gather_req.wait();
   ws.gather_req = c.depth->iall_gather(w_shard, ws.w_block.data(), l.shard_counts);
   ws.cached_key = key;
@@ -151,13 +164,19 @@ void tensor_linear_prefetch_weight(const TensorLinearLayout& l, const TensorLine
 const float* tensor_linear_acquire_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
                                           const float* w_shard, TensorLinearWorkspace& ws,
                                           int key) {
+  if (l.tz == 1) {  // the shard is the block
+    ws.w_used = w_shard;
+    ws.cached_key = key;
+    return w_shard;
+  }
   if (key < 0 || ws.cached_key != key) {
     ws.gather_req.wait();
     tensor_linear_gather_weight(l, c, w_shard, ws.w_block.data());
     ws.cached_key = key;
   }
   ws.gather_req.wait();
-  return ws.w_block.data();
+  ws.w_used = ws.w_block.data();
+  return ws.w_used;
 }
 
 void tensor_linear_invalidate(TensorLinearWorkspace& ws) {
@@ -188,18 +207,21 @@ void tensor_linear_progress(TensorLinearWorkspace& ws) {
 void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
                            const TensorLinearComms& c, float* y, const float* x,
                            const float* w_shard, const float* bias, std::int64_t n,
-                           TensorLinearWorkspace& ws, int key) {
+                           TensorLinearWorkspace& ws, int key, bool accumulate) {
   TESSERA_CHECK(c.in_group && c.in_group->size() == l.in_parts,
                 "input-axis communicator does not match the layout");
-  TESSERA_CHECK(static_cast<std::int64_t>(ws.w_block.size()) == l.block_numel,
+  TESSERA_CHECK(!accumulate || l.in_parts == 1, "accumulate needs an unsplit input axis");
+  TESSERA_CHECK(static_cast<std::int64_t>(ws.w_block.size()) == (l.tz > 1 ? l.block_numel : 0),
                 "workspace was built for another layout");
-  tensor_linear_acquire_weight(l, c, w_shard, ws, key);
+  const float* w = tensor_linear_acquire_weight(l, c, w_shard, ws, key);
   // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
-  layer_gemm(ws, lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local,
-             ws.w_block.data(), l.in_local, 0.0f, y, l.out_local);
-  c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
+  layer_gemm(ws, lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local, w, l.in_local,
+             accumulate ? 1.0f : 0.0f, y, l.out_local);
+  if (l.in_parts > 1)
+    c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
   // The bias once, after the sum (each input-axis rank adds it to its copy of the full sum).
   if (bias) {
+#pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < n; ++r) {
       float* row = y + r * l.out_local;
       for (int o = 0; o < l.out_local; ++o) row[o] += bias[o];
@@ -213,9 +235,10 @@ void check_backward(const TensorLinearLayout& l, const TensorLinearComms& c,
   TESSERA_CHECK(c.out_group && c.out_group->size() == l.out_parts,
                 "output-axis communicator does not match the layout");
   TESSERA_CHECK(c.depth && c.depth->size() == l.tz, "tz communicator does not match the layout");
-  TESSERA_CHECK(static_cast<std::int64_t>(ws.dw_block.size()) == l.block_numel &&
-                    static_cast<std::int64_t>(ws.dw_shard.size()) == l.shard_numel &&
-                    static_cast<int>(ws.db.size()) == l.out_local,
+  const bool z = l.tz > 1;
+  TESSERA_CHECK(static_cast<std::int64_t>(ws.dw_block.size()) == (z ? l.block_numel : 0) &&
+                    static_cast<std::int64_t>(ws.dw_shard.size()) == (z ? l.shard_numel : 0) &&
+                    static_cast<int>(ws.db.size()) == (z ? l.out_local : 0),
                 "workspace was built for another layout");
 }
 }  // namespace
@@ -242,6 +265,13 @@ void tensor_linear_backward_weight(kernels::GemmLibrary lib, const TensorLinearL
                                    const float* dy, const float* x, std::int64_t n,
                                    TensorLinearWorkspace& ws, comm::Request& dx_req) {
   check_backward(l, c, ws);
+  if (l.tz == 1) {  // the shard is the block: accumulate in place, nothing to reduce
+    layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x,
+               l.in_local, 1.0f, dw_shard, l.in_local);
+    if (db) add_column_sums(db, dy, n, l.out_local);
+    dx_req.wait();
+    return;
+  }
   // dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the batch
   // shards of tz and scattered: this rank receives its shard.
   layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
@@ -253,10 +283,7 @@ void tensor_linear_backward_weight(kernels::GemmLibrary lib, const TensorLinearL
   comm::Request db_req;
   if (db) {
     std::fill(ws.db.begin(), ws.db.end(), 0.0f);
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float* row = dy + r * l.out_local;
-      for (int o = 0; o < l.out_local; ++o) ws.db[o] += row[o];
-    }
+    add_column_sums(ws.db.data(), dy, n, l.out_local);
     db_req = c.depth->iall_reduce_sum(ws.db.data(), ws.db.size());
   }
   dx_req.wait();

@@ -87,10 +87,14 @@ TensorLinearComms tensor_linear_comms(comm::Runtime& rt, const comm::Topology& t
 struct TensorLinearWorkspace {
   TensorLinearWorkspace() = default;
   explicit TensorLinearWorkspace(const TensorLinearLayout& layout);
+  // tz > 1 only (with tz = 1 the shard is the block: the layer reads the weights and accumulates
+  // the gradients in place, with no copy):
   std::vector<float> w_block;   // (out_local, in_local) the gathered weight block
   std::vector<float> dw_block;  // (out_local, in_local) partial weight gradient before the tz sum
   std::vector<float> dw_shard;  // (shard_numel) reduced gradient shard before accumulation
   std::vector<float> db;        // (out_local) partial bias gradient before the tz sum
+  // The block the last acquire (or forward) made current: w_block, or with tz = 1 the shard.
+  const float* w_used = nullptr;
 
   // ---- overlap of communication with computation; the defaults give the blocking behaviour ----
   // Weight gathers: w_block holds (or is receiving, gather_req pending) the block of the layer
@@ -147,11 +151,12 @@ void tensor_linear_progress(TensorLinearWorkspace& ws);
 
 // y (n, out_local) = x (n, in_local) @ W_block^T summed over the input axis, + b_local (out_local,
 // may be null). Gathers the block into ws.w_block (left there for the backward).
-// key: as in tensor_linear_acquire_weight (-1: gather now).
+// key: as in tensor_linear_acquire_weight (-1: gather now). accumulate: y += instead (only without
+// a split of the input axis, where there is no partial sum to reduce: fuses a residual add).
 void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l,
                            const TensorLinearComms& c, float* y, const float* x,
                            const float* w_shard, const float* bias, std::int64_t n,
-                           TensorLinearWorkspace& ws, int key = -1);
+                           TensorLinearWorkspace& ws, int key = -1, bool accumulate = false);
 
 // dx (n, in_local) = dy @ W_block summed over the output axis (overwrite; skipped if null, and so
 // is its all-reduce: decide it per layer, identically on every rank);

@@ -144,12 +144,14 @@ struct TensorModel::Slot {
   std::vector<Layer> layers;               // nl (none with recomputation)
   std::vector<float> lnf, lnf_mean, lnf_rstd, losses;  // head chunk: (n, cl), (n), (n), (n)
   // Head chunk: the vocabulary workspace's logits (dlogits after training) and LM head input,
-  // kept here between the forward and the backward (swapped with the workspace's).
+  // kept here between the forward and the backward: the forward hands its buffers to the slot
+  // and the backward hands them back, so one micro-batch in flight needs one set.
   std::vector<float> logits, h_full;
+  std::size_t head_numel = 0;  // what logits and h_full hold while the slot is in flight
   bool have_targets = false;
   std::size_t bytes() const {
     std::size_t f = ids.size() + targets.size() + lnf.size() + lnf_mean.size() + lnf_rstd.size() +
-                    losses.size() + logits.size() + h_full.size();
+                    losses.size() + head_numel;
     for (const auto& r : resid) f += r.size();
     for (const auto& a : layers) f += a.numel();
     return f * sizeof(float);
@@ -163,6 +165,7 @@ struct TensorModel::State {
   std::vector<TensorBlockWorkspace> sets;  // 1, or 2 alternating by layer parity (overlap)
   TensorOpsScratch ops;
   VocabParallelWorkspace vocab_ws;
+  std::size_t logits_numel = 0, h_full_numel = 0;  // vocab_ws's, handed to the head's slots
   // Backward scratch (model::BlockScratch): (n, cl) x2, then the replicated region's.
   std::vector<float> d_res, d_ln, d_atty, d_qkv, d_fch, d_act;
   std::vector<std::vector<std::unique_ptr<Slot>>> pool;       // per chunk: free slots
@@ -246,6 +249,10 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   // local -> global index (8 bytes per local parameter) is rebuilt when needed.
   std::vector<std::int64_t> index;
   build_maps(index, owner_);
+  identity_ = model_group_->size() == 1 && local_.total() == global_.total();
+  for (std::size_t i = 0; identity_ && i < index.size(); ++i)
+    identity_ = index[i] == static_cast<std::int64_t>(i) || index[i] == -1;  // -1: padding
+  if (identity_) std::vector<std::uint8_t>().swap(owner_);  // every element is this rank's
 }
 
 void TensorModel::build_maps(std::vector<std::int64_t>& index,
@@ -375,6 +382,10 @@ std::vector<std::int64_t> TensorModel::global_index() const {
 }
 
 void TensorModel::extract(const float* global, float* local) const {
+  if (identity_) {  // padding is zero in both
+    std::copy(global, global + global_.total(), local);
+    return;
+  }
   const auto index = global_index();
   const std::size_t n = index.size();
 #pragma omp parallel for schedule(static)
@@ -382,6 +393,10 @@ void TensorModel::extract(const float* global, float* local) const {
 }
 
 void TensorModel::gather_full(const float* local, float* global) {
+  if (identity_) {  // padding is zero in both
+    std::copy(local, local + local_.total(), global);
+    return;
+  }
   std::fill(global, global + global_.total(), 0.0f);
   {
     const auto index = global_index();
@@ -571,6 +586,8 @@ void TensorModel::prepare(int B, int T) {
   }
   s.ops.resize(grid_, n, sp);
   s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
+  s.logits_numel = s.vocab_ws.logits.size();
+  s.h_full_numel = s.vocab_ws.h_full.size();
   const std::int64_t n_att = local_shape(B, T).N();
   s.d_res.resize(n * cl);
   s.d_ln.resize(n * cl);
@@ -626,8 +643,7 @@ TensorModel::Slot& TensorModel::acquire(int chunk, int mb) {
       slot->lnf_mean.resize(n);
       slot->lnf_rstd.resize(n);
       slot->losses.resize(n);
-      slot->logits.resize(s.vocab_ws.logits.size());
-      slot->h_full.resize(s.vocab_ws.h_full.size());
+      slot->head_numel = s.logits_numel + s.h_full_numel;
     }
   }
   auto& st = s.stats;
@@ -654,6 +670,10 @@ void TensorModel::release_slot(int chunk, int mb) {
   if (it == s.live.end()) return;
   s.stats.live -= 1;
   s.stats.live_bytes -= it->second->bytes();
+  Slot& sl = *it->second;
+  // (d)logits still held (an evaluation forward has no backward): back to the workspace.
+  if (s.vocab_ws.logits.empty()) std::swap(sl.logits, s.vocab_ws.logits);
+  if (s.vocab_ws.h_full.empty()) std::swap(sl.h_full, s.vocab_ws.h_full);
   s.pool[chunk].push_back(std::move(it->second));
   s.live.erase(it);
 }
@@ -738,6 +758,9 @@ float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
   auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
   final_norm_forward(sl, PF(local_.lnf_w),
                      local_.lnf_b == model::k_absent ? nullptr : PF(local_.lnf_b));
+  // A slot in flight may hold the workspace's buffers (several micro-batches in flight).
+  s.vocab_ws.logits.resize(s.logits_numel);
+  s.vocab_ws.h_full.resize(s.h_full_numel);
   vocab_lm_head_forward(lib, vocab_, vocab_comms_, sl.lnf.data(),
                         tied ? E + local_.wte : PF(local_.head), n, s.vocab_ws);
   store.release(L + 1);
@@ -795,13 +818,12 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
     float* GFb = store.grads(L + 1);
     auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
     auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
-    // LM head (the slot's logits hold the dlogits), then the final norm.
+    // LM head (the slot's logits hold the dlogits; they stay with the workspace after), then
+    // the final norm.
     std::swap(sl.logits, s.vocab_ws.logits);
     std::swap(sl.h_full, s.vocab_ws.h_full);
     vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(),
                            tied ? GE + local_.wte : GF(local_.head), n, s.vocab_ws);
-    std::swap(sl.logits, s.vocab_ws.logits);
-    std::swap(sl.h_full, s.vocab_ws.h_full);
     final_norm_backward(sl, PF(local_.lnf_w), GF(local_.lnf_w),
                         local_.lnf_b == model::k_absent ? nullptr : GF(local_.lnf_b));
     store.grads_done(L + 1);

@@ -125,6 +125,9 @@ class TensorModel {
   const model::ParamLayout& local_layout() const { return local_; }
   const TensorModelOptions& options() const { return opt_; }
   int tensor_size() const { return tensor_size_; }
+  // The rank holds the whole model in the whole model's layout (one process, no pipeline):
+  // extract() and gather_full() are copies, and the layers run unsplit, issuing no collective.
+  bool whole() const { return identity_; }
 
   const std::vector<ModelChunk>& chunks() const { return opt_.chunks; }
 
@@ -133,6 +136,7 @@ class TensorModel {
   // no local elements); the copy of wte on the head's stage is not an owner (the embedding's is).
   // (global_index() builds the map, 8 bytes per local element: call it once, keep the result.)
   std::vector<std::int64_t> global_index() const;
+  // Empty when whole(): the rank owns every element.
   const std::vector<std::uint8_t>& owner_mask() const { return owner_; }
 
   // local (local_layout().total()) <- this rank's slices of global (global_layout().total()).
@@ -224,6 +228,9 @@ class TensorModel {
   VocabParallelLayout vocab_;
   model::ParamLayout local_;
   int tensor_size_ = 1;
+  // The local layout is the whole model's, element for element (one process, one stage): the
+  // conversions to and from whole-model buffers are copies.
+  bool identity_ = false;
   int tx_ = 1, ty_ = 1, tz_ = 1, ty_index_ = 0, tz_index_ = 0;
   int c_offset_ = 0;  // the rank's residual-stream channels [c_offset_, +C/tx)
   std::vector<std::uint8_t> owner_;

@@ -135,6 +135,11 @@ void TensorOps::linear_residual(float* out, const float* residual, const float* 
   const BlockLinear id = which(w);
   const TensorLinearLayout& l = g_.layout(id);
   TESSERA_CHECK(l.transposed, "linear_residual() is a transposed linear (attproj, fcproj)");
+  if (!sp_ && l.in_parts == 1) {  // no partial sums: the GEMM adds onto the residual
+    k::copy(out, residual, n_ * g_.c_local);
+    tensor_linear_forward(lib_, l, g_.comms(id), out, inp, w, b, n_, ws_.of(id), key_, true);
+    return;
+  }
   float* y = s_.proj_out.data();
   if (sp_)
     sp_transposed_forward(y, inp, w, b, l.in_local);
@@ -171,7 +176,7 @@ void TensorOps::linear_backward(float* dinp, float* dw, float* db, const float* 
     dgelu_dinp_ = nullptr;
     return;
   }
-  tensor_linear_backward(lib_, l, g_.comms(id), dinp, dw, db, dout, inp, ws.w_block.data(), n_, ws);
+  tensor_linear_backward(lib_, l, g_.comms(id), dinp, dw, db, dout, inp, ws.w_used, n_, ws);
 }
 
 void TensorOps::linear_backward_input_dgelu(float* dinp, const float* dout, const float* w,
@@ -184,8 +189,7 @@ void TensorOps::linear_backward_input_dgelu(float* dinp, const float* dout, cons
     return;
   }
   TensorLinearWorkspace& ws = ws_.of(id);
-  dx_pending_ =
-      tensor_linear_backward_input(lib_, l, g_.comms(id), dinp, dout, ws.w_block.data(), n_, ws);
+  dx_pending_ = tensor_linear_backward_input(lib_, l, g_.comms(id), dinp, dout, ws.w_used, n_, ws);
   dgelu_dinp_ = dinp;
   dgelu_pre_ = pre;
 }

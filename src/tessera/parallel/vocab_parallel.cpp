@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/kernels/cpu/vec_math.hpp"
 #include "tessera/parallel/sharding.hpp"
 
@@ -286,10 +287,20 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
                   "the data was tokenized with a larger vocabulary than model.vocab_size");
   const int vr = l.vocab_local, real = l.real_local;
   float* logits = ws.logits.data();
+  if (c.vocab->size() == 1) {  // the whole vocabulary here: the single-rank kernel, row by row
+    if (backward)
+      kernels::cpu::cross_entropy_forward_backward(losses, logits, targets, n, real, vr, dloss);
+    else
+      kernels::cpu::cross_entropy_forward(losses, logits, targets, n, real, vr);
+    return;
+  }
+  // Rows are independent: each loop runs over rows on every thread (same numbers for any count).
   // 1. the row max over the real vocabulary (a range of padding only contributes -inf)
+#pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * vr;
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int j = 0; j < real; ++j) mx = std::max(mx, z[j]);
     ws.row_max[i] = mx;
   }
@@ -297,10 +308,12 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
   // 2. the sum of exp and the target logit (from its owner; zero elsewhere)
   float* sums = ws.row_sums.data();
   float* target_logit = sums + n;
+#pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * vr;
     const float mx = static_cast<float>(ws.row_max[i]);
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int j = 0; j < real; ++j) s += kernels::cpu::exp_approx(z[j] - mx);
     sums[i] = s;
     target_logit[i] = targets[i] >= 0 && l.owns(targets[i]) ? z[targets[i] - l.vocab_offset] : 0.0f;
@@ -308,15 +321,12 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
   c.vocab->all_reduce_sum(sums, static_cast<std::size_t>(2 * n));
   // 3. the loss (as kernels::cpu::cross_entropy_row: lse = max + log(sum); loss = lse - z_target)
   for (std::int64_t i = 0; i < n; ++i) {
-    if (targets[i] < 0) {
-      losses[i] = 0.0f;
-      continue;
-    }
     const float lse = static_cast<float>(ws.row_max[i]) + std::log(sums[i]);
-    losses[i] = lse - target_logit[i];
+    losses[i] = targets[i] < 0 ? 0.0f : lse - target_logit[i];
   }
   if (!backward) return;
-  // 4. dlogits = dloss * (softmax - onehot) over this rank's range; padding and ignored rows zero
+    // 4. dlogits = dloss * (softmax - onehot) over this rank's range; padding and ignored rows zero
+#pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     float* z = logits + i * vr;
     if (targets[i] < 0) {
@@ -325,6 +335,7 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
     }
     const float mx = static_cast<float>(ws.row_max[i]);
     const float inv = 1.0f / sums[i];
+#pragma omp simd
     for (int j = 0; j < real; ++j) z[j] = dloss * kernels::cpu::exp_approx(z[j] - mx) * inv;
     for (int j = real; j < vr; ++j) z[j] = 0.0f;
     if (l.owns(targets[i])) z[targets[i] - l.vocab_offset] -= dloss;

@@ -132,11 +132,11 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
         model.device->device_bytes() / 1e9);
   log_info("grid: {} ({} ranks), ZeRO stage {}, gradient overlap {}{}", plan.grid().describe(),
            world_size, model.dp->stage(), pc.overlap ? "on" : "off",
-           model.tensor ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",
-                                      model.local_layout().total() / 1e6,
-                                      pc.recompute ? ", recomputation" : "",
-                                      pc.sequence_parallel ? ", sequence parallelism" : "")
-                        : std::string());
+           model.sliced() ? fmt::format(", tensor-parallel slice {:.2f}M parameters per rank{}{}",
+                                        model.local_layout().total() / 1e6,
+                                        pc.recompute ? ", recomputation" : "",
+                                        pc.sequence_parallel ? ", sequence parallelism" : "")
+                          : std::string());
   if (model.pipeline)
     log_info(
         "pipeline: {} schedule, {} stages x {} chunk{}, layers per chunk [{}], {} micro-batches "

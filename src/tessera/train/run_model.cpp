@@ -32,7 +32,8 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                          const comm::Topology& topo, comm::Runtime& rt) {
   RunModel model;
   model.layout = &layout;
-  if (plan.tensor_size() > 1 || plan.pipeline()) {
+  const bool fp32_cpu = cfg.hardware.device != "cuda" && cfg.train.precision != "bf16";
+  if (fp32_cpu || plan.tensor_size() > 1 || plan.pipeline()) {
     model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
                                                            tensor_model_options(cfg, plan, topo));
     if (plan.pipeline()) {
@@ -79,7 +80,7 @@ void refresh_bf16(RunModel& model) {
 }
 
 const float* full_params(RunModel& model) {
-  if (!model.tensor) return model.dp->full_params();
+  if (!model.sliced()) return model.dp->full_params();
   model.whole.resize(model.layout->total());
   model.tensor->gather_full(model.dp->full_params(), model.whole.data());
   return model.whole.data();

@@ -25,7 +25,9 @@ namespace tessera::train {
 
 struct RunModel {
   const model::ParamLayout* layout = nullptr;  // the whole model
-  // Tensor or pipeline parallelism: this rank's slices of the model; null otherwise.
+  // The training model on the CPU: this rank's slices of the model on the tensor grid and its
+  // pipeline stage (one process: the 1x1x1 grid, the whole model). Null on the GPU and for bf16
+  // on the CPU, which train through model::forward / model::DeviceGpt.
   std::unique_ptr<parallel::TensorModel> tensor;
   std::unique_ptr<parallel::PipelineExecutor> pipeline;  // pipeline parallelism; else null
   comm::Communicator* pipe_comm = nullptr;               // {pp}; pipeline parallelism only
@@ -44,6 +46,8 @@ struct RunModel {
   const model::ParamLayout& local_layout() const {
     return tensor ? tensor->local_layout() : *layout;
   }
+  // The rank stores slices of the model (tensor or pipeline parallelism), not the whole model.
+  bool sliced() const { return tensor && !tensor->whole(); }
 };
 
 // Builds the model objects of this rank (collective: creates the pp and dp communicators).

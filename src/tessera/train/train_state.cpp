@@ -47,7 +47,7 @@ void warn_if_resumed_differently(const RunConfig& cfg, const io::TrainState& st,
 io::TrainState load_into_model(const fs::path& checkpoint, RunModel& model) {
   const model::ParamLayout& layout = *model.layout;
   parallel::DataParallel& dp = *model.dp;
-  if (!model.tensor) {
+  if (!model.sliced()) {
     Buffer<float> p_full(layout.total()), m_s(dp.shard_size()), v_s(dp.shard_size());
     auto st = io::load_checkpoint(checkpoint, layout, p_full.data(), dp.shard_begin(),
                                   dp.shard_end(), m_s.data(), v_s.data());
@@ -83,7 +83,7 @@ void initialize_params(RunModel& model, const RunConfig& cfg) {
     std::copy(pre.params.data(), pre.params.data() + layout.total(), p_full.data());
     log_info("initialized from {} ({})", path.string(), model::describe(pre.config));
   }
-  if (model.tensor) {
+  if (model.sliced()) {
     Buffer<float> p_l(model.local_layout().total());
     model.tensor->extract(p_full.data(), p_l.data());
     model.dp->load(p_l.data(), nullptr, nullptr);
@@ -127,7 +127,7 @@ fs::path save_checkpoint(const RunConfig& cfg, RunModel& model, comm::Runtime& r
   auto shards = dp.state_shards();
   if (lead) io::begin_checkpoint(ckpt_dir, step);
   rt.world().barrier();
-  if (model.tensor) {
+  if (model.sliced()) {
     // Tensor parallelism: the moments are assembled into whole-model tensors and written as
     // one shard, so that any grid (or one process) can resume from them.
     const std::size_t nl = model.local_layout().total();

@@ -124,7 +124,7 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
     norm = model.device->grad_norm();
     model.device->adamw_step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));
     model.device->synchronize();
-  } else if (model.tensor) {
+  } else if (model.sliced()) {
     // Each element once: the slices this rank owns, over every rank.
     double sq = dp.grad_sumsq(model.tensor->owner_mask().data());
     rt.world().all_reduce_sum(&sq, 1);

@@ -94,17 +94,29 @@ struct StepReference {
   bool peak_measured = false;
 };
 
+// The evaluation forward of the training model itself, when it has one that scores a window on
+// the rank's own slices: the GPU model, or the CPU model without a pipeline (each tensor group
+// scores the window together). Null: the whole model is assembled and scored by model::forward.
+eval::ScoreFn training_model_scorer(RunModel& model) {
+  if (model.device)
+    return [&dev = *model.device](const std::int32_t* x, const std::int32_t* y, int B, int T) {
+      return dev.forward(x, y, B, T, false, 0.0f);
+    };
+  if (!model.tensor || model.pipeline) return nullptr;
+  return [&model](const std::int32_t* x, const std::int32_t* y, int B, int T) {
+    model::ForwardOptions opt;
+    opt.gemm = kernels::GemmLibrary::OneDnn;
+    return model.tensor->forward(*model.dp, x, y, B, T, opt);
+  };
+}
+
 void validate_at(TrainingRun& run, std::int64_t at) {
-  // Every rank scores the same batches (the parameters are replicated), so the figure is the
-  // single-process one whatever the grid. On the GPU, the device model scores them.
+  // Every rank scores the same batches (every dp rank holds the model), so the figure is the
+  // single-process one whatever the grid.
   eval::EvalResult r;
-  if (run.model.device) {
-    model::DeviceGpt& dev = *run.model.device;
+  if (const eval::ScoreFn score = training_model_scorer(run.model)) {
     r = eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B(),
-                             run.plan.T, run.cfg.train.val_batches,
-                             [&](const std::int32_t* x, const std::int32_t* y, int B, int T) {
-                               return dev.forward(x, y, B, T, false, 0.0f);
-                             });
+                             run.plan.T, run.cfg.train.val_batches, score);
   } else {
     r = eval::evaluate_shard(*run.model.layout, full_params(run.model), run.acts, run.cfg.data.val,
                              run.plan.B(), run.plan.T, run.cfg.train.val_batches,
