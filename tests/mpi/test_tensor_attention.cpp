@@ -1,5 +1,5 @@
 // Layer tests of the tensor-parallel attention sub-block
-// (src/tessera/parallel/tensor_attention.hpp), y = x + proj(attention(qkv(ln1(x)))), run under
+// (tensor_attention_block.hpp), y = x + proj(attention(qkv(ln1(x)))), run under
 // mpirun with 2, 4 and 8 ranks: for every factorization tx*ty*tz of the world size that the sizes
 // allow, each rank's y, dx and parameter gradients (its shards) equal its slices of the single-rank
 // composition of kernels::cpu::layernorm / linear / attention forward and backward on the full
@@ -44,7 +44,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
-#include "tessera/parallel/tensor_attention.hpp"
+#include "tensor_attention_block.hpp"
 
 namespace {
 
