@@ -25,8 +25,9 @@ inline PerfSetup load_perf_setup(const std::string& model, const std::string& cl
                                  long global_batch, int seq, const std::string& dtype,
                                  bool no_flash, bool no_overlap) {
   PerfSetup s;
-  s.ms = perf::load_model_spec(perf::resolve_spec(model, "configs/models", "model file"));
-  s.cl = perf::load_cluster(perf::resolve_spec(cluster, "configs/clusters", "cluster file"));
+  s.ms = perf::load_model(model);
+  s.cl = perf::load_cluster(
+      perf::resolve_spec(cluster, perf::configs_dir("clusters").string(), "cluster file"));
   if (gpus < 1) throw Error(fmt::format("--gpus must be >= 1 (got {})", gpus));
   if (global_batch < 1) throw Error("--global-batch must be >= 1");
   s.w = perf::Workload{s.ms.cfg, seq > 0 ? seq : s.ms.cfg.block_size, global_batch};

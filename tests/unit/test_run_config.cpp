@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <regex>
@@ -116,8 +117,13 @@ TEST(RunConfig, PresetsAndExplicitOverrides) {
     EXPECT_EQ(c.model.block_size, 1024) << p.name;
     EXPECT_EQ(c.model.vocab_size, 50257) << p.name;
   }
-  EXPECT_EQ(model_preset_names(),
+  // The presets are the files of configs/models; the GPT-2 names come first, as aliases.
+  const auto names = model_preset_names();
+  ASSERT_GE(names.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 4),
             (std::vector<std::string>{"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
+  for (const char* file : {"gpt2-124m", "gpt2-1.5b", "smollm2-135m", "llama3-8b"})
+    EXPECT_NE(std::find(names.begin(), names.end(), file), names.end()) << file;
 
   // Explicit keys override the preset, wherever they are written in the section.
   RunConfig c = parse("[model]\nn_layer = 6\npreset = \"gpt2\"\nblock_size = 256\n");
@@ -137,6 +143,29 @@ TEST(RunConfig, PresetsAndExplicitOverrides) {
   RunConfig bad;
   bad.model.preset = "gpt3";
   expect_error([&] { validate(bad); }, "invalid model.preset = \"gpt3\"", "gpt2-medium");
+}
+
+TEST(RunConfig, PresetsAreTheFilesOfConfigsModels) {
+  // An alias and its file give the same shape.
+  EXPECT_EQ(parse("[model]\npreset = \"gpt2-350m\"\n").model.n_layer,
+            parse("[model]\npreset = \"gpt2-medium\"\n").model.n_layer);
+  // A llama file sets the family and its own keys; explicit keys still win.
+  RunConfig s = parse("[model]\npreset = \"smollm2-135m\"\nn_layer = 2\n");
+  EXPECT_EQ(s.model.preset, "smollm2-135m");
+  EXPECT_EQ(s.model.family, "llama");
+  EXPECT_EQ(s.model.n_layer, 2);
+  EXPECT_EQ(s.model.n_head, 9);
+  EXPECT_EQ(s.model.n_kv_head, 3);
+  EXPECT_EQ(s.model.n_embd, 576);
+  EXPECT_EQ(s.model.intermediate_size, 1536);
+  EXPECT_EQ(s.model.vocab_size, 49152);
+  EXPECT_EQ(s.model.block_size, 2048);
+  EXPECT_TRUE(s.model.tie_embeddings);
+  EXPECT_FALSE(parse("[model]\npreset = \"llama3-8b\"\n").model.tie_embeddings);
+  // The unknown-preset hint lists the catalogue; a path is not a preset name.
+  expect_parse_error("[model]\npreset = \"smollm2-136m\"\n", "unknown model preset",
+                     "smollm2-135m");
+  expect_parse_error("[model]\npreset = \"../models/gpt2-124m\"\n", "unknown model preset");
 }
 
 TEST(RunConfig, SetOverridesOfEachType) {

@@ -7,7 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
-#include "tessera/perf/toml_read.hpp"
+#include "tessera/core/toml_reader.hpp"
 
 namespace tessera::perf {
 
@@ -101,7 +101,7 @@ void validate(const ClusterSpec& c) {
 }
 
 ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
-  detail::TomlReader r(text, std::string(source_name), k_hint);
+  TomlReader r(text, std::string(source_name), k_hint);
   ClusterSpec c;
   c.source = std::string(source_name);
   const auto* root = r.table("", true);

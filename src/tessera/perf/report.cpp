@@ -1,14 +1,24 @@
 #include "tessera/perf/report.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessera/core/error.hpp"
 
 namespace tessera::perf {
 
 using comm::Axis;
+
+std::filesystem::path configs_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path here = fs::path("configs") / name;
+  if (fs::is_directory(here, ec)) return here;
+  return fs::path(TESSERA_SOURCE_CONFIGS) / name;
+}
 
 std::filesystem::path resolve_spec(const std::string& s, const std::string& dir,
                                    const std::string& what) {
@@ -17,14 +27,14 @@ std::filesystem::path resolve_spec(const std::string& s, const std::string& dir,
   if (fs::is_regular_file(s, ec)) return s;
   fs::path cand = fs::path(dir) / (s + ".toml");
   if (fs::is_regular_file(cand, ec)) return cand;
-  std::string names;
+  std::vector<std::string> names;
   if (fs::is_directory(dir, ec))
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".toml")
-        names += (names.empty() ? "" : ", ") + e.path().stem().string();
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
   throw Error(fmt::format("{} not found: {} (nor {})", what, s, cand.string()),
               names.empty() ? "give a path to a .toml file"
-                            : fmt::format("give a path or one of: {}", names));
+                            : fmt::format("give a path or one of: {}", fmt::join(names, ", ")));
 }
 
 comm::GridShape parse_grid(const std::string& s) {

@@ -12,8 +12,12 @@
 
 namespace tessera::perf {
 
+// The catalogue configs/<name> (models, clusters): under the working directory when it has one,
+// else in the source tree the binary was built from (whether or not that exists).
+std::filesystem::path configs_dir(const std::string& name);
+
 // `name_or_path` as given if it is a file, else <dir>/<name>.toml if that exists; throws
-// tessera::Error listing what was tried.
+// tessera::Error listing what was tried and the names in `dir`.
 std::filesystem::path resolve_spec(const std::string& name_or_path, const std::string& dir,
                                    const std::string& what);
 

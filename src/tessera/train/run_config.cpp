@@ -17,6 +17,8 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/suggest.hpp"
+#include "tessera/core/toml_reader.hpp"
+#include "tessera/perf/model_spec.hpp"
 
 namespace tessera::train {
 namespace {
@@ -118,48 +120,10 @@ struct FieldInfo {
   std::string default_toml;  // the default value written as TOML
 };
 
-std::string toml_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f)
-          out += fmt::format("\\u{:04X}", c);
-        else
-          out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string toml_float(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  std::string s = fmt::format("{}", x);  // shortest representation that reads back exactly
-  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
-  return s;
-}
-
 template <typename T>
 std::string toml_value(const T& v) {
   if constexpr (std::is_same_v<T, std::string>)
-    return toml_string(v);
+    return toml_quote(v);
   else if constexpr (std::is_same_v<T, bool>)
     return std::string(v ? "true" : "false");
   else if constexpr (std::is_same_v<T, double>)
@@ -236,49 +200,24 @@ std::string type_phrase(Kind k) {
   return "?";
 }
 
-std::string node_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::string:
-      return "string";
-    case toml::node_type::integer:
-      return "integer";
-    case toml::node_type::floating_point:
-      return "float";
-    case toml::node_type::boolean:
-      return "boolean";
-    case toml::node_type::table:
-      return "table";
-    case toml::node_type::array:
-      return "array";
-    case toml::node_type::date:
-      return "date";
-    case toml::node_type::time:
-      return "time";
-    case toml::node_type::date_time:
-      return "date-time";
-    default:
-      return "value";
-  }
+// The hint of an unknown model.preset: the names of the catalogue (configs/models), or where it
+// was looked for when there is none.
+std::string preset_hint(std::string_view alternative) {
+  const auto names = model_preset_names();
+  if (names.empty())
+    return fmt::format(
+        "presets are the files of configs/models, and there is none under the "
+        "working directory nor in {} (run from the repository root), {}",
+        perf::models_dir().string(), alternative);
+  return fmt::format("valid presets: {} (the files of {}; {})", fmt::join(names, ", "),
+                     perf::models_dir().string(), alternative);
 }
 
-// "string \"abc\"", "float 1.5", "table"
-std::string describe(const toml::node& n) {
-  std::string v;
-  if (auto s = n.as_string())
-    v = toml_string(s->get());
-  else if (auto i = n.as_integer())
-    v = fmt::format("{}", i->get());
-  else if (auto d = n.as_floating_point())
-    v = toml_float(d->get());
-  else if (auto b = n.as_boolean())
-    v = b->get() ? "true" : "false";
-  if (v.size() > 60) v = v.substr(0, 57) + "...";
-  return v.empty() ? node_type_name(n) : node_type_name(n) + " " + v;
-}
-
+// The run config's schema on top of the strict TOML reader: sections and keys from
+// for_each_field, --set overrides, and messages whose hints show each key's default.
 class Reader {
  public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
+  explicit Reader(TomlReader& toml) : toml_(toml) {}
 
   // Where a node came from: "--set train.lr=x" for overrides, else "file (line N)".
   std::string where(const std::string& dotted, const toml::source_region& src) const {
@@ -286,12 +225,10 @@ class Reader {
     if (it != origin_.end()) return it->second;
     return where(src);
   }
-  std::string where(const toml::source_region& src) const {
-    if (src.begin.line == 0) return source_;
-    return fmt::format("{} (line {})", source_, src.begin.line);
-  }
+  std::string where(const toml::source_region& src) const { return toml_.where(src); }
 
-  void apply_override(toml::table& root, const std::string& item) {
+  void apply_override(const std::string& item) {
+    toml::table& root = toml_.root();
     const std::string origin = fmt::format("--set {}", item);
     auto eq = item.find('=');
     auto trim = [](std::string_view s) {
@@ -334,7 +271,7 @@ class Reader {
     }
     if (!sec->is_table())
       throw Error(fmt::format("'{}' in {} must be a section ([{}]), got {}", section,
-                              where(sec->source()), section, describe(*sec)),
+                              where(sec->source()), section, describe_toml(*sec)),
                   fmt::format("write the keys under a [{}] header", section));
     value->visit([&](const auto& v) { sec->as_table()->insert_or_assign(key, v); });
     origin_[dotted] = origin;
@@ -348,19 +285,14 @@ class Reader {
                              : fmt::format("did you mean [{}]? valid sections: {}", near, list));
   }
 
-  [[noreturn]] void unknown_key(const std::string& section, const std::string& key,
-                                const std::string& where) const {
-    auto keys = keys_of(section);
-    std::string near = closest(key, keys);
-    std::string list = fmt::format("{}", fmt::join(keys, ", "));
-    throw Error(fmt::format("unknown key '{}.{}' in {}", section, key, where),
-                near.empty() ? fmt::format("valid keys in [{}]: {}", section, list)
-                             : fmt::format("did you mean '{}.{}'? valid keys in [{}]: {}", section,
-                                           near, section, list));
+  [[noreturn]] static void unknown_key(const std::string& section, const std::string& key,
+                                       const std::string& where) {
+    TomlReader::unknown_key(section, key, where, keys_of(section));
   }
 
   // Every top-level entry is a known section, every key in it a known key.
-  void check_structure(const toml::table& root) const {
+  void check_structure() const {
+    const toml::table& root = toml_.root();
     for (auto&& [k, v] : root) {
       std::string name(k.str());
       if (!v.is_table()) {
@@ -371,7 +303,7 @@ class Reader {
                 fmt::format("put it under a [{}] header", f.section));
         if (is_section(name))
           throw Error(fmt::format("'{}' in {} must be a section ([{}]), got {}", name,
-                                  where(k.source()), name, describe(v)),
+                                  where(k.source()), name, describe_toml(v)),
                       fmt::format("write the keys under a [{}] header", name));
         unknown_section(name, where(k.source()));
       }
@@ -394,20 +326,16 @@ class Reader {
       hint = fmt::format("{} takes a whole number, e.g. {} = {}", dotted, f.key, f.default_toml);
     else
       hint = fmt::format("e.g. {} = {}", f.key, f.default_toml);
-    throw Error(fmt::format("wrong type for '{}' in {}: expected {}, got {}", dotted,
-                            where(dotted, n.source()), type_phrase(f.kind), describe(n)),
-                hint);
+    TomlReader::wrong_type(dotted, where(dotted, n.source()), n, "expected " + type_phrase(f.kind),
+                           hint);
   }
 
   [[noreturn]] static void out_of_range(const FieldInfo& f, std::string_view value,
                                         const std::string& where) {
     const bool is_int = f.kind == Kind::Int;
-    throw Error(
-        fmt::format("value {} for '{}.{}' in {} is out of range for the field", value, f.section,
-                    f.key, where),
-        fmt::format("{}.{} takes an integer between {} and {}", f.section, f.key,
-                    is_int ? std::int64_t{INT_MIN} : 0,
-                    is_int ? std::int64_t{INT_MAX} : std::numeric_limits<std::int64_t>::max()));
+    TomlReader::out_of_range(
+        f.section + "." + f.key, value, where, is_int ? std::int64_t{INT_MIN} : 0,
+        is_int ? std::int64_t{INT_MAX} : std::numeric_limits<std::int64_t>::max());
   }
 
   void read(const FieldInfo& f, const toml::node& n, int& out) const {
@@ -427,12 +355,9 @@ class Reader {
     out = static_cast<std::uint64_t>(v);
   }
   void read(const FieldInfo& f, const toml::node& n, double& out) const {
-    if (n.is_floating_point())
-      out = n.as_floating_point()->get();
-    else if (n.is_integer())
-      out = static_cast<double>(n.as_integer()->get());
-    else
-      wrong_type(f, n);
+    auto v = TomlReader::as_number(n);
+    if (!v) wrong_type(f, n);
+    out = *v;
   }
   void read(const FieldInfo& f, const toml::node& n, bool& out) const {
     if (!n.is_boolean()) wrong_type(f, n);
@@ -443,7 +368,8 @@ class Reader {
     out = n.as_string()->get();
   }
 
-  void read_all(const toml::table& root, RunConfig& c) const {
+  void read_all(RunConfig& c) const {
+    const toml::table& root = toml_.root();
     for_each_field(c, [&](const char* s, const char* k, auto& v) {
       const toml::node* n = nullptr;
       if (auto* sec = root.get_as<toml::table>(s)) n = sec->get(k);
@@ -453,31 +379,17 @@ class Reader {
       if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
         if (f.section == "model" && f.key == "preset" && !v.empty() &&
             !apply_model_preset(c.model, v))
-          throw Error(fmt::format("unknown model preset {} in {}", toml_string(v),
+          throw Error(fmt::format("unknown model preset {} in {}", toml_quote(v),
                                   where("model.preset", n->source())),
-                      fmt::format("valid presets: {} (or leave preset out and set n_layer, "
-                                  "n_head, n_embd yourself)",
-                                  fmt::join(model_preset_names(), ", ")));
+                      preset_hint("or leave preset out and set n_layer, n_head, n_embd yourself"));
       }
     });
   }
 
  private:
-  std::string source_;
+  TomlReader& toml_;
   std::map<std::string, std::string> origin_;  // "section.key" -> "--set ..." for overrides
 };
-
-struct Preset {
-  const char* name;
-  int n_layer, n_head, n_embd, block_size;
-};
-constexpr Preset k_presets[] = {
-    {"gpt2", 12, 12, 768, 1024},
-    {"gpt2-medium", 24, 16, 1024, 1024},
-    {"gpt2-large", 36, 20, 1280, 1024},
-    {"gpt2-xl", 48, 25, 1600, 1024},
-};
-constexpr int k_gpt2_vocab = 50257;
 
 // ---- validation helpers ----
 
@@ -508,17 +420,20 @@ class Validator {
 }  // namespace
 
 bool apply_model_preset(ModelSection& m, std::string_view preset) {
-  for (const auto& p : k_presets)
-    if (preset == p.name) {
-      m.preset = p.name;
-      m.n_layer = p.n_layer;
-      m.n_head = p.n_head;
-      m.n_embd = p.n_embd;
-      m.block_size = p.block_size;
-      m.vocab_size = k_gpt2_vocab;
-      return true;
-    }
-  return false;
+  const auto file = perf::find_model_file(preset);
+  if (!file) return false;
+  const model::ModelConfig cfg = perf::load_model_spec(*file).cfg;
+  m.preset = std::string(preset);
+  m.family = cfg.llama() ? "llama" : "gpt2";
+  m.n_layer = cfg.n_layer;
+  m.n_head = cfg.n_head;
+  m.n_embd = cfg.n_embd;
+  m.block_size = cfg.block_size;
+  m.vocab_size = cfg.vocab_size;
+  m.n_kv_head = cfg.n_kv_head;
+  m.intermediate_size = cfg.intermediate_size;
+  m.tie_embeddings = cfg.tie_embeddings;
+  return true;
 }
 
 model::ModelConfig model_config(const ModelSection& s) {
@@ -538,28 +453,18 @@ model::ModelConfig model_config(const ModelSection& s) {
 }
 
 std::vector<std::string> model_preset_names() {
-  std::vector<std::string> out;
-  for (const auto& p : k_presets) out.push_back(p.name);
-  return out;
+  return perf::model_names();
 }
 
 RunConfig parse_run_config(std::string_view toml_text, std::string_view source_name,
                            const std::vector<std::string>& overrides) {
   const std::string source(source_name);
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    throw Error(
-        fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()),
-        "see docs/config.md for the format of run configs");
-  }
-  Reader reader(source);
-  for (const auto& o : overrides) reader.apply_override(root, o);
-  reader.check_structure(root);
+  TomlReader toml(toml_text, source, "see docs/config.md for the format of run configs");
+  Reader reader(toml);
+  for (const auto& o : overrides) reader.apply_override(o);
+  reader.check_structure();
   RunConfig c;
-  reader.read_all(root, c);
+  reader.read_all(c);
   c.source = source;
   validate(c);
   return c;
@@ -581,12 +486,8 @@ namespace {
 // [model]: sizes, the family and its own rules (model::validate).
 void validate_model(Validator& v, const RunConfig& c) {
   const auto& m = c.model;
-  if (!m.preset.empty()) {
-    auto names = model_preset_names();
-    if (std::find(names.begin(), names.end(), m.preset) == names.end())
-      v.fail("model.preset", m.preset, "unknown preset",
-             fmt::format("valid presets: {} (or leave it empty)", fmt::join(names, ", ")));
-  }
+  if (!m.preset.empty() && !perf::find_model_file(m.preset))
+    v.fail("model.preset", m.preset, "unknown preset", preset_hint("or leave it empty"));
   v.at_least("model.n_layer", m.n_layer, 1);
   v.at_least("model.n_head", m.n_head, 1);
   v.at_least("model.n_embd", m.n_embd, 1);

@@ -19,9 +19,11 @@
 namespace tessera::train {
 
 struct ModelSection {
-  // "" or one of "gpt2" (12 layers, 12 heads, 768, 1024 positions), "gpt2-medium" (24, 16, 1024,
-  // 1024), "gpt2-large" (36, 20, 1280, 1024), "gpt2-xl" (48, 25, 1600, 1024). A preset sets
-  // n_layer, n_head, n_embd, block_size and vocab_size; keys given explicitly override it.
+  // "" or the name of a file of configs/models (the model catalogue, perf/model_spec.hpp), e.g.
+  // "gpt2-124m" or "smollm2-135m"; "gpt2", "gpt2-medium", "gpt2-large" and "gpt2-xl" are aliases
+  // of gpt2-124m, gpt2-350m, gpt2-774m and gpt2-1.5b. A preset sets family, n_layer, n_head,
+  // n_embd, block_size (the file's seq_len), vocab_size, n_kv_head, intermediate_size and
+  // tie_embeddings; keys given explicitly override it.
   std::string preset;
   std::string family = "gpt2";  // "gpt2" or "llama" (model/config.hpp says what each is)
   int n_layer = 4;
@@ -151,12 +153,12 @@ void validate(const RunConfig& config);
 // reads back to an equal RunConfig.
 std::string to_toml(const RunConfig& config);
 
-// Sets n_layer, n_head, n_embd, block_size and vocab_size from a preset name (see
-// ModelSection::preset); false if the name is unknown. "" is not a preset.
+// Sets the shape keys from a preset name (see ModelSection::preset) by reading its file of
+// configs/models; false if the catalogue has no such name. "" is not a preset.
 bool apply_model_preset(ModelSection& model, std::string_view preset);
 // The model the section describes (not validated; model::validate says what is wrong with it).
 model::ModelConfig model_config(const ModelSection& model);
-// The preset names, in size order.
+// The preset names: the GPT-2 aliases, then the catalogue's file names (perf::model_names).
 std::vector<std::string> model_preset_names();
 
 }  // namespace tessera::train
