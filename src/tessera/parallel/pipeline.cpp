@@ -63,8 +63,14 @@ PipelineExecutor::PipelineExecutor(TensorModel& model, comm::Communicator& pp,
 std::vector<float> PipelineExecutor::run(model::ParamStore& store,
                                          const std::vector<const std::int32_t*>& inputs,
                                          const std::vector<const std::int32_t*>& targets, int B,
-                                         int T, const model::ForwardOptions& opt) {
+                                         int T, const model::ForwardOptions& opt,
+                                         const StepHooks* hooks) {
   const int m = spec_.m;
+  DataParallel* dp = hooks ? hooks->dp : nullptr;
+  TESSERA_CHECK(!hooks || static_cast<model::ParamStore*>(dp) == &store,
+                "the step's hooks reduce the store the schedule runs on");
+  const bool one_stage = spec_.pp == 1;
+  if (dp && !one_stage) dp->begin_micro_batch(false);  // reduced at OptimizerStep
   TESSERA_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
                 "{} micro-batches given, the schedule has {}", inputs.size(), m);
   model_.begin_step(B, T);
@@ -106,11 +112,13 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         break;
       }
       case OpKind::Forward: {
+        if (dp && one_stage) dp->begin_micro_batch(in.mb == m - 1);
         Timer t;
         store.begin_forward();
         const float loss =
             model_.forward_chunk(store, in.chunk, in.mb, inputs[in.mb], targets[in.mb], opt);
         if (model_.chunks()[in.chunk].head) losses[in.mb] = loss;
+        stats_.forward_s += t.seconds();
         stats_.compute_s += t.seconds();
         ++stats_.forwards;
         break;
@@ -141,8 +149,14 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         store.begin_backward();
         const bool head = model_.chunks()[in.chunk].head;
         model_.backward_chunk(store, in.chunk, in.mb, head ? nullptr : grad_in_.data(), opt.gemm);
+        stats_.backward_s += t.seconds();
         stats_.compute_s += t.seconds();
         ++stats_.backwards;
+        if (dp && one_stage) {  // the reductions this backward issued
+          Timer w;
+          dp->end_micro_batch();
+          stats_.reduce_wait_s += w.seconds();
+        }
         reap(false);
         break;
       }
@@ -160,15 +174,28 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         break;
       }
       case OpKind::OptimizerStep:
-        break;  // the caller's: gradient reduction, clipping, update
+        break;  // the last instruction: run below, once the sends have completed
     }
   }
   Timer t;
   for (auto& [k, p] : act_sends) poll_wait(p.req);
   reap(true);
   stats_.send_wait_s += t.seconds();
-  stats_.step_s = step_timer.seconds();
+  stats_.step_s = step_timer.seconds();  // the schedule, without the optimizer step
+  if (hooks) {
+    Timer w;
+    if (!one_stage) reduce_gradients(*dp);
+    stats_.reduce_wait_s += w.seconds();
+    if (hooks->optimizer_step) hooks->optimizer_step(losses);
+  }
   return losses;
+}
+
+void PipelineExecutor::reduce_gradients(DataParallel& dp) {
+  sum_tied_embedding_grads(dp);
+  dp.begin_micro_batch(true);
+  for (int b = model::num_blocks(model_.local_layout()) - 1; b >= 0; --b) dp.grads_done(b);
+  dp.end_micro_batch();
 }
 
 void PipelineExecutor::sum_tied_embedding_grads(model::ParamStore& store) {

@@ -15,7 +15,17 @@
 // for the LM head. After the step's backwards, sum_tied_embedding_grads() adds the two gradients
 // on both stages (Megatron's embedding group), so both copies take the same AdamW update and stay
 // identical; checkpoints and the gradient norm count the first stage's copy (the owner).
+//
+// One step. The trainer runs every step of the parallel model through the executor: a run
+// without a pipeline is the one-stage schedule (1F1B with pp = 1: F0 B0 F1 B1 ... OPT). Given the
+// step's hooks, the executor runs OptimizerStep too: the tied-embedding sum and the data-parallel
+// reduction, then the caller's optimizer step. On one stage each micro-batch's backward reduces
+// as the data-parallel store asks (the last one's blocks as the backward completes them,
+// overlapped; ZeRO-2/3 every micro-batch's); on a pipeline the reduction follows the schedule's
+// last backward and the tied-embedding sum.
 #pragma once
+
+#include <functional>
 
 #include <cstdint>
 #include <string>
@@ -23,6 +33,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/tensor_model.hpp"
@@ -37,6 +48,8 @@ struct PipelineStats {
   double compute_s = 0;    // in Forward / Backward (including their tensor-parallel collectives)
   double recv_wait_s = 0;  // blocked in receives: the bubble, plus transfers
   double send_wait_s = 0;  // waiting for a send to complete before its buffer is reused
+  double forward_s = 0, backward_s = 0;  // compute_s split (with the step's hooks, one stage)
+  double reduce_wait_s = 0;              // OptimizerStep (with hooks): exposed gradient reduction
   int forwards = 0, backwards = 0;
   std::size_t sent_bytes = 0;
   // idle / compute: the measured bubble fraction of this stage (ideal_bubble_fraction is the
@@ -54,13 +67,21 @@ class PipelineExecutor {
   int stage() const { return stage_; }
   const std::vector<Instr>& instructions() const { return list_; }
 
-  // One step's schedule, every instruction but OptimizerStep. inputs[mb], targets[mb]: the
-  // micro-batches (B, T) of token ids (read on the stages holding the embedding / the head).
-  // Gradients accumulate into the store (begin_step zeroes them before). Returns each
-  // micro-batch's mean loss on the stage holding the head (zeros elsewhere).
+  // What OptimizerStep runs: the gradient reductions of dp (the store given to run) and then
+  // optimizer_step(losses), the caller's update, given each micro-batch's mean loss as run()
+  // returns them.
+  struct StepHooks {
+    DataParallel* dp = nullptr;
+    std::function<void(const std::vector<float>& losses)> optimizer_step;
+  };
+  // One step's schedule. inputs[mb], targets[mb]: the micro-batches (B, T) of token ids (read on
+  // the stages holding the embedding / the head). Gradients accumulate into the store (begin_step
+  // zeroes them before). Without hooks, OptimizerStep is left to the caller (the schedule alone,
+  // as a benchmark times it). Returns each micro-batch's mean loss on the stage holding the head
+  // (zeros elsewhere).
   std::vector<float> run(model::ParamStore& store, const std::vector<const std::int32_t*>& inputs,
                          const std::vector<const std::int32_t*>& targets, int B, int T,
-                         const model::ForwardOptions& opt);
+                         const model::ForwardOptions& opt, const StepHooks* hooks = nullptr);
   // Adds the first stage's and the last stage's wte gradients on both (no-op with pp = 1, or
   // with an untied LM head, which lives on the last stage alone).
   void sum_tied_embedding_grads(model::ParamStore& store);
@@ -76,6 +97,8 @@ class PipelineExecutor {
   PipelineStats stats_;
   std::vector<std::vector<float>> send_bufs_;  // gradient sends in flight copy from here
   std::vector<float> grad_in_, tied_tmp_;
+
+  void reduce_gradients(DataParallel& dp);  // OptimizerStep's reductions on a pipeline
 };
 
 }  // namespace tessera::parallel

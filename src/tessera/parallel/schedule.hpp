@@ -16,7 +16,8 @@
 //   RecvAct(mb, chunk, peer)   receive the input activation of Forward(mb, chunk) from `peer`
 //   SendGrad(mb, chunk, peer)  send the input gradient of Backward(mb, chunk) to `peer`
 //   RecvGrad(mb, chunk, peer)  receive the output gradient of Backward(mb, chunk) from `peer`
-//   OptimizerStep         after the last backward: gradient reduction (data parallel) and update
+//   OptimizerStep         after the last backward: the tied-embedding sum and the data-parallel
+//                         gradient reduction, then the update (PipelineExecutor's step hooks)
 // `chunk` on a send/recv is always the LOCAL chunk of the executing stage that produces or
 // consumes the tensor (the peer's chunk follows from the global chunk numbering).
 //

@@ -137,7 +137,7 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
                                         pc.recompute ? ", recomputation" : "",
                                         pc.sequence_parallel ? ", sequence parallelism" : "")
                           : std::string());
-  if (model.pipeline)
+  if (model.pipelined())
     log_info(
         "pipeline: {} schedule, {} stages x {} chunk{}, layers per chunk [{}], {} micro-batches "
         "per step, ideal bubble {:.3f}",
@@ -194,14 +194,14 @@ nlohmann::json step_row(const StepReport& report, const StepResult& result, cons
   if (goldfish)
     row["goldfish_kept"] =
         static_cast<std::int64_t>(result.kept_targets);  // targets in the loss, all dp ranks
-  if (!model.pipeline) {
+  if (!model.pipelined()) {
     row["forward_ms"] = result.forward_s * 1e3;
     row["backward_ms"] = result.backward_s * 1e3;
   }
   row["update_ms"] = result.update_s * 1e3;  // gradient norm, clipping and the optimizer
-  if (model.pipeline) {
-    row["bubble"] = model.pipeline->stats().bubble_fraction();  // this (the lead's) stage
-    row["p2p_wait_ms"] = model.pipeline->stats().recv_wait_s * 1e3;
+  if (model.pipelined()) {
+    row["bubble"] = model.executor->stats().bubble_fraction();  // this (the lead's) stage
+    row["p2p_wait_ms"] = model.executor->stats().recv_wait_s * 1e3;
   }
   if (model.dp->dp_size() > 1) {
     row["grad_overlap"] = model.dp->overlap_fraction();  // fraction reduced before backward ended
@@ -245,7 +245,7 @@ void write_pipeline_row(MetricsLog& metrics, const RunConfig& cfg, const RunPlan
     info[4 * stage + 0] = st.peak_live;
     info[4 * stage + 1] = static_cast<double>(st.peak_bytes);
     info[4 * stage + 2] = static_cast<double>(st.slot_bytes_max);
-    info[4 * stage + 3] = model.pipeline->stats().bubble_fraction();
+    info[4 * stage + 3] = model.executor->stats().bubble_fraction();
   }
   rt.world().all_reduce_sum(info.data(), info.size());
   if (!lead) return;

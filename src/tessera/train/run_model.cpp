@@ -36,11 +36,12 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
   if (fp32_cpu || plan.tensor_size() > 1 || plan.pipeline()) {
     model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
                                                            tensor_model_options(cfg, plan, topo));
-    if (plan.pipeline()) {
-      model.pipe_comm = &rt.group(topo, {comm::Axis::PP});
-      model.pipeline = std::make_unique<parallel::PipelineExecutor>(*model.tensor, *model.pipe_comm,
-                                                                    plan.sched());
-    }
+    // Without a pipeline, the one-stage schedule: each micro-batch's forward and backward, then
+    // the optimizer step.
+    const parallel::ScheduleSpec one_stage{parallel::ScheduleKind::OneF1B, 1, plan.accum(), 1};
+    model.pipe_comm = &rt.group(topo, {comm::Axis::PP});
+    model.executor = std::make_unique<parallel::PipelineExecutor>(
+        *model.tensor, *model.pipe_comm, plan.pipeline() ? plan.sched() : one_stage);
   }
   model.dp_comm = &rt.group(topo, {comm::Axis::DP});
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),

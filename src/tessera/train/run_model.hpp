@@ -29,9 +29,11 @@ struct RunModel {
   // pipeline stage (one process: the 1x1x1 grid, the whole model). Null on the GPU and for bf16
   // on the CPU, which train through model::forward / model::DeviceGpt.
   std::unique_ptr<parallel::TensorModel> tensor;
-  std::unique_ptr<parallel::PipelineExecutor> pipeline;  // pipeline parallelism; else null
-  comm::Communicator* pipe_comm = nullptr;               // {pp}; pipeline parallelism only
-  comm::Communicator* dp_comm = nullptr;                 // {dp}
+  // Runs each step of `tensor` as the stage's instruction list: the pipeline schedule, or the
+  // one-stage schedule without a pipeline. Null when `tensor` is.
+  std::unique_ptr<parallel::PipelineExecutor> executor;
+  comm::Communicator* pipe_comm = nullptr;     // {pp} (one rank without a pipeline)
+  comm::Communicator* dp_comm = nullptr;       // {dp}
   std::unique_ptr<parallel::DataParallel> dp;  // works on the local layout over the dp group
   Buffer<float> whole;  // tensor parallelism: the whole model assembled from the slices
   // hardware.device = "cuda": the model, gradients and AdamW moments live on the GPU; dp's host
@@ -48,6 +50,8 @@ struct RunModel {
   }
   // The rank stores slices of the model (tensor or pipeline parallelism), not the whole model.
   bool sliced() const { return tensor && !tensor->whole(); }
+  // Pipeline parallelism: the executor runs a schedule of several stages.
+  bool pipelined() const { return executor && executor->spec().pp > 1; }
 };
 
 // Builds the model objects of this rank (collective: creates the pp and dp communicators).

@@ -34,32 +34,6 @@ double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
   return kept_total;
 }
 
-// The stage's instruction list over the step's micro-batches; gradients accumulate (no reduction
-// before the list ends), then the tied embedding's two copies and the dp reduction of every
-// block. Returns the loss summed over the targets of this rank's micro-batches (each
-// micro-batch's mean times its targets), known on every stage.
-double run_pipeline_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
-                         StepWorkspace& work, StepResult& result) {
-  parallel::DataParallel& dp = *model.dp;
-  const int accum = plan.accum();
-  std::vector<const std::int32_t*> in(accum), tg(accum);
-  for (int a = 0; a < accum; ++a) in[a] = work.gx[a].data(), tg[a] = work.gy[a].data();
-  dp.begin_micro_batch(false);
-  const auto mb_losses = model.pipeline->run(dp, in, tg, plan.B(), plan.T, work.forward);
-  Timer comm_timer;
-  model.pipeline->sum_tied_embedding_grads(dp);
-  dp.begin_micro_batch(true);
-  for (int b = model::num_blocks(model.local_layout()) - 1; b >= 0; --b) dp.grads_done(b);
-  dp.end_micro_batch();
-  result.comm_wait_s += comm_timer.seconds();
-  double loss = 0;
-  for (int a = 0; a < accum; ++a)
-    loss += static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a]);
-  // The losses are known on the last stage.
-  model.pipe_comm->broadcast_bytes(&loss, sizeof loss, cfg.parallel.pp - 1);
-  return loss;
-}
-
 // Forward and backward of one micro-batch on the GPU (the host waits for the forward's losses;
 // the backward is timed to its end). Returns its mean loss.
 double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const std::int32_t* y,
@@ -74,8 +48,9 @@ double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const st
   return mb;
 }
 
-// Forward and backward of each micro-batch over the parallel model (or the one-process model),
-// the dp reductions overlapping the backward. Returns the loss summed as run_pipeline_step's.
+// Forward and backward of each micro-batch over the reference model (bf16 on the CPU) or the
+// GPU's, the dp reductions overlapping the backward. Returns the loss summed over the targets of
+// this rank's micro-batches (each micro-batch's mean times its targets).
 double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activations& acts,
                          StepWorkspace& work, StepResult& result) {
   parallel::DataParallel& dp = *model.dp;
@@ -93,16 +68,11 @@ double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activation
     }
     dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
     Timer phase;
-    const float mb = model.tensor
-                         ? model.tensor->forward(dp, xa, ya, B, T, work.forward)
-                         : model::forward(*model.layout, dp, acts, xa, ya, B, T, work.forward);
+    const float mb = model::forward(*model.layout, dp, acts, xa, ya, B, T, work.forward);
     loss += static_cast<double>(mb) * kept;
     result.forward_s += phase.seconds();
     phase.reset();
-    if (model.tensor)
-      model.tensor->backward(dp, xa, B, T, gemm);
-    else
-      model::backward(*model.layout, dp, acts, xa, B, T, gemm, nullptr, work.forward.bf16_params);
+    model::backward(*model.layout, dp, acts, xa, B, T, gemm, nullptr, work.forward.bf16_params);
     result.backward_s += phase.seconds();
     Timer comm_timer;
     dp.end_micro_batch();  // waits for the reductions still in flight
@@ -140,6 +110,42 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   result.lr = lr;
 }
 
+// The mean over every target in the loss (all micro-batches and dp ranks) from this rank's sum;
+// throws when it is not finite (before any update).
+double global_mean_loss(RunModel& model, double loss_sum, double kept_targets, std::int64_t step) {
+  model.dp_comm->all_reduce_sum(&loss_sum, 1);
+  const double loss = kept_targets > 0 ? loss_sum / kept_targets : 0.0;
+  if (!std::isfinite(loss))
+    throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
+                "lower train.lr or raise train.warmup_steps; check the data");
+  return loss;
+}
+
+// The step as the executor's instruction list (the one-stage schedule without a pipeline): its
+// OptimizerStep reduces the gradients, then takes the loss of the step (known on the last stage,
+// sent to the others) and updates the parameters.
+void run_schedule(const RunConfig& cfg, const RunPlan& plan, RunModel& model, StepWorkspace& work,
+                  std::int64_t step, comm::Runtime& rt, StepResult& result) {
+  const int accum = plan.accum();
+  std::vector<const std::int32_t*> in(accum), tg(accum);
+  for (int a = 0; a < accum; ++a) in[a] = work.gx[a].data(), tg[a] = work.gy[a].data();
+  parallel::PipelineExecutor::StepHooks hooks;
+  hooks.dp = model.dp.get();
+  hooks.optimizer_step = [&](const std::vector<float>& mb_losses) {
+    double loss = 0;
+    for (int a = 0; a < accum; ++a)
+      loss += static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a]);
+    model.pipe_comm->broadcast_bytes(&loss, sizeof loss, model.executor->spec().pp - 1);
+    result.loss = global_mean_loss(model, loss, result.kept_targets, step);
+    update_params(cfg, model, work, step, rt, result);
+  };
+  model.executor->run(*model.dp, in, tg, plan.B(), plan.T, work.forward, &hooks);
+  const auto& st = model.executor->stats();
+  result.forward_s = st.forward_s;
+  result.backward_s = st.backward_s;
+  result.comm_wait_s = st.reduce_wait_s;
+}
+
 }  // namespace
 
 StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
@@ -169,15 +175,12 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
     model.device->zero_grads();
   else
     model.dp->begin_step();
-  double loss = model.pipeline ? run_pipeline_step(cfg, plan, model, work, result)
-                               : run_micro_batches(plan, model, acts, work, result);
-  // the mean over every target in the loss, all micro-batches and dp ranks
-  model.dp_comm->all_reduce_sum(&loss, 1);
-  loss = result.kept_targets > 0 ? loss / result.kept_targets : 0.0;
-  if (!std::isfinite(loss))
-    throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
-                "lower train.lr or raise train.warmup_steps; check the data");
-  result.loss = loss;
+  if (model.executor) {  // the parallel model: every phase is an instruction of the schedule
+    run_schedule(cfg, plan, model, work, step, rt, result);
+    return result;
+  }
+  const double loss = run_micro_batches(plan, model, acts, work, result);
+  result.loss = global_mean_loss(model, loss, result.kept_targets, step);
   update_params(cfg, model, work, step, rt, result);
   return result;
 }

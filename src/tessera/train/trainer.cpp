@@ -102,7 +102,7 @@ eval::ScoreFn training_model_scorer(RunModel& model) {
     return [&dev = *model.device](const std::int32_t* x, const std::int32_t* y, int B, int T) {
       return dev.forward(x, y, B, T, false, 0.0f);
     };
-  if (!model.tensor || model.pipeline) return nullptr;
+  if (!model.tensor || model.pipelined()) return nullptr;
   return [&model](const std::int32_t* x, const std::int32_t* y, int B, int T) {
     model::ForwardOptions opt;
     opt.gemm = kernels::GemmLibrary::OneDnn;
@@ -193,7 +193,7 @@ void finish_run(TrainingRun& run, const StepReference& ref, const comm::Topology
   // Peak resident bytes of the busiest rank over the steps (before the final checkpoint).
   double steps_rss = static_cast<double>(peak_resident_bytes());
   run.rt.world().all_reduce_max(&steps_rss, 1);
-  if (run.model.pipeline && ran)
+  if (run.model.pipelined() && ran)
     write_pipeline_row(run.metrics, run.cfg, run.plan, run.model, topo, run.rt, run.lead);
   if (ran || !run.progress.resumed) checkpoint(run);
   run.summary.last_step = step;
