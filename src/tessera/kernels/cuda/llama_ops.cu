@@ -85,11 +85,16 @@ struct RopeFreqs {
   double v[k_rope_max_half];
 };
 
-// Rotates (x_i, x_{i+half}) of every q and k head by +-angle (t * inv_freq[i]).
+// Rotates (x_i, x_{i+half}) of every q and k head by +-angle (t * inv_freq[i]). The block first
+// copies the table to shared memory: neighbouring threads read different entries, which the
+// parameters' constant bank would serve one address at a time.
 template <class T>
 __global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f,
                             float sign) {
   const int half = hs / 2, heads = NH + KV;
+  __shared__ double inv_freq[k_rope_max_half];
+  for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = f.v[j];
+  __syncthreads();
   const std::int64_t W = static_cast<std::int64_t>(NH + 2 * KV) * hs;
   const std::int64_t total = static_cast<std::int64_t>(B) * Tn * heads * half;
   for (std::int64_t e = global_index(); e < total; e += global_stride()) {
@@ -99,7 +104,7 @@ __global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeF
     const std::int64_t row = rest / heads;  // b * Tn + t
     const int t = static_cast<int>(row % Tn);
     // the angle in double, as the CPU kernel computes it, then cos and sin in fp32
-    const double a = t * f.v[i];
+    const double a = t * inv_freq[i];
     const float c = static_cast<float>(cos(a)), s = sign * static_cast<float>(sin(a));
     const std::int64_t o = row * W + static_cast<std::int64_t>(h) * hs + i;
     const float x1 = load(qkv, o), x2 = load(qkv, o + half);
