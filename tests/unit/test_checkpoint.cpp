@@ -111,3 +111,61 @@ TEST(Checkpoint, DamagedOrIncompleteCheckpointsAreClearErrors) {
   expect_error("incomplete");
   EXPECT_FALSE(io::latest_checkpoint(s.root).has_value());
 }
+
+// config.json's rope_scaling: linear and llama3 read and written back as Hugging Face names them;
+// other kinds refused.
+TEST(Checkpoint, HfConfigRopeScaling) {
+  model::ModelConfig c;
+  c.family = model::Family::Llama;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 32;
+  c.intermediate_size = 48;
+  c.vocab_size = 100;
+  c.rope_theta = 500000.0;
+  c.rope_scaling.kind = model::RopeScalingKind::Llama3;
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.high_freq_factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 8192;
+  const std::string text = io::hf_config_text(c, 2);
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_scaling"]["factor"], 8.0);
+  EXPECT_EQ(j["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_EQ(io::parse_hf_config(text, "config.json"), c);
+
+  c.rope_scaling = {};
+  c.rope_scaling.kind = model::RopeScalingKind::Linear;
+  c.rope_scaling.factor = 2;
+  EXPECT_EQ(io::parse_hf_config(io::hf_config_text(c), "config.json"), c);
+  c.rope_scaling = {};
+  EXPECT_TRUE(nlohmann::json::parse(io::hf_config_text(c))["rope_scaling"].is_null());
+  EXPECT_EQ(io::parse_hf_config(io::hf_config_text(c), "config.json"), c);
+
+  // Llama 3.1 8B's object, and the older `type` key.
+  auto with = [&](const char* scaling) {
+    auto jc = nlohmann::json::parse(io::hf_config_text(c));
+    jc["rope_scaling"] = nlohmann::json::parse(scaling);
+    return io::parse_hf_config(jc.dump(), "config.json");
+  };
+  const model::ModelConfig l31 =
+      with(R"({"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"})");
+  EXPECT_EQ(l31.rope_scaling.kind, model::RopeScalingKind::Llama3);
+  EXPECT_EQ(l31.rope_scaling.factor, 8.0);
+  EXPECT_EQ(l31.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(l31.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l31.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(with(R"({"type": "linear", "factor": 4.0})").rope_scaling.factor, 4.0);
+  EXPECT_EQ(with(R"({"rope_type": "default"})").rope_scaling, model::RopeScaling{});
+  for (const char* bad : {R"({"rope_type": "yarn", "factor": 4.0})", R"({"factor": 4.0})",
+                          R"({"rope_type": "linear"})", R"({"rope_type": "linear", "factor": 0})",
+                          R"({"rope_type": "llama3", "factor": 8, "low_freq_factor": 4})"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(with(bad), Error);
+  }
+  // Per-dimension factors (from a GGUF file) have no config.json form.
+  c.rope_scaling.freq_factors.assign(4, 2.0f);
+  EXPECT_THROW(io::hf_config_text(c), Error);
+}

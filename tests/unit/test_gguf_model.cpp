@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <span>
@@ -266,6 +267,50 @@ TEST(GgufModelConfig, HarmlessVariantsLoad) {
   EXPECT_EQ(io::load_gguf_model(g.file()).config, want);
 }
 
+// Rotary scaling in the forms llama.cpp's converter writes it: linear as the scaling keys, Llama
+// 3.1-style as rope_freqs.weight. The writer writes them so; the reader reads them back.
+TEST(GgufModelConfig, RopeScalingRoundTrips) {
+  model::ModelConfig cfg = tiny_llama(true);
+  cfg.rope_theta = 500000.0;  // head size 8: wavelengths 6.3, 167, 4443 and 118000
+  cfg.rope_scaling.kind = model::RopeScalingKind::Llama3;
+  cfg.rope_scaling.factor = 8;
+  const Buffer<float> params = random_params(cfg, 6);
+  LlamaGguf g = to_gguf(cfg, params.data());
+  // llama.cpp's factors, independently: 1 for wavelengths below 8192 / 4, 8 above 8192 / 1,
+  // 1 / ((1 - s) / 8 + s) between, s = (8192 / wavelength - 1) / (4 - 1).
+  const auto& factors = g.tensor("rope_freqs.weight").values;
+  ASSERT_EQ(factors.size(), 4u);
+  const double wavelen2 = 2 * std::numbers::pi * std::pow(500000.0, 0.5),
+               s = (8192 / wavelen2 - 1) / 3;
+  EXPECT_EQ(factors[0], 1.0f);
+  EXPECT_EQ(factors[1], 1.0f);
+  EXPECT_NEAR(factors[2], 1 / ((1 - s) / 8 + s), 1e-6);
+  EXPECT_EQ(factors[3], 8.0f);
+  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  EXPECT_EQ(io::load_gguf_model(g.file()).config, cfg);
+
+  // Factors of no llama3 parameters are kept and applied as they are.
+  g.tensor("rope_freqs.weight").values = {1.0f, 2.0f, 3.0f, 4.0f};
+  model::ModelConfig odd = cfg;
+  odd.rope_scaling = {};
+  odd.rope_scaling.freq_factors = {1.0f, 2.0f, 3.0f, 4.0f};
+  EXPECT_EQ(io::gguf_llama_config(g.file()), odd);
+  const auto inv = model::rope_inv_freq(odd);
+  EXPECT_DOUBLE_EQ(inv[2], std::pow(500000.0, -0.5) / 3);
+
+  cfg.rope_scaling = {};
+  cfg.rope_scaling.kind = model::RopeScalingKind::Linear;
+  cfg.rope_scaling.factor = 4;
+  g = to_gguf(cfg, params.data());
+  EXPECT_THROW(g.tensor("rope_freqs.weight"), std::runtime_error);
+  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  // The older key of the factor, without a type, is linear scaling too.
+  g.erase("llama.rope.scaling.type");
+  g.erase("llama.rope.scaling.factor");
+  g.set("llama.rope.scale_linear", GgufValue::f32(4.0f));
+  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+}
+
 TEST(GgufModelConfig, SmolLM2StyleValues) {
   // float32 metadata reads back as the decimal the converter was given.
   model::ModelConfig cfg = tiny_llama(true);
@@ -338,19 +383,23 @@ TEST_F(GgufModelBadInput, InconsistentValues) {
   expect_refused("mixture of experts");
 }
 
+// Linear and Llama 3.1-style scaling load (GgufModelConfig.RopeScalingRoundTrips); other kinds,
+// and factors of the wrong shape or value, are refused.
 TEST_F(GgufModelBadInput, RopeScaling) {
-  g.set("llama.rope.scaling.type", GgufValue::string("linear"));
+  g.set("llama.rope.scaling.type", GgufValue::string("yarn"));
   g.set("llama.rope.scaling.factor", GgufValue::f32(4.0f));
-  expect_refused("llama.rope.scaling.type = \"linear\" is not supported");
+  expect_refused("llama.rope.scaling.type = \"yarn\" is not supported");
+  g.set("llama.rope.scaling.type", GgufValue::string("none"));
+  expect_refused("llama.rope.scaling.factor = 4 with llama.rope.scaling.type \"none\"");
+  g.set("llama.rope.scaling.type", GgufValue::string("linear"));
+  g.set("llama.rope.scaling.factor", GgufValue::f32(-2.0f));
+  expect_refused("rope_scaling factor must be positive");
   g.erase("llama.rope.scaling.type");
-  expect_refused("llama.rope.scaling.factor = 4 is not supported");
   g.erase("llama.rope.scaling.factor");
-  std::vector<float> factors(cfg.head_dim() / 2, 1.0f);
-  factors.back() = 8.0f;
-  g.tensors.push_back({"rope_freqs.weight", {cfg.head_dim() / 2}, factors});
-  expect_refused("rope_freqs.weight");
-  g.tensor("rope_freqs.weight") = {"rope_freqs.weight", {3}, {1, 1, 1}};
-  expect_refused("rope_freqs.weight");
+  g.tensors.push_back({"rope_freqs.weight", {3}, {1, 1, 8}});
+  expect_refused("tensor 'rope_freqs.weight' has GGUF dims [3]");
+  g.tensor("rope_freqs.weight") = {"rope_freqs.weight", {cfg.head_dim() / 2}, {1, 1, 0, 8}};
+  expect_refused("a rotary frequency factor is 0");
 }
 
 TEST_F(GgufModelBadInput, WrongShapes) {

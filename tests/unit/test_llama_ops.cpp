@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <vector>
 
 #include "grad_check.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/model/config.hpp"
 
 namespace {
 
@@ -57,16 +59,23 @@ TEST(LlamaOps, RmsNormForwardBackward) {
   check_gradient("rmsnorm dw", w.data(), w.size(), dw.data(), loss, 1e-2, {3e-4, 1e-3}, rng, 1000);
 }
 
-// The rotation of Hugging Face's rotate-half layout, in double.
+// The unscaled rotary inverse frequencies theta^(-2i/hs), as the kernels take them.
+std::vector<double> inv_freq_of(double theta, int hs) {
+  std::vector<double> inv(hs / 2);
+  for (int i = 0; i < hs / 2; ++i) inv[i] = std::pow(theta, -2.0 * i / hs);
+  return inv;
+}
+
+// The rotation of Hugging Face's rotate-half layout, in double, by angles (pos0 + t) inv[i].
 std::vector<double> rope_ref(const std::vector<float>& qkv, int B, int T, int NH, int KV, int hs,
-                             double theta, int pos0) {
+                             const std::vector<double>& inv, int pos0) {
   const int W = (NH + 2 * KV) * hs, half = hs / 2;
   std::vector<double> out(qkv.begin(), qkv.end());
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < NH + KV; ++h)
         for (int i = 0; i < half; ++i) {
-          const double a = (pos0 + t) * std::pow(theta, -2.0 * i / hs);
+          const double a = (pos0 + t) * inv[i];
           const std::size_t o = (std::size_t(b) * T + t) * W + std::size_t(h) * hs + i;
           const double x1 = qkv[o], x2 = qkv[o + half];
           out[o] = x1 * std::cos(a) - x2 * std::sin(a);
@@ -77,14 +86,14 @@ std::vector<double> rope_ref(const std::vector<float>& qkv, int B, int T, int NH
 
 TEST(LlamaOps, RopeRotatesQAndKAndItsBackwardIsTheTranspose) {
   const int B = 2, T = 9, NH = 4, KV = 2, hs = 8;
-  const double theta = 10000.0;
+  const auto inv = inv_freq_of(10000.0, hs);
   const int W = (NH + 2 * KV) * hs;
   Rng rng(12);
   const auto x0 = randn(rng, B * T * W);
   auto x = x0;
-  cpu::rope_forward(x.data(), B, T, NH, KV, hs, theta);
+  cpu::rope_forward(x.data(), B, T, NH, KV, hs, inv.data());
   // cos and sin are rounded to fp32 once each: two roundings on two products, a few u relative.
-  const auto ref = rope_ref(x0, B, T, NH, KV, hs, theta, 0);
+  const auto ref = rope_ref(x0, B, T, NH, KV, hs, inv, 0);
   expect_close("rope", x.data(), ref.data(), x.size(), {1e-6, 1e-6});
   // v (the last KV heads of each row) is not touched.
   for (int r = 0; r < B * T; ++r)
@@ -94,7 +103,7 @@ TEST(LlamaOps, RopeRotatesQAndKAndItsBackwardIsTheTranspose) {
   // of the whole sequence, bit for bit (the same fp32 cos and sin).
   for (int t = 0; t < T; ++t) {
     std::vector<float> row(x0.begin() + t * W, x0.begin() + (t + 1) * W);
-    cpu::rope_forward(row.data(), 1, 1, NH, KV, hs, theta, t);
+    cpu::rope_forward(row.data(), 1, 1, NH, KV, hs, inv.data(), t);
     for (int c = 0; c < W; ++c) ASSERT_EQ(row[c], x[t * W + c]) << "t=" << t;
   }
 
@@ -102,15 +111,121 @@ TEST(LlamaOps, RopeRotatesQAndKAndItsBackwardIsTheTranspose) {
   // rounding of two dot products of B*T*W terms (~1e3 terms of size ~1: 1e-4 absolute).
   const auto R = randn(rng, x.size());
   auto g = R;
-  cpu::rope_backward(g.data(), B, T, NH, KV, hs, theta);
+  cpu::rope_backward(g.data(), B, T, NH, KV, hs, inv.data());
   const double lhs = dot(R.data(), x.data(), x.size());
   const double rhs = dot(g.data(), x0.data(), x0.size());
   EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs)));
   // Rotating back undoes the rotation (cos^2 + sin^2 = 1 up to fp32 rounding).
   auto back = x;
-  cpu::rope_backward(back.data(), B, T, NH, KV, hs, theta);
+  cpu::rope_backward(back.data(), B, T, NH, KV, hs, inv.data());
   std::vector<double> x0d(x0.begin(), x0.end());
   expect_close("rope inverse", back.data(), x0d.data(), back.size(), {1e-6, 1e-6});
+}
+
+// The table of model::rope_inv_freq without scaling gives the rotation the kernel computed from
+// theta alone before it took a table: the angle (pos0 + t) theta^(-2i/hs) in double, cos and sin
+// rounded to fp32. The angles are the same doubles (the table's entries equal
+// std::pow(theta, -2.0 * i / hs) exactly: RopeInvFreqLlama3), so the kernel's output is that of
+// the theta path bit for bit; compared here with the rotation written out in fp32 (whose products
+// the compiler may fuse differently from the kernel's vector loop: a few u).
+TEST(LlamaOps, RopeWithTheUnscaledTableIsTheThetaRotation) {
+  const int B = 2, T = 7, NH = 4, KV = 2, hs = 16, pos0 = 3;
+  const double theta = 500000.0;
+  const int W = (NH + 2 * KV) * hs, half = hs / 2;
+  tessera::model::ModelConfig cfg;
+  cfg.family = tessera::model::Family::Llama;
+  cfg.n_head = NH;
+  cfg.n_kv_head = KV;
+  cfg.n_embd = NH * hs;
+  cfg.rope_theta = theta;
+  Rng rng(14);
+  const auto x0 = randn(rng, B * T * W);
+  auto x = x0, expect = x0;
+  cpu::rope_forward(x.data(), B, T, NH, KV, hs, tessera::model::rope_inv_freq(cfg).data(), pos0);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH + KV; ++h)
+        for (int i = 0; i < half; ++i) {
+          const double a = (pos0 + t) * std::pow(theta, -2.0 * i / hs);
+          const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+          float* e = expect.data() + (std::size_t(b) * T + t) * W + std::size_t(h) * hs;
+          const float x1 = e[i], x2 = e[i + half];
+          e[i] = x1 * c - x2 * s;
+          e[i + half] = x2 * c + x1 * s;
+        }
+  for (std::size_t k = 0; k < x.size(); ++k)
+    ASSERT_NEAR(x[k], expect[k], 1e-6 * (1 + std::abs(expect[k]))) << "element " << k;
+}
+
+// A scaled table (llama3 scaling of Llama 3.1 8B's shape) rotates by its own angles.
+TEST(LlamaOps, RopeFollowsAScaledTable) {
+  const int B = 1, T = 5, NH = 2, KV = 1, hs = 128, pos0 = 9000;
+  const int W = (NH + 2 * KV) * hs;
+  tessera::model::ModelConfig cfg;
+  cfg.family = tessera::model::Family::Llama;
+  cfg.n_head = NH;
+  cfg.n_kv_head = KV;
+  cfg.n_embd = NH * hs;
+  cfg.rope_theta = 500000.0;
+  cfg.rope_scaling.kind = tessera::model::RopeScalingKind::Llama3;
+  cfg.rope_scaling.factor = 8;
+  const auto inv = tessera::model::rope_inv_freq(cfg);
+  Rng rng(15);
+  const auto x0 = randn(rng, B * T * W);
+  auto x = x0;
+  cpu::rope_forward(x.data(), B, T, NH, KV, hs, inv.data(), pos0);
+  const auto ref = rope_ref(x0, B, T, NH, KV, hs, inv, pos0);
+  expect_close("scaled rope", x.data(), ref.data(), x.size(), {1e-6, 1e-6});
+}
+
+// Llama 3.1 8B's rotary frequencies (theta 500000, head size 128, llama3 scaling: factor 8, low 1,
+// high 4, original context 8192), computed here from the definition: wavelengths below
+// 8192 / 4 = 2048 (pairs 0..28) keep theta^(-2i/128); above 8192 (pairs 35..63) are divided
+// by 8; between, a blend with s = (8192 / wavelength - 1) / 3.
+TEST(LlamaOps, RopeInvFreqLlama3) {
+  tessera::model::ModelConfig cfg;
+  cfg.family = tessera::model::Family::Llama;
+  cfg.n_head = 32;
+  cfg.n_kv_head = 8;
+  cfg.n_embd = 4096;
+  cfg.rope_theta = 500000.0;
+  const auto plain = tessera::model::rope_inv_freq(cfg);
+  cfg.rope_scaling.kind = tessera::model::RopeScalingKind::Llama3;
+  cfg.rope_scaling.factor = 8;
+  cfg.rope_scaling.low_freq_factor = 1;
+  cfg.rope_scaling.high_freq_factor = 4;
+  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  const auto inv = tessera::model::rope_inv_freq(cfg);
+  ASSERT_EQ(inv.size(), 64u);
+  ASSERT_EQ(plain.size(), 64u);
+  for (int i : {0, 1, 17, 28, 29, 31, 34, 35, 50, 63}) {
+    SCOPED_TRACE(i);
+    const double base = 1.0 / std::pow(500000.0, i / 64.0);
+    EXPECT_NEAR(plain[i], base, 1e-15 * base);
+    const double wavelen = 2 * std::numbers::pi / base;
+    double want = base / 8;
+    if (i <= 28) {
+      EXPECT_LT(wavelen, 2048);
+      want = base;
+    } else if (i <= 34) {
+      EXPECT_GT(wavelen, 2048);
+      EXPECT_LT(wavelen, 8192);
+      const double s = (8192 / wavelen - 1) / 3;
+      want = base * (s + (1 - s) / 8);
+      EXPECT_GT(want, base / 8);
+      EXPECT_LT(want, base);
+    } else {
+      EXPECT_GT(wavelen, 8192);
+    }
+    EXPECT_NEAR(inv[i], want, 1e-14 * want);
+  }
+  // Linear scaling divides every frequency.
+  cfg.rope_scaling.kind = tessera::model::RopeScalingKind::Linear;
+  cfg.rope_scaling.factor = 4;
+  const auto lin = tessera::model::rope_inv_freq(cfg);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(lin[i], plain[i] / 4);
+  // Unscaled, the table is exactly what the kernels computed from theta.
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(plain[i], std::pow(500000.0, -2.0 * i / 128));
 }
 
 TEST(LlamaOps, SwigluForwardBackward) {

@@ -190,6 +190,65 @@ TEST(Model, BadFamilySettingsAreRefused) {
   EXPECT_THROW(model::validate(gpt), Error);
 }
 
+// Rotary scaling reaches every path of the model: the full forward and the KV-cache decoder
+// rotate by the same scaled frequencies (the decoder still matches the forward, and both differ
+// from the unscaled model), and the backward rotates back by them (a directional derivative).
+TEST(Model, LlamaRopeScalingReachesForwardDecoderAndBackward) {
+  auto cfg = tiny_llama();  // head size 8, theta 10000: wavelengths 6.3, 63, 628, 6283
+  cfg.rope_scaling.kind = model::RopeScalingKind::Llama3;
+  cfg.rope_scaling.factor = 4;
+  cfg.rope_scaling.original_max_position_embeddings = 64;  // pairs: kept, blended, scaled x2
+  model::ParamLayout layout(cfg);
+  Buffer<float> p(layout.total()), g(layout.total());
+  model::init_params(layout, p.data(), 9);
+  const int T = cfg.block_size, Vp = cfg.padded_vocab();
+  const auto x = random_tokens(T, cfg.vocab_size, 3), y = random_tokens(T, cfg.vocab_size, 4);
+  model::Activations a, plain_acts;
+  model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
+  auto plain_cfg = cfg;
+  plain_cfg.rope_scaling = {};
+  const model::ParamLayout plain(plain_cfg);
+  model::forward(plain, p.data(), plain_acts, x.data(), nullptr, 1, T, {});
+  double diff = 0;
+  model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+  for (int t = 0; t < T; ++t) {
+    const float* l = dec.step(x[t]);
+    const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
+    const float* unscaled = plain_acts.at(plain_acts.logits) + std::size_t(t) * Vp;
+    for (int v = 0; v < cfg.vocab_size; ++v) {
+      ASSERT_NEAR(l[v], ref[v], 2e-5) << "t=" << t << " v=" << v;
+      diff = std::max(diff, double(std::fabs(ref[v] - unscaled[v])));
+    }
+  }
+  // The scaling changes the logits (small ones: the initial weights attend almost uniformly).
+  EXPECT_GT(diff, 1e-4);
+
+  // d loss / d eps of loss(p + eps d), d = the gradient itself on layer 0's q and k weights:
+  // central differences in double of an fp32 loss (h = 1e-2: truncation ~h^2, noise ~u/h).
+  model::ForwardOptions o;
+  o.training = true;
+  o.dloss = 1.0f / T;
+  model::forward(layout, p.data(), a, x.data(), y.data(), 1, T, o);
+  model::backward(layout, p.data(), g.data(), a, x.data(), 1, T, o.gemm);
+  std::vector<std::size_t> idx;
+  for (const char* n :
+       {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"}) {
+    const auto& t = *layout.find(n);
+    for (std::size_t i = 0; i < t.numel; ++i) idx.push_back(t.offset + i);
+  }
+  double gd = 0;
+  for (std::size_t i : idx) gd += double(g[i]) * g[i];
+  const double h = 1e-2 / std::sqrt(gd);
+  auto loss_at = [&](double eps) {
+    Buffer<float> q(layout.total());
+    std::copy(p.data(), p.data() + layout.total(), q.data());
+    for (std::size_t i : idx) q[i] += static_cast<float>(eps * g[i]);
+    return double(model::forward(layout, q.data(), a, x.data(), y.data(), 1, T, {}));
+  };
+  const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
+  EXPECT_NEAR(fd, gd, 0.02 * gd);
+}
+
 TEST(Model, BadTokensAreRejected) {
   auto cfg = tiny();
   model::ParamLayout layout(cfg);

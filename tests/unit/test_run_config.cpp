@@ -462,3 +462,31 @@ TEST(RunConfig, Bf16OnTheCpuWithoutTensorOrPipelineParallelism) {
                      "parallelism (the grid here has pp=2 tx=1 ty=1 tz=1)",
                      "set parallel.pp = tx = ty = tz = 1");
 }
+
+// The [model] rope keys reach the model's rotary scaling; unknown kinds, and scaling on gpt2,
+// are refused.
+TEST(RunConfig, RopeScalingKeys) {
+  const RunConfig c = parse(
+      "[model]\nfamily = \"llama\"\nrope_theta = 500000.0\nrope_scaling = \"llama3\"\n"
+      "rope_scaling_factor = 8.0\nrope_low_freq_factor = 1.0\nrope_high_freq_factor = 4.0\n"
+      "rope_original_max_positions = 64\n");
+  const model::ModelConfig m = model_config(c.model);
+  EXPECT_EQ(m.rope_scaling.kind, model::RopeScalingKind::Llama3);
+  EXPECT_EQ(m.rope_scaling.factor, 8.0);
+  EXPECT_EQ(m.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_EQ(parse_run_config(to_toml(c), "t.toml"), c);
+  EXPECT_EQ(model_config(parse("[model]\nfamily = \"llama\"\nrope_scaling = \"linear\"\n"
+                               "rope_scaling_factor = 2.0\n")
+                             .model)
+                .rope_scaling.kind,
+            model::RopeScalingKind::Linear);
+  expect_parse_error("[model]\nfamily = \"llama\"\nrope_scaling = \"yarn\"\n",
+                     "invalid model.rope_scaling = \"yarn\"");
+  expect_parse_error("[model]\nrope_scaling = \"linear\"\nrope_scaling_factor = 2.0\n",
+                     "rope scaling is a llama setting");
+  expect_parse_error(
+      "[model]\nfamily = \"llama\"\nrope_scaling = \"llama3\"\n"
+      "rope_scaling_factor = 8.0\nrope_low_freq_factor = 4.0\n",
+      "llama3 rope scaling needs");
+}

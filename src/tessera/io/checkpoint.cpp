@@ -104,8 +104,60 @@ void save_model(const fs::path& dir, const model::ParamLayout& layout, const flo
 
 namespace {
 
+// Hugging Face's `rope_scaling` object: rope_type (or the older `type`) "default", "linear" or
+// "llama3" with its factors; the other kinds (yarn, dynamic, longrope, ...) are refused.
+model::RopeScaling parse_rope_scaling(const json& r, const std::string& source) {
+  model::RopeScaling s;
+  if (r.is_null()) return s;
+  const std::string where = fmt::format("{}: rope_scaling {}", source, r.dump());
+  if (!r.is_object()) throw Error(where + " is not an object");
+  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
+  if (!r.contains(type_key) || !r[type_key].is_string()) throw Error(where + " has no rope_type");
+  const std::string type = r[type_key].get<std::string>();
+  auto number = [&](const char* key, double fallback) {
+    if (!r.contains(key) || r[key].is_null()) return fallback;
+    if (!r[key].is_number()) throw Error(fmt::format("{}: '{}' must be a number", where, key));
+    return r[key].get<double>();
+  };
+  if (type == "default") return s;
+  if (type != "linear" && type != "llama3")
+    throw Error(fmt::format("{}: rope_type \"{}\" is not supported", where, type),
+                "tessera applies rotary scaling of rope_type \"linear\" and \"llama3\"");
+  if (!r.contains("factor")) throw Error(where + " has no factor");
+  s.kind = type == "linear" ? model::RopeScalingKind::Linear : model::RopeScalingKind::Llama3;
+  s.factor = number("factor", 1.0);
+  if (s.kind == model::RopeScalingKind::Linear) return s;
+  s.low_freq_factor = number("low_freq_factor", s.low_freq_factor);
+  s.high_freq_factor = number("high_freq_factor", s.high_freq_factor);
+  const double orig =
+      number("original_max_position_embeddings", s.original_max_position_embeddings);
+  if (!(orig >= 1 && orig <= 1e9 && orig == std::floor(orig)))
+    throw Error(
+        fmt::format("{}: original_max_position_embeddings must be a positive integer", where));
+  s.original_max_position_embeddings = static_cast<int>(orig);
+  return s;
+}
+
+// config.json's `rope_scaling` of a model (null when there is none). Per-dimension factors
+// (from a GGUF file) have no config.json form: refused.
+json rope_scaling_json(const model::RopeScaling& s) {
+  if (!s.freq_factors.empty())
+    throw Error(
+        "the model's rotary frequencies are scaled by per-dimension factors (a GGUF "
+        "file's rope_freqs.weight), which config.json cannot express",
+        "keep the model in GGUF form");
+  if (s.kind == model::RopeScalingKind::None) return nullptr;
+  json j{{"rope_type", model::rope_scaling_name(s.kind)}, {"factor", s.factor}};
+  if (s.kind == model::RopeScalingKind::Llama3) {
+    j["low_freq_factor"] = s.low_freq_factor;
+    j["high_freq_factor"] = s.high_freq_factor;
+    j["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  }
+  return j;
+}
+
 // Hugging Face's LlamaConfig (model_type "llama"): what tessera's llama family runs, and a clear
-// refusal of what it does not (biases, other activations, rotary scaling).
+// refusal of what it does not (biases, other activations, other rotary scalings).
 template <class GetInt>
 model::ModelConfig parse_llama_config(const json& j, const std::string& source, GetInt& get) {
   auto number = [&](const char* key, double fallback) {
@@ -142,10 +194,7 @@ model::ModelConfig parse_llama_config(const json& j, const std::string& source, 
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw Error(fmt::format("{}: hidden_act {} is not supported", source, j["hidden_act"].dump()),
                 "tessera's llama family uses SwiGLU (hidden_act \"silu\")");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw Error(
-        fmt::format("{}: rope_scaling {} is not supported yet", source, j["rope_scaling"].dump()),
-        "tessera applies plain rotary positions (no frequency scaling)");
+  if (j.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(j["rope_scaling"], source);
   return c;
 }
 
@@ -696,6 +745,7 @@ std::string hf_config_text(const model::ModelConfig& c, int indent, const char* 
                  {"vocab_size", c.vocab_size},
                  {"rms_norm_eps", c.norm_eps},
                  {"rope_theta", c.rope_theta},
+                 {"rope_scaling", rope_scaling_json(c.rope_scaling)},
                  {"tie_word_embeddings", c.tie_embeddings},
                  {"hidden_act", "silu"},
                  {"attention_bias", false},

@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -67,28 +68,66 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Rotary scaling, in any of the forms llama.cpp's converters write it: refused, as tessera
-// applies plain rotary positions.
-void refuse_rope_scaling(const GgufFile& f) {
+// Rotary scaling from the metadata, in the forms llama.cpp's converters write it: linear
+// (llama.rope.scaling.type "linear", or no type, with llama.rope.scaling.factor or the older
+// llama.rope.scale_linear; llama.cpp divides the frequencies by it). Other types (yarn, ...)
+// are refused. Llama 3.1-style scaling comes as the tensor rope_freqs.weight instead.
+model::RopeScaling gguf_rope_scaling(const GgufFile& f) {
   const std::string hint =
-      "tessera applies plain rotary positions (no frequency scaling); use a model without "
-      "rope_scaling";
-  if (f.find_metadata("llama.rope.scaling.type")) {
-    const std::string type = f.get_string("llama.rope.scaling.type");
-    if (type != "none")
-      throw Error(fmt::format("{}: rotary scaling llama.rope.scaling.type = \"{}\" is not "
-                              "supported",
-                              file_of(f), type),
-                  hint);
-  }
-  for (std::string_view key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"})
+      "tessera applies rotary scaling of type \"linear\", and Llama "
+      "3.1-style frequency factors (rope_freqs.weight)";
+  std::string type;
+  if (f.find_metadata("llama.rope.scaling.type")) type = f.get_string("llama.rope.scaling.type");
+  if (!type.empty() && type != "none" && type != "linear")
+    throw Error(fmt::format("{}: rotary scaling llama.rope.scaling.type = \"{}\" is not "
+                            "supported",
+                            file_of(f), type),
+                hint);
+  model::RopeScaling r;
+  for (std::string_view key : {"llama.rope.scale_linear", "llama.rope.scaling.factor"})
     if (f.find_metadata(key)) {
       const double factor = f.get_float(key);
-      if (factor != 0.0 && factor != 1.0)
-        throw Error(
-            fmt::format("{}: rotary scaling {} = {} is not supported", file_of(f), key, factor),
-            hint);
+      if (factor == 0.0 || factor == 1.0) continue;
+      if (type == "none")
+        throw Error(fmt::format("{}: {} = {} with llama.rope.scaling.type \"none\"", file_of(f),
+                                key, factor),
+                    hint);
+      r.kind = model::RopeScalingKind::Linear;
+      r.factor = factor;
     }
+  return r;
+}
+
+// llama.cpp's converter writes Llama 3.1-style scaling as per-dimension factors,
+// 1 / ((1 - s) / factor + s) between the bands (the angle is divided by them). The factors of
+// Llama 3.x's parameters (low 1, high 4, original context 8192, factor = the last one) are read
+// back as that scaling; any other factors are kept as they are.
+void read_rope_freqs(const GgufFile& f, model::ModelConfig& c) {
+  const GgufTensorInfo* g = f.find("rope_freqs.weight");
+  if (!g) return;
+  if (!dims_match(*g, {c.head_dim() / 2}) || !can_dequantize(g->type))
+    throw Error(
+        fmt::format("{}: tensor 'rope_freqs.weight' has GGUF dims {} and type {}, "
+                    "expected [{}] frequency factors",
+                    file_of(f), shape_str(g->dims), ggml_type_name(g->type), c.head_dim() / 2),
+        "the file is damaged");
+  const std::vector<float> factors = f.dequantize(*g);
+  if (std::all_of(factors.begin(), factors.end(), [](float x) { return x == 1.0f; })) return;
+  model::ModelConfig llama3 = c;
+  llama3.rope_scaling = {};
+  const std::vector<double> base = model::rope_inv_freq(llama3);
+  llama3.rope_scaling.kind = model::RopeScalingKind::Llama3;
+  llama3.rope_scaling.factor = factors.back();
+  bool same = c.rope_scaling.kind == model::RopeScalingKind::None && factors.back() > 1;
+  if (same) {
+    const std::vector<double> scaled = model::rope_inv_freq(llama3);
+    for (std::size_t i = 0; i < factors.size() && same; ++i)
+      same = std::abs(base[i] / scaled[i] - factors[i]) <= 1e-5 * factors[i];
+  }
+  if (same)
+    c.rope_scaling = llama3.rope_scaling;
+  else
+    c.rope_scaling.freq_factors = factors;
 }
 
 }  // namespace
@@ -120,7 +159,7 @@ model::ModelConfig gguf_llama_config(const GgufFile& f) {
     throw Error(fmt::format("{}: a mixture of experts (llama.expert_count = {}) is not supported",
                             file, f.get_int("llama.expert_count")),
                 "tessera's llama family has one dense MLP per layer");
-  refuse_rope_scaling(f);
+  c.rope_scaling = gguf_rope_scaling(f);
 
   // The vocabulary: the rows of the token embedding, (vocab, C) stored with dims [C, vocab].
   const GgufTensorInfo* emb = f.find("token_embd.weight");
@@ -171,6 +210,13 @@ model::ModelConfig gguf_llama_config(const GgufFile& f) {
                               "(embedding_length / head_count) is {}",
                               file, key, f.get_int(key), head_dim),
                   "tessera's llama family rotates whole heads of embedding_length / head_count");
+  read_rope_freqs(f, c);
+  try {
+    model::validate(c);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: the rotary scaling it describes is not valid: {}", file, e.what()),
+                e.hint());
+  }
   return c;
 }
 
@@ -220,21 +266,10 @@ LoadedModel load_gguf_model(const GgufFile& f) {
     used.insert(*name);
   }
 
-  // Anything else changes what the model computes (or belongs to another model): refused, but
-  // for a rope_freqs.weight of all ones (frequency factors that scale nothing).
+  // Anything else changes what the model computes (or belongs to another model): refused.
+  // rope_freqs.weight was read into the configuration (gguf_llama_config).
   for (const auto& g : f.tensors()) {
-    if (used.contains(g.name)) continue;
-    if (g.name == "rope_freqs.weight") {
-      const bool shape_ok = dims_match(g, {cfg.head_dim() / 2}) && can_dequantize(g.type);
-      bool ones = shape_ok;
-      if (shape_ok)
-        for (float x : f.dequantize(g)) ones = ones && x == 1.0f;
-      if (ones) continue;
-      throw Error(fmt::format("{}: tensor 'rope_freqs.weight' scales the rotary frequencies "
-                              "(Llama 3.1-style rope scaling), which is not supported",
-                              file),
-                  "tessera applies plain rotary positions (no frequency scaling)");
-    }
+    if (used.contains(g.name) || g.name == "rope_freqs.weight") continue;
     const auto hf = llama_gguf_to_hf_name(g.name);
     if (hf && hf->ends_with(".bias"))
       throw Error(fmt::format("{}: tensor '{}' is a bias, which tessera's llama family does not "
@@ -277,6 +312,30 @@ void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout
   llama_gguf_writer(layout, params, type, vocab, file.stem().string()).write(file);
 }
 
+namespace {
+// The model's rotary scaling as llama.cpp reads it: linear as llama.rope.scaling.type and
+// .factor; llama3 (and per-dimension factors) as the tensor rope_freqs.weight, the factors that
+// divide each unscaled inverse frequency.
+void add_rope_scaling(GgufWriter& w, const model::ModelConfig& c) {
+  const model::RopeScaling& r = c.rope_scaling;
+  model::ModelConfig plain = c, factored = c;
+  plain.rope_scaling = {};
+  if (r.kind == model::RopeScalingKind::Linear) {
+    w.set_metadata("llama.rope.scaling.type", GgufValue::string("linear"));
+    w.set_metadata("llama.rope.scaling.factor", GgufValue::f32(static_cast<float>(r.factor)));
+    factored.rope_scaling.kind = model::RopeScalingKind::None;
+  }
+  if (!factored.rope_scaling.scaled()) return;
+  const std::vector<double> base = model::rope_inv_freq(plain);
+  const std::vector<double> scaled = model::rope_inv_freq(factored);
+  std::vector<float> factors(base.size());
+  for (std::size_t i = 0; i < base.size(); ++i)
+    factors[i] = static_cast<float>(base[i] / scaled[i]);
+  w.add_f32("rope_freqs.weight", GgmlType::F32, {static_cast<std::int64_t>(factors.size())},
+            factors);
+}
+}  // namespace
+
 GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
                              const data::BpeVocab* vocab, const std::string& name) {
   const model::ModelConfig& c = layout.config();
@@ -301,6 +360,7 @@ GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* para
   w.set_metadata("llama.attention.head_count_kv", u32(c.kv_heads()));
   w.set_metadata("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
   w.set_metadata("llama.rope.dimension_count", u32(c.head_dim()));
+  add_rope_scaling(w, c);
   w.set_metadata("llama.attention.layer_norm_rms_epsilon",
                  GgufValue::f32(static_cast<float>(c.norm_eps)));
   w.set_metadata("llama.vocab_size", u32(c.vocab_size));

@@ -90,11 +90,11 @@ class CpuOps {
   void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F) {
     kernels::cpu::swiglu_backward(dinp, dout, inp, N, F);
   }
-  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta) {
-    kernels::cpu::rope_forward(qkv, B, T, NH, KV, hs, theta);
+  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    kernels::cpu::rope_forward(qkv, B, T, NH, KV, hs, inv_freq);
   }
-  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
-    kernels::cpu::rope_backward(dqkv, B, T, NH, KV, hs, theta);
+  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    kernels::cpu::rope_backward(dqkv, B, T, NH, KV, hs, inv_freq);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
                          int hs) {

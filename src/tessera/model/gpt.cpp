@@ -343,6 +343,7 @@ Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
   att_.resize(C);
   fch_.resize(cfg.fc_rows());
   act_.resize(cfg.ffn());
+  if (cfg.llama()) inv_freq_ = rope_inv_freq(cfg);
   logits_.resize(cfg.padded_vocab());
   scores_.resize(max_T);
 }
@@ -419,7 +420,7 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     const auto& w = layout_.layers[l];
     norm_row(cfg, ln_.data(), x, at(w.ln1_w), at(w.ln1_b));
     linear(l, 0, qkv_.data(), ln_.data(), at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
-    if (cfg.llama()) k::rope_forward(qkv_.data(), 1, 1, NH, KV, hs, cfg.rope_theta, t);
+    if (cfg.llama()) k::rope_forward(qkv_.data(), 1, 1, NH, KV, hs, inv_freq_.data(), t);
     float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
     float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
     const float* kv = qkv_.data() + static_cast<std::size_t>(NH) * hs;

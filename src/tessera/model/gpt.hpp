@@ -172,6 +172,7 @@ class Decoder {
 
   Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)
   Buffer<float> x_, ln_, qkv_, att_, fch_, act_, logits_, scores_;
+  std::vector<double> inv_freq_;  // llama's rotary inverse frequencies (head_dim / 2)
 };
 
 }  // namespace tessera::model

@@ -32,12 +32,14 @@
 //   linear_backward(dinp A or null, dw +=, db += or null, dout A, inp A, w W, N, IC, OC)
 //   linear_backward_input_dgelu(dinp A, dout A, w W, pre A, N, IC, OC)  dinp = (dout w) gelu'(pre)
 //   swiglu_forward(out A, inp A, N, F) / swiglu_backward(dinp A, dout A, inp A, N, F)
-//   rope_forward(qkv A, B, T, NH, KV, hs, theta) / rope_backward(dqkv A, ...)   in place
+//   rope_forward(qkv A, B, T, NH, KV, hs, inv_freq) / rope_backward(dqkv A, ...)   in place;
+//                                 inv_freq: hs/2 host values (model::rope_inv_freq)
 //   attention_forward(out A, lse f32, qkv A, B, T, NH, KV, hs)
 //   attention_backward(dqkv A, dout A, qkv A, out A, lse, B, T, NH, KV, hs)
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessera/kernels/profile.hpp"
 #include "tessera/model/config.hpp"
@@ -49,8 +51,8 @@ struct BlockShape {
   int KV = 0, hs = 0;  // key-value heads and head size
   int F = 0;           // the MLP's hidden width (gpt2: 4C; llama: intermediate_size)
   bool llama = false;
-  float eps = 1e-5f;  // llama's RMSNorm epsilon
-  double theta = 0;   // llama's RoPE base
+  float eps = 1e-5f;             // llama's RMSNorm epsilon
+  std::vector<double> inv_freq;  // llama's rotary inverse frequencies (hs/2; rope_inv_freq)
   std::int64_t N() const { return static_cast<std::int64_t>(B) * T; }
   int qkv_rows() const { return (NH + 2 * KV) * hs; }
   int fc_rows() const { return llama ? 2 * F : F; }
@@ -58,13 +60,17 @@ struct BlockShape {
 
 // The shape of a micro-batch (B, T) of a model, for the blocks.
 inline BlockShape block_shape(const ModelConfig& cfg, int B, int T) {
-  BlockShape sh{B, T, cfg.n_embd, cfg.n_head};
+  BlockShape sh;
+  sh.B = B;
+  sh.T = T;
+  sh.C = cfg.n_embd;
+  sh.NH = cfg.n_head;
   sh.KV = cfg.kv_heads();
   sh.hs = cfg.head_dim();
   sh.F = cfg.ffn();
   sh.llama = cfg.llama();
   sh.eps = static_cast<float>(cfg.norm_eps);
-  sh.theta = cfg.rope_theta;
+  if (sh.llama) sh.inv_freq = rope_inv_freq(cfg);
   return sh;
 }
 
@@ -145,7 +151,7 @@ void block_forward(Ops& ops, const BlockWeights<typename Ops::W>& w,
   ops.mark(OpFamily::Gemm);
   ops.linear(s.qkv, s.ln1, w.qkv_w, w.qkv_b, N, C, sh.qkv_rows());
   ops.mark(OpFamily::Attention);
-  if (sh.llama) ops.rope_forward(s.qkv, sh.B, sh.T, sh.NH, sh.KV, sh.hs, sh.theta);
+  if (sh.llama) ops.rope_forward(s.qkv, sh.B, sh.T, sh.NH, sh.KV, sh.hs, sh.inv_freq.data());
   ops.attention_forward(s.atty, s.lse, s.qkv, sh.B, sh.T, sh.NH, sh.KV, sh.hs);
   ops.mark(OpFamily::Gemm);
   ops.linear_residual(s.res2, x, s.atty, w.attproj_w, w.attproj_b, N, C, C);
@@ -196,7 +202,7 @@ void block_backward(Ops& ops, const BlockWeights<typename Ops::W>& w, const Bloc
   ops.progress();
   ops.mark(OpFamily::Attention);
   ops.attention_backward(d.d_qkv, d.d_atty, s.qkv, s.atty, s.lse, sh.B, sh.T, sh.NH, sh.KV, sh.hs);
-  if (sh.llama) ops.rope_backward(d.d_qkv, sh.B, sh.T, sh.NH, sh.KV, sh.hs, sh.theta);
+  if (sh.llama) ops.rope_backward(d.d_qkv, sh.B, sh.T, sh.NH, sh.KV, sh.hs, sh.inv_freq.data());
   ops.progress();
   ops.mark(OpFamily::Gemm);
   ops.linear_backward(d.d_ln, g.qkv_w, g.qkv_b, d.d_qkv, s.ln1, w.qkv_w, N, C, sh.qkv_rows());

@@ -165,17 +165,19 @@ void rmsnorm_backward(float* dinp, bf16* dinp_copy, float* dw, const bf16* dout,
                       const float* w, const float* rstd, std::int64_t N, int C, void* st) {
   cu::rmsnorm_backward_bf16(dinp, dinp_copy, dw, dout, inp, w, rstd, N, C, st);
 }
-void rope(float* qkv, int B, int T, int NH, int KV, int hs, double theta, bool back, void* st) {
+void rope(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq, bool back,
+          void* st) {
   if (back)
-    cu::rope_backward(qkv, B, T, NH, KV, hs, theta, st);
+    cu::rope_backward(qkv, B, T, NH, KV, hs, inv_freq, st);
   else
-    cu::rope_forward(qkv, B, T, NH, KV, hs, theta, st);
+    cu::rope_forward(qkv, B, T, NH, KV, hs, inv_freq, st);
 }
-void rope(bf16* qkv, int B, int T, int NH, int KV, int hs, double theta, bool back, void* st) {
+void rope(bf16* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq, bool back,
+          void* st) {
   if (back)
-    cu::rope_backward_bf16(qkv, B, T, NH, KV, hs, theta, st);
+    cu::rope_backward_bf16(qkv, B, T, NH, KV, hs, inv_freq, st);
   else
-    cu::rope_forward_bf16(qkv, B, T, NH, KV, hs, theta, st);
+    cu::rope_forward_bf16(qkv, B, T, NH, KV, hs, inv_freq, st);
 }
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* st) {
   cu::swiglu_forward(out, inp, N, F, st);
@@ -357,11 +359,11 @@ class DeviceOps {
   void swiglu_backward(A* dinp, const A* dout, const A* inp, std::int64_t N, int F) {
     model::swiglu_backward(dinp, dout, inp, N, F, st_);
   }
-  void rope_forward(A* qkv, int B, int T, int NH, int KV, int hs, double theta) {
-    model::rope(qkv, B, T, NH, KV, hs, theta, false, st_);
+  void rope_forward(A* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    model::rope(qkv, B, T, NH, KV, hs, inv_freq, false, st_);
   }
-  void rope_backward(A* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
-    model::rope(dqkv, B, T, NH, KV, hs, theta, true, st_);
+  void rope_backward(A* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    model::rope(dqkv, B, T, NH, KV, hs, inv_freq, true, st_);
   }
 
  private:

@@ -6,6 +6,80 @@
 
 namespace tessera::model {
 
+namespace {
+// The rotary scaling's parameters: positive and finite, and what each kind reads consistent.
+void validate_rope_scaling(const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  const auto finite_positive = [](double v) { return std::isfinite(v) && v > 0; };
+  if (r.kind != RopeScalingKind::None && !finite_positive(r.factor))
+    throw Error(fmt::format("model.rope_scaling factor must be positive, got {}", r.factor),
+                "the inverse frequencies are divided by the factor (Llama 3.1: 8)");
+  if (r.kind == RopeScalingKind::Llama3 &&
+      !(finite_positive(r.low_freq_factor) && r.high_freq_factor > r.low_freq_factor &&
+        std::isfinite(r.high_freq_factor) && r.original_max_position_embeddings > 0))
+    throw Error(
+        fmt::format("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor "
+                    "and original_max_position_embeddings > 0, got {}, {} and {}",
+                    r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings),
+        "Llama 3.1 uses low_freq_factor 1, high_freq_factor 4 and an original context of 8192");
+  if (r.freq_factors.empty()) return;
+  if (r.freq_factors.size() != static_cast<std::size_t>(c.head_dim() / 2))
+    throw Error(fmt::format("the rotary frequency factors are {} values, but the head size {} "
+                            "needs {}",
+                            r.freq_factors.size(), c.head_dim(), c.head_dim() / 2),
+                "one factor per pair of a head's channels");
+  for (float f : r.freq_factors)
+    if (!finite_positive(f))
+      throw Error(fmt::format("a rotary frequency factor is {}; they must be positive", f),
+                  "each factor divides one inverse frequency");
+}
+}  // namespace
+
+namespace {
+// " rope=llama3x8", " rope=factors" (only per-dimension factors), or "" (no scaling).
+std::string describe_rope_scaling(const RopeScaling& r) {
+  if (r.kind != RopeScalingKind::None)
+    return fmt::format(" rope={}x{}", rope_scaling_name(r.kind), r.factor);
+  return r.freq_factors.empty() ? "" : " rope=factors";
+}
+}  // namespace
+
+const char* rope_scaling_name(RopeScalingKind k) {
+  switch (k) {
+    case RopeScalingKind::Linear:
+      return "linear";
+    case RopeScalingKind::Llama3:
+      return "llama3";
+    default:
+      return "none";
+  }
+}
+
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  const int hs = c.head_dim(), half = hs / 2;
+  const RopeScaling& r = c.rope_scaling;
+  std::vector<double> inv(static_cast<std::size_t>(half));
+  const double pi = 3.14159265358979323846;
+  const double orig = r.original_max_position_embeddings;
+  for (int i = 0; i < half; ++i) {
+    double f = std::pow(c.rope_theta, -2.0 * i / hs);
+    if (r.kind == RopeScalingKind::Linear) f /= r.factor;
+    if (r.kind == RopeScalingKind::Llama3) {
+      const double wavelen = 2 * pi / f;
+      if (wavelen > orig / r.low_freq_factor) {
+        f /= r.factor;
+      } else if (wavelen >= orig / r.high_freq_factor) {
+        const double s =
+            (orig / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        f = (1 - s) * f / r.factor + s * f;
+      }
+    }
+    if (!r.freq_factors.empty()) f /= r.freq_factors[static_cast<std::size_t>(i)];
+    inv[static_cast<std::size_t>(i)] = f;
+  }
+  return inv;
+}
+
 void validate(const ModelConfig& c) {
   auto positive = [](int v, const char* name) {
     if (v <= 0) throw Error(fmt::format("model.{} must be positive, got {}", name, v));
@@ -31,6 +105,9 @@ void validate(const ModelConfig& c) {
     if (!c.tie_embeddings)
       throw Error("gpt2's head is tied to the token embedding (tie_embeddings = true)",
                   "remove tie_embeddings, or use family = \"llama\"");
+    if (c.rope_scaling.scaled())
+      throw Error("rope scaling is a llama setting: gpt2 has learned positions",
+                  "remove rope_scaling, or use family = \"llama\"");
     return validate_size(c);
   }
   if (c.n_head % c.kv_heads() != 0)
@@ -44,6 +121,7 @@ void validate(const ModelConfig& c) {
     throw Error(fmt::format("model.norm_eps must be in (0, 1), got {}", c.norm_eps));
   if (!(c.rope_theta > 1 && c.rope_theta < 1e12))
     throw Error(fmt::format("model.rope_theta must be in (1, 1e12), got {}", c.rope_theta));
+  validate_rope_scaling(c);
   validate_size(c);
 }
 
@@ -86,9 +164,10 @@ const char* family_name(Family f) {
 std::string describe(const ModelConfig& c) {
   ParamLayout layout(c);
   if (c.llama())
-    return fmt::format("llama L={} H={} KV={} C={} F={} T={} V={}{} ({:.2f}M params)", c.n_layer,
+    return fmt::format("llama L={} H={} KV={} C={} F={} T={} V={}{}{} ({:.2f}M params)", c.n_layer,
                        c.n_head, c.kv_heads(), c.n_embd, c.ffn(), c.block_size, c.vocab_size,
-                       c.tie_embeddings ? " tied" : "", layout.count_unpadded() / 1e6);
+                       c.tie_embeddings ? " tied" : "", describe_rope_scaling(c.rope_scaling),
+                       layout.count_unpadded() / 1e6);
   return fmt::format("L={} H={} C={} T={} V={} ({:.2f}M params)", c.n_layer, c.n_head, c.n_embd,
                      c.block_size, c.vocab_size, layout.count_unpadded() / 1e6);
 }

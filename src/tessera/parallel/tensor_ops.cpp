@@ -251,11 +251,13 @@ void TensorOps::swiglu_backward(float* dinp, const float* dout, const float* inp
                                 int F) {
   k::swiglu_backward(dinp, dout, inp, N, F);
 }
-void TensorOps::rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta) {
-  k::rope_forward(qkv, B, T, NH, KV, hs, theta);
+void TensorOps::rope_forward(float* qkv, int B, int T, int NH, int KV, int hs,
+                             const double* inv_freq) {
+  k::rope_forward(qkv, B, T, NH, KV, hs, inv_freq);
 }
-void TensorOps::rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
-  k::rope_backward(dqkv, B, T, NH, KV, hs, theta);
+void TensorOps::rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs,
+                              const double* inv_freq) {
+  k::rope_backward(dqkv, B, T, NH, KV, hs, inv_freq);
 }
 void TensorOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH,
                                   int KV, int hs) {

@@ -122,8 +122,8 @@ class TensorOps {
   // shape.
   void swiglu_forward(float* out, const float* inp, std::int64_t N, int F);
   void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F);
-  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta);
-  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta);
+  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq);
+  void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq);
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KV,
                          int hs);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,

@@ -38,6 +38,11 @@ void for_each_field(Config& c, F&& f) {
   f("model", "intermediate_size", c.model.intermediate_size);
   f("model", "norm_eps", c.model.norm_eps);
   f("model", "rope_theta", c.model.rope_theta);
+  f("model", "rope_scaling", c.model.rope_scaling);
+  f("model", "rope_scaling_factor", c.model.rope_scaling_factor);
+  f("model", "rope_low_freq_factor", c.model.rope_low_freq_factor);
+  f("model", "rope_high_freq_factor", c.model.rope_high_freq_factor);
+  f("model", "rope_original_max_positions", c.model.rope_original_max_positions);
   f("model", "tie_embeddings", c.model.tie_embeddings);
 
   f("data", "train", c.data.train);
@@ -448,6 +453,13 @@ model::ModelConfig model_config(const ModelSection& s) {
   m.intermediate_size = s.intermediate_size;
   m.norm_eps = s.norm_eps;
   m.rope_theta = s.rope_theta;
+  m.rope_scaling.kind = s.rope_scaling == "linear"   ? model::RopeScalingKind::Linear
+                        : s.rope_scaling == "llama3" ? model::RopeScalingKind::Llama3
+                                                     : model::RopeScalingKind::None;
+  m.rope_scaling.factor = s.rope_scaling_factor;
+  m.rope_scaling.low_freq_factor = s.rope_low_freq_factor;
+  m.rope_scaling.high_freq_factor = s.rope_high_freq_factor;
+  m.rope_scaling.original_max_position_embeddings = s.rope_original_max_positions;
   m.tie_embeddings = s.tie_embeddings;
   return m;
 }
@@ -502,6 +514,9 @@ void validate_model(Validator& v, const RunConfig& c) {
                        (m.n_embd / m.n_head + 1) * m.n_head, std::gcd(m.n_embd, m.n_head)));
   if (m.family != "gpt2" && m.family != "llama")
     v.fail("model.family", m.family, "unknown model family", "use \"gpt2\" or \"llama\"");
+  if (m.rope_scaling != "none" && m.rope_scaling != "linear" && m.rope_scaling != "llama3")
+    v.fail("model.rope_scaling", m.rope_scaling, "unknown rotary scaling",
+           "use \"none\", \"linear\" or \"llama3\"");
   try {  // the family's own rules (kv heads, llama-only keys on gpt2, ...)
     model::validate(model_config(m));
   } catch (const Error& e) {

@@ -36,6 +36,12 @@ struct ModelSection {
   int intermediate_size = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  // llama's rotary frequency scaling (model/config.hpp): "none", "linear" or "llama3"
+  std::string rope_scaling = "none";
+  double rope_scaling_factor = 1.0;
+  double rope_low_freq_factor = 1.0;       // llama3 only
+  double rope_high_freq_factor = 4.0;      // llama3 only
+  int rope_original_max_positions = 8192;  // llama3 only: the context trained before scaling
   bool tie_embeddings = true;
   bool operator==(const ModelSection&) const = default;
 };

@@ -376,13 +376,13 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 namespace {
 // Rotates q and k of every row in place by +angle (forward) or -angle (backward).
-void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, double theta, float sign,
-                 int pos0) {
+void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                 float sign, int pos0) {
   const int half = hs / 2;
   std::vector<float> cs(static_cast<std::size_t>(T) * half), sn(cs.size());
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < half; ++i) {
-      const double a = (pos0 + t) * std::pow(theta, -2.0 * i / hs);
+      const double a = (pos0 + t) * inv_freq[i];
       cs[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
       sn[static_cast<std::size_t>(t) * half + i] = sign * static_cast<float>(std::sin(a));
     }
@@ -407,11 +407,12 @@ void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, double theta,
 }
 }  // namespace
 
-void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, int pos0) {
-  rope_rotate(qkv, B, T, NH, KV, hs, theta, 1.0f, pos0);
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                  int pos0) {
+  rope_rotate(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, pos0);
 }
-void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta) {
-  rope_rotate(dqkv, B, T, NH, KV, hs, theta, -1.0f, 0);
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+  rope_rotate(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, 0);
 }
 
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {

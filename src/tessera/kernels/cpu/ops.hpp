@@ -59,11 +59,14 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 // ---- rotary position embedding on q and k (Hugging Face's rotate-half layout) ----
 // qkv rows as in attention_forward. In place, each head of q (NH) and k (KV) at position t: for
-// i < hs/2 with angle a = t * theta^(-2i/hs), (x_i, x_{i+hs/2}) -> (x_i cos a - x_{i+hs/2} sin a,
-// x_{i+hs/2} cos a + x_i sin a). backward: the gradient through it, the rotation by -a, in place.
-// The rows of a batch row are positions pos0, pos0 + 1, ... (pos0 > 0: decoding with a cache).
-void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, int pos0 = 0);
-void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta);
+// i < hs/2 with angle a = t * inv_freq[i] (computed in double), (x_i, x_{i+hs/2}) ->
+// (x_i cos a - x_{i+hs/2} sin a, x_{i+hs/2} cos a + x_i sin a). inv_freq holds hs/2 inverse
+// frequencies (model::rope_inv_freq; unscaled: theta^(-2i/hs)). backward: the gradient through
+// it, the rotation by -a, in place. The rows of a batch row are positions pos0, pos0 + 1, ...
+// (pos0 > 0: decoding with a cache).
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                  int pos0 = 0);
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq);
 
 // ---- SwiGLU (llama's MLP activation) ----
 // out (N,F) = silu(gate) * up, with inp (N,2F) holding [gate | up] in each row

@@ -78,11 +78,23 @@ __global__ void rmsnorm_backward_kernel(float* dinp, std::uint16_t* dinp_copy, f
   for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dw + c, sdw[c]);
 }
 
-// Rotates (x_i, x_{i+half}) of every q and k head by +-angle (t * theta^(-2i/hs)).
+// The rotary inverse frequencies, passed to the kernel by value (kernel parameters live in
+// constant memory; 2 KiB of them stay well under the 4 KiB limit of parameters).
+constexpr int k_rope_max_half = 256;  // head sizes up to 512
+struct RopeFreqs {
+  double v[k_rope_max_half];
+};
+
+// Rotates (x_i, x_{i+half}) of every q and k head by +-angle (t * inv_freq[i]). The block first
+// copies the table to shared memory: neighbouring threads read different entries, which the
+// parameters' constant bank would serve one address at a time.
 template <class T>
-__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, float log_theta,
+__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f,
                             float sign) {
   const int half = hs / 2, heads = NH + KV;
+  __shared__ double inv_freq[k_rope_max_half];
+  for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = f.v[j];
+  __syncthreads();
   const std::int64_t W = static_cast<std::int64_t>(NH + 2 * KV) * hs;
   const std::int64_t total = static_cast<std::int64_t>(B) * Tn * heads * half;
   for (std::int64_t e = global_index(); e < total; e += global_stride()) {
@@ -92,7 +104,7 @@ __global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, float
     const std::int64_t row = rest / heads;  // b * Tn + t
     const int t = static_cast<int>(row % Tn);
     // the angle in double, as the CPU kernel computes it, then cos and sin in fp32
-    const double a = t * exp(-2.0 * i / hs * static_cast<double>(log_theta));
+    const double a = t * inv_freq[i];
     const float c = static_cast<float>(cos(a)), s = sign * static_cast<float>(sin(a));
     const std::int64_t o = row * W + static_cast<std::int64_t>(h) * hs + i;
     const float x1 = load(qkv, o), x2 = load(qkv, o + half);
@@ -132,11 +144,14 @@ unsigned norm_backward_blocks(std::int64_t N) {
 }
 
 template <class T>
-void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, double theta, float sign, void* st) {
+void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq, float sign,
+          void* st) {
   const std::int64_t total = static_cast<std::int64_t>(B) * Tn * (NH + KV) * (hs / 2);
   if (total <= 0) return;
-  rope_kernel<<<grid_for(total), k_block, 0, as_stream(st)>>>(
-      qkv, B, Tn, NH, KV, hs, static_cast<float>(std::log(theta)), sign);
+  TESSERA_CUDA_REQUIRE(hs / 2 <= k_rope_max_half, "rope: head size above 512");
+  RopeFreqs f{};
+  for (int i = 0; i < hs / 2; ++i) f.v[i] = inv_freq[i];
+  rope_kernel<<<grid_for(total), k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
   TESSERA_CUDA_CHECK_LAUNCH();
 }
 
@@ -174,19 +189,21 @@ void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dw,
   TESSERA_CUDA_CHECK_LAUNCH();
 }
 
-void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, void* stream) {
-  rope(qkv, B, T, NH, KV, hs, theta, 1.0f, stream);
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                  void* stream) {
+  rope(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, stream);
 }
-void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta, void* stream) {
-  rope(dqkv, B, T, NH, KV, hs, theta, -1.0f, stream);
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                   void* stream) {
+  rope(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, stream);
 }
-void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs, double theta,
-                       void* stream) {
-  rope(qkv, B, T, NH, KV, hs, theta, 1.0f, stream);
+void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs,
+                       const double* inv_freq, void* stream) {
+  rope(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, stream);
 }
-void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs, double theta,
-                        void* stream) {
-  rope(dqkv, B, T, NH, KV, hs, theta, -1.0f, stream);
+void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs,
+                        const double* inv_freq, void* stream) {
+  rope(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, stream);
 }
 
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* stream) {

@@ -131,12 +131,16 @@ void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight
                            const std::uint16_t* dout, const float* inp, const float* weight,
                            const float* rstd, std::int64_t N, int C, void* stream);
 // In place on the q and k heads of qkv rows (NH + 2 KV) hs wide; backward rotates back.
-void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, double theta, void* stream);
-void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, double theta, void* stream);
-void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs, double theta,
-                       void* stream);
-void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs, double theta,
-                        void* stream);
+// inv_freq: hs/2 rotary inverse frequencies in HOST memory (model::rope_inv_freq), copied into
+// the launch's parameters; hs at most 512.
+void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                  void* stream);
+void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                   void* stream);
+void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs,
+                       const double* inv_freq, void* stream);
+void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs,
+                        const double* inv_freq, void* stream);
 // out (N,F) = silu(gate) up from inp (N,2F) = [gate | up]; backward: dinp (N,2F) = (overwrite)
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* stream);
 void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F,

@@ -101,16 +101,16 @@ void rmsnorm_backward_bf16(float*, std::uint16_t*, float*, const std::uint16_t*,
                            const float*, const float*, std::int64_t, int, void*) {
   no_cuda("rmsnorm_backward_bf16");
 }
-void rope_forward(float*, int, int, int, int, int, double, void*) {
+void rope_forward(float*, int, int, int, int, int, const double*, void*) {
   no_cuda("rope_forward");
 }
-void rope_backward(float*, int, int, int, int, int, double, void*) {
+void rope_backward(float*, int, int, int, int, int, const double*, void*) {
   no_cuda("rope_backward");
 }
-void rope_forward_bf16(std::uint16_t*, int, int, int, int, int, double, void*) {
+void rope_forward_bf16(std::uint16_t*, int, int, int, int, int, const double*, void*) {
   no_cuda("rope_forward_bf16");
 }
-void rope_backward_bf16(std::uint16_t*, int, int, int, int, int, double, void*) {
+void rope_backward_bf16(std::uint16_t*, int, int, int, int, int, const double*, void*) {
   no_cuda("rope_backward_bf16");
 }
 void swiglu_forward(float*, const float*, std::int64_t, int, void*) {
