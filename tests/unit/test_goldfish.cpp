@@ -188,7 +188,10 @@ TEST(Goldfish, ConfigSection) {
   throws("[goldfish]\nkk = 4\n", "unknown key 'goldfish.kk'");
 }
 
-TEST(Goldfish, GradientIsTheGradientOfTheLossOverKeptTokens) {
+namespace {
+
+// For both families: the masked loss only changes which targets count.
+void check_goldfish_gradient(const model::ModelConfig& cfg) {
   // forward/backward with the dropped targets at -1 and dloss = 1/kept gives the gradient of
   // L = mean over the kept positions of -log softmax(logits)[target], checked against central
   // differences of L computed in double from the fp32 logits (eps = 1e-3, about 5% of a typical
@@ -196,7 +199,6 @@ TEST(Goldfish, GradientIsTheGradientOfTheLossOverKeptTokens) {
   // perturbs L by a few 1e-8 (rounding of O(1) logits, averaged over the kept positions), i.e.
   // <~1e-5 in (L(x+e) - L(x-e)) / 2e: atol 2e-5 + rtol 1e-3 (observed worst |a - fd| 4.4e-6 with
   // TESSERA_GRAD_VERBOSE=1).
-  const model::ModelConfig cfg{2, 2, 16, 16, 64};
   const model::ParamLayout layout(cfg);
   const int B = 2, T = 16, V = cfg.vocab_size, Vp = cfg.padded_vocab();
   Buffer<float> p(layout.total()), g(layout.total()), gu(layout.total());
@@ -249,4 +251,21 @@ TEST(Goldfish, GradientIsTheGradientOfTheLossOverKeptTokens) {
   }
   EXPECT_GT(maxabs, 1e-3);
   EXPECT_GT(maxdiff, 0.1 * maxabs);  // masking changes the gradient materially
+}
+
+}  // namespace
+
+TEST(Goldfish, GradientIsTheGradientOfTheLossOverKeptTokens) {
+  check_goldfish_gradient(model::ModelConfig{2, 2, 16, 16, 64});
+}
+
+TEST(Goldfish, LlamaGradientIsTheGradientOfTheLossOverKeptTokens) {
+  // A llama of the same size: RMSNorm, rotary positions, SwiGLU, 1 key-value head for 2 query
+  // heads, an untied head; the same bound (same sizes, O(1) logits).
+  model::ModelConfig cfg{2, 2, 16, 16, 64};
+  cfg.family = model::Family::Llama;
+  cfg.n_kv_head = 1;
+  cfg.intermediate_size = 24;
+  cfg.tie_embeddings = false;
+  check_goldfish_gradient(cfg);
 }
