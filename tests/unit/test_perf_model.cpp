@@ -177,6 +177,22 @@ TEST(PerfModel, ActivationsAreKorthikantisFormulas) {
   EXPECT_NEAR(act(GridShape{1, 1, 1, 1, 4}, Recompute::Full, false), 2 * s * b * h / 4, 1);
 }
 
+TEST(PerfModel, LlamaActivationsCountGroupedKvHeadsAndTheGatedMlp) {
+  // Llama 3 8B's shape: h 4096, 32 query heads over 8 kv heads, F 14336, SwiGLU. The split
+  // region keeps q 2 + k, v 2 * 8/32 each + attention output 2 + gate|up 4F/h + SwiGLU 2F/h
+  // bytes per token and channel (2-byte elements): 4 + 1 + 6 * 3.5 = 26 (GPT-2's 24).
+  tessera::model::ModelConfig cfg{32, 32, 4096, 8192, 128256};
+  cfg.family = tessera::model::Family::Llama;
+  cfg.n_kv_head = 8;
+  cfg.intermediate_size = 14336;
+  EXPECT_DOUBLE_EQ(split_region_activations(cfg), 26.0);
+  EXPECT_DOUBLE_EQ(split_region_activations(gpt(1, 32, 4096).cfg), 24.0);
+  const double s = 2048, b = 4, h = 4096, t = 8;
+  const GridShape tp{1, 1, 1, 8, 1};
+  EXPECT_NEAR(layer_activation_bytes(cfg, 2048, 4, tp, Recompute::None, false, true, DType::BF16),
+              s * b * h * (10 + 26 / t), 1);
+}
+
 TEST(PerfModel, AxonnBandwidthLookupOnPerlmutter) {
   auto c = load_cluster(path("configs/clusters/perlmutter.toml"));
   auto gbps = [&](long ip, long my) { return group_link(c, ip, my).bw / 1e9; };

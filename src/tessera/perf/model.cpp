@@ -226,6 +226,12 @@ double step_flops(const model::ModelConfig& cfg, int seq, long B, Recompute r) {
   return f;
 }
 
+double split_region_activations(const model::ModelConfig& cfg) {
+  const double h = cfg.n_embd, kv = static_cast<double>(cfg.kv_heads()) / cfg.n_head;
+  const double mlp = (cfg.llama() ? 6.0 : 4.0) * cfg.ffn() / h;
+  return 4 + 4 * kv + mlp;
+}
+
 double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
                               const comm::GridShape& g, Recompute r, bool seq_parallel,
                               bool flash_attention, DType dt) {
@@ -235,7 +241,7 @@ double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
   const double rows = seq_parallel ? static_cast<double>(g.ty) * g.tx : g.ty;
   const double scale = elt_bytes(dt) / 2;
   if (r == Recompute::Full) return 2 * s * bl * h / g.tx * scale;
-  double per = 10.0 / g.tx + 24 / rows;
+  double per = 10.0 / g.tx + split_region_activations(cfg) / rows;
   if (r == Recompute::None && !flash_attention) per += 5 * a * s / (h * rows);
   return s * bl * h * per * scale;
 }

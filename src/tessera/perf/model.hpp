@@ -109,13 +109,20 @@ Prediction predict(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
 // full recomputation, 72 without; selective adds the attention core once more).
 double step_flops(const model::ModelConfig& cfg, int seq, long global_batch, Recompute r);
 
+// The activations one layer keeps in the regions split over ty (qkv, attention, MLP), in bytes
+// per token and model channel at 2-byte elements: q and the attention output 2 each, k and v
+// 2 kv/n_head each, the MLP's GELU input and output 2 F/h each (GPT-2: 4 + 4 + 16 = 24,
+// Korthikanti's figure), or llama's gate|up output 4 F/h and SwiGLU output 2 F/h (Llama 3 8B:
+// 4 + 1 + 21 = 26).
+double split_region_activations(const model::ModelConfig& cfg);
+
 // Activation bytes of one transformer layer for one micro-batch of b sequences held by one
 // device (Korthikanti et al. 2022, in the trainer's layouts): s*b*h*(10/tx + (24 + 5*a*s/h)/r)
 // * bytes/2, the batch split over tz: the 10 of the residual layout split over tx by channels,
 // the 24 (and the scores) of the qkv/attention/MLP regions split over ty by heads and replicated
 // over tx, r = ty (tx with sequence parallelism, which splits them by sequences); the 5as/h term
 // is absent with selective recomputation or flash attention; full recomputation keeps only the
-// layer input, 2*s*b*h/tx.
+// layer input, 2*s*b*h/tx. The 24 is split_region_activations(cfg) (family-aware).
 double layer_activation_bytes(const model::ModelConfig& cfg, int seq, int b,
                               const comm::GridShape& g, Recompute r, bool seq_parallel,
                               bool flash_attention, DType dt);
