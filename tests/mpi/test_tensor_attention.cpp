@@ -39,12 +39,12 @@
 #include <fmt/format.h>
 
 #include "mpi_env.hpp"
+#include "tensor_attention_block.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
-#include "tensor_attention_block.hpp"
 
 namespace {
 
