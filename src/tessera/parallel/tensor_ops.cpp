@@ -10,46 +10,25 @@ namespace tessera::parallel {
 
 namespace k = kernels::cpu;
 
+namespace {
+// The member of the four (in BlockLinear's order) that linear `id` uses.
+template <typename T>
+T& pick(BlockLinear id, T& qkv, T& proj, T& fc, T& fcproj) {
+  T* const all[] = {&qkv, &proj, &fc, &fcproj};
+  return *all[static_cast<int>(id)];
+}
+}  // namespace
+
 const TensorLinearLayout& TensorBlockGrid::layout(BlockLinear id) const {
-  switch (id) {
-    case BlockLinear::Qkv:
-      return qkv;
-    case BlockLinear::Proj:
-      return proj;
-    case BlockLinear::Fc:
-      return fc;
-    case BlockLinear::FcProj:
-      break;
-  }
-  return fcproj;
+  return pick(id, qkv, proj, fc, fcproj);
 }
 
 const TensorLinearComms& TensorBlockGrid::comms(BlockLinear id) const {
-  switch (id) {
-    case BlockLinear::Qkv:
-      return qkv_c;
-    case BlockLinear::Proj:
-      return proj_c;
-    case BlockLinear::Fc:
-      return fc_c;
-    case BlockLinear::FcProj:
-      break;
-  }
-  return fcproj_c;
+  return pick(id, qkv_c, proj_c, fc_c, fcproj_c);
 }
 
 TensorLinearWorkspace& TensorBlockWorkspace::of(BlockLinear id) {
-  switch (id) {
-    case BlockLinear::Qkv:
-      return qkv;
-    case BlockLinear::Proj:
-      return proj;
-    case BlockLinear::Fc:
-      return fc;
-    case BlockLinear::FcProj:
-      break;
-  }
-  return fcproj;
+  return pick(id, qkv, proj, fc, fcproj);
 }
 
 void TensorOpsScratch::resize(const TensorBlockGrid& g, std::int64_t n, bool sequence_parallel) {
