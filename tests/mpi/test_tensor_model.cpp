@@ -24,6 +24,7 @@
 #include "mpi_env.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/parallel/tensor_model.hpp"
 
@@ -223,6 +224,70 @@ TEST_F(TensorModelTest, GemmTuningKeepsTheNumbers) {
   ASSERT_NE(tm.gemm_tuner(), nullptr);
   // qkv, proj, fc, fcproj x (forward, dX, dW); shapes may coincide, at least 3 distinct
   EXPECT_GE(tm.gemm_tuner()->cache_size(), 3u);
+}
+
+}  // namespace
+
+namespace {
+
+// bf16 mixed precision on the grid (TensorModelOptions::bf16) against the single-process bf16
+// model (model::forward with the bf16 copy: model/cpu_ops.hpp's CpuBf16Ops), llama (no biases:
+// both round exactly the same GEMM operands, elementwise). A rank's operands are slices of the
+// single process's; only the order of fp32 sums differs (~1e-7 relative), which moves the few
+// operands within 1e-7 of a rounding boundary by one bf16 ulp (a fraction ~3e-5 of them). The
+// loss moves by far less than 1e-5 relative; bf16 itself moves it by ~1e-3 relative from fp32
+// (the fp32 model is printed beside it: the bound tells the two precisions apart). Gradients:
+// within 2^-8 (one bf16 rounding) of each tensor's largest entry.
+TEST_F(TensorModelTest, Bf16MatchesSingleProcessBf16ForEveryFactorization) {
+  auto& rt = runtime();
+  const auto cfg = tiny_llama_config();
+  const model::ParamLayout layout(cfg);
+  const Batch batch = make_batch(cfg);
+  Reference ref = make_reference(layout, batch);  // fp32: the parameters and the distance
+  std::vector<std::uint16_t> p16(layout.total());
+  tessera::kernels::cpu::to_bf16(p16.data(), ref.params.data(),
+                                 static_cast<std::int64_t>(p16.size()));
+  model::ForwardOptions fo = ref.fo;
+  fo.bf16_params = p16.data();
+  std::vector<float> g16(layout.total(), 0.0f);
+  model::Activations acts;
+  const float loss16 = model::forward(layout, ref.params.data(), acts, batch.x.data(),
+                                      batch.y.data(), batch.B, batch.T, fo);
+  model::backward(layout, ref.params.data(), g16.data(), acts, batch.x.data(), batch.B, batch.T,
+                  fo.gemm, nullptr, nullptr, p16.data());
+  for (auto [tx, ty, tz] : factorizations(rt.world_size())) {
+    if (cfg.n_head % ty != 0 || cfg.kv_heads() % ty != 0) continue;
+    for (const bool sp : {false, true}) {
+      if (sp && (ty != 1 || tz != 1)) continue;
+      SCOPED_TRACE(fmt::format("tx={} ty={} tz={} sequence_parallel={}", tx, ty, tz, sp));
+      par::TensorModelOptions opt;
+      opt.bf16 = true;
+      opt.sequence_parallel = sp;
+      par::TensorModel tm(cfg, Topology(GridShape{1, 1, tx, ty, tz}, rt.world_rank()), rt, opt);
+      std::vector<float> lp(tm.local_layout().total()), lg(lp.size(), 0.0f);
+      tm.extract(ref.params.data(), lp.data());
+      model::FlatStore store(tm.local_layout(), lp.data(), lg.data());
+      const float loss =
+          tm.forward(store, batch.x.data(), batch.y.data(), batch.B, batch.T, ref.fo);
+      tm.backward(store, batch.x.data(), batch.B, batch.T, ref.fo.gemm);
+      EXPECT_NEAR(loss, loss16, 1e-5 * std::fabs(loss16));
+      if (rt.world_rank() == 0)
+        std::printf(
+            "[ tx=%d ty=%d tz=%d sp=%d ] bf16 loss %.7f, single-process bf16 %.7f, fp32 %.7f\n", tx,
+            ty, tz, sp, loss, loss16, ref.loss);
+      std::vector<float> full(layout.total());
+      tm.gather_full(lg.data(), full.data());
+      for (const auto& t : layout.tensors()) {
+        double scale = 0, err = 0;
+        for (std::size_t j = 0; j < t.numel; ++j) {
+          scale = std::max(scale, static_cast<double>(std::fabs(g16[t.offset + j])));
+          err =
+              std::max(err, static_cast<double>(std::fabs(full[t.offset + j] - g16[t.offset + j])));
+        }
+        EXPECT_LE(err, 0x1p-8 * scale) << t.name;
+      }
+    }
+  }
 }
 
 }  // namespace

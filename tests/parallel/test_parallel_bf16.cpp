@@ -1,5 +1,6 @@
-// bf16 mixed precision on the CPU under data parallelism and ZeRO 0-3 (mpirun, end to end),
-// against the single-process bf16 run of the same global batch.
+// bf16 mixed precision on the CPU under data parallelism and ZeRO 0-3, and under tensor, sequence
+// and pipeline parallelism (mpirun, end to end), against the single-process bf16 run of the same
+// global batch.
 //
 // Bounds. As in fp32 (test_parallel.cpp), data parallelism only reorders fp32 sums, which moves
 // values by ~1e-7 relative. The bf16 roundings of the GEMM operands are then the same on both
@@ -10,7 +11,10 @@
 // parameters to the fp32 test's argument scaled the same way: 99.9% of them within 1e-4 (10x the
 // fp32 bound), and every one within 20 steps x lr = 2e-2 (AdamW's update is at most ~lr per
 // element, whatever the gradient). Both bounds are far under the bf16-vs-fp32 differences
-// (tests/unit/test_bf16_cpu.cpp: 8u = 3.1e-2) and a wrong gradient's O(1).
+// (tests/unit/test_bf16_cpu.cpp: 8u = 3.1e-2) and a wrong gradient's O(1). Tensor and pipeline
+// parallelism are the same case: a rank's GEMM operands are slices of the single process's
+// (the same elements, rounded alike), and what changes is the order of fp32 sums (partial
+// products all-reduced over tx or ty, gradients summed over tz, micro-batches over stages).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,38 +29,77 @@
 namespace fs = std::filesystem;
 using namespace tessera::test;
 
-TEST(DataParallelBf16, LossesAndWeightsEqualSingleProcess) {
-  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
-  const std::string bf16 = " 'train.precision=\"bf16\"'";
-  const auto data = data_dir();
+namespace {
+
+const std::string k_bf16 = " 'train.precision=\"bf16\"'";
+
+// The single-process bf16 run of 20 steps of B = 8.
+fs::path reference_run(const fs::path& data) {
   auto ref = scratch("bf16_ref");
-  auto r = sh(train_args(data, ref, 8, 1, 20) + bf16);
-  ASSERT_EQ(r.code, 0) << r.output;
+  auto r = sh(train_args(data, ref, 8, 1, 20) + k_bf16);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return ref;
+}
+
+// `out`'s losses and final weights against the reference run's, within the bounds above.
+void expect_bf16_run_matches(const fs::path& ref, const fs::path& out, const std::string& what) {
   const auto want = losses(ref / "metrics.jsonl");
   ASSERT_EQ(want.size(), 20u);
   const auto ma = tessera::io::load_model(*tessera::io::latest_checkpoint(ref / "checkpoints"));
   const tessera::model::ParamLayout layout(ma.config);
+  const auto got = losses(out / "metrics.jsonl");
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+    EXPECT_LE(std::fabs(got[i] - want[i]), 1e-3 * want[i]) << what << " step " << i + 1;
+  }
+  const auto mb = tessera::io::load_model(*tessera::io::latest_checkpoint(out / "checkpoints"));
+  std::vector<double> diff(layout.total());
+  for (std::size_t i = 0; i < layout.total(); ++i)
+    diff[i] = std::fabs(double(ma.params[i]) - mb.params[i]);
+  std::sort(diff.begin(), diff.end());
+  EXPECT_LE(diff[diff.size() * 999 / 1000], 1e-4) << what << " (99.9th percentile)";
+  EXPECT_LE(diff.back(), 2e-2) << what << " (max |param diff|)";
+  std::printf("[ %s ] worst loss rel diff %.3g, |param diff| 99.9th percentile %.3g, max %.3g\n",
+              what.c_str(), worst, diff[diff.size() * 999 / 1000], diff.back());
+}
+
+}  // namespace
+
+TEST(DataParallelBf16, LossesAndWeightsEqualSingleProcess) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const auto data = data_dir();
+  const fs::path ref = reference_run(data);
   for (int zero : {0, 1, 2, 3}) {
     const std::string what = "bf16 dp=2 zero=" + std::to_string(zero);
     auto out = scratch("bf16_dp2_z" + std::to_string(zero));
-    auto run = sh(mpirun(2) + train_args(data, out, 4, 1, 20) + bf16 +
+    auto run = sh(mpirun(2) + train_args(data, out, 4, 1, 20) + k_bf16 +
                   " parallel.dp=2 parallel.zero=" + std::to_string(zero));
     ASSERT_EQ(run.code, 0) << what << "\n" << run.output;
-    const auto got = losses(out / "metrics.jsonl");
-    ASSERT_EQ(got.size(), want.size()) << what;
-    double worst = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
-      EXPECT_LE(std::fabs(got[i] - want[i]), 1e-3 * want[i]) << what << " step " << i + 1;
-    }
-    const auto mb = tessera::io::load_model(*tessera::io::latest_checkpoint(out / "checkpoints"));
-    std::vector<double> diff(layout.total());
-    for (std::size_t i = 0; i < layout.total(); ++i)
-      diff[i] = std::fabs(double(ma.params[i]) - mb.params[i]);
-    std::sort(diff.begin(), diff.end());
-    EXPECT_LE(diff[diff.size() * 999 / 1000], 1e-4) << what << " (99.9th percentile)";
-    EXPECT_LE(diff.back(), 2e-2) << what << " (max |param diff|)";
-    std::printf("[ %s ] worst loss rel diff %.3g, |param diff| 99.9th percentile %.3g, max %.3g\n",
-                what.c_str(), worst, diff[diff.size() * 999 / 1000], diff.back());
+    expect_bf16_run_matches(ref, out, what);
+  }
+}
+
+// The tensor grid's axes (tz: the weight blocks gathered, then rounded), sequence parallelism and
+// a pipeline, each in bf16, against the single-process bf16 run.
+TEST(TensorPipelineBf16, LossesAndWeightsEqualSingleProcess) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const auto data = data_dir();
+  const fs::path ref = reference_run(data);
+  struct Case {
+    int ranks, B, accum;  // B x accum = the reference's 8 sequences
+    const char* set;
+    const char* name;
+  };
+  for (const Case& c : {Case{2, 8, 1, "parallel.tx=2", "tx2"},
+                        Case{4, 8, 1, "parallel.ty=2 parallel.tz=2", "ty2_tz2"},
+                        Case{2, 8, 1, "parallel.tx=2 parallel.sequence_parallel=true", "tx2_sp"},
+                        Case{2, 4, 2, "parallel.pp=2 parallel.schedule=1f1b", "pp2_1f1b"}}) {
+    const std::string what = std::string("bf16 ") + c.name;
+    auto out = scratch(std::string("bf16_") + c.name);
+    auto run = sh(mpirun(c.ranks) + train_args(data, out, c.B, c.accum, 20) + k_bf16 + " " + c.set);
+    ASSERT_EQ(run.code, 0) << what << "\n" << run.output;
+    expect_bf16_run_matches(ref, out, what);
   }
 }

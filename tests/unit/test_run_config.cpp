@@ -451,16 +451,13 @@ TEST(RunConfig, WriteAndLoadResolvedConfig) {
   fs::remove_all(dir);
 }
 
-// bf16 on the CPU: accepted in one process and data parallel; with tensor or pipeline
-// parallelism, one error line naming the grid.
-TEST(RunConfig, Bf16OnTheCpuWithoutTensorOrPipelineParallelism) {
+// bf16 on the CPU: accepted with every parallel axis (the tensor model's op table has bf16 GEMMs).
+TEST(RunConfig, Bf16OnTheCpuWithEveryParallelAxis) {
   EXPECT_EQ(parse("[train]\nprecision = \"bf16\"\n").train.precision, "bf16");
   EXPECT_EQ(parse("[train]\nprecision = \"bf16\"\n[parallel]\ndp = 2\nzero = 3\n").parallel.dp, 2);
-  expect_parse_error("[train]\nprecision = \"bf16\"\n[parallel]\npp = 2\n",
-                     "invalid train.precision = \"bf16\" in t.toml: trains in one process or data "
-                     "parallel (ZeRO 0-3) on the CPU so far, without tensor or pipeline "
-                     "parallelism (the grid here has pp=2 tx=1 ty=1 tz=1)",
-                     "set parallel.pp = tx = ty = tz = 1");
+  const RunConfig c =
+      parse("[train]\nprecision = \"bf16\"\n[parallel]\npp = 2\ntx = 2\nty = 2\ntz = 2\n");
+  EXPECT_EQ(c.parallel.pp * c.parallel.tx * c.parallel.ty * c.parallel.tz, 16);
 }
 
 // The [model] rope keys reach the model's rotary scaling; unknown kinds, and scaling on gpt2,

@@ -121,14 +121,24 @@ void extract_output(const TensorLinearLayout& l, const float* y, std::int64_t n_
 namespace {
 
 // gemm() of kernels/gemm.hpp, through the workspace's tuner when it has one.
-void layer_gemm(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, bool ta, bool tb,
-                std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
-                std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                std::int64_t ldc) {
+void fp32_gemm(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, bool ta, bool tb,
+               std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
+               const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (ws.tuner)
-    ws.tuner->run(lib, kernels::GemmShape{ta, tb, M, N, K}, alpha, A, lda, B, ldb, beta, C, ldc);
+    ws.tuner->run(lib, kernels::GemmShape{ta, tb, M, N, K}, 1.0f, A, lda, B, ldb, beta, C, ldc);
   else
-    kernels::gemm(lib, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernels::gemm(lib, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+// The bf16 copy of the (out, in) block w of layer `key`: converted unless the workspace holds it.
+const std::uint16_t* weight_bf16(TensorLinearWorkspace& ws, const float* w, std::int64_t numel,
+                                 int key) {
+  if (key < 0 || ws.w16_key != key || static_cast<std::int64_t>(ws.w16.size()) != numel) {
+    ws.w16.resize(static_cast<std::size_t>(numel));
+    kernels::cpu::to_bf16(ws.w16.data(), w, numel);
+    ws.w16_key = key;
+  }
+  return ws.w16.data();
 }
 
 // db (cols) += the column sums of dy (rows, cols).
@@ -140,6 +150,31 @@ void add_column_sums(float* db, const float* dy, std::int64_t rows, int cols) {
 }
 
 }  // namespace
+
+void linear_gemm_forward(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::int64_t n,
+                         int out, int in, const float* x, const float* w, int key, float beta,
+                         float* y) {
+  if (!ws.bf16) return fp32_gemm(ws, lib, false, true, n, out, in, x, in, w, in, beta, y, out);
+  const std::uint16_t* x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
+  const std::uint16_t* w16 = weight_bf16(ws, w, static_cast<std::int64_t>(out) * in, key);
+  kernels::gemm_bf16(false, true, n, out, in, 1.0f, x16, in, w16, in, beta, y, out);
+}
+
+void linear_gemm_dx(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::int64_t n, int in,
+                    int out, const float* dy, const float* w, int key, float* dx) {
+  if (!ws.bf16) return fp32_gemm(ws, lib, false, false, n, in, out, dy, out, w, in, 0.0f, dx, in);
+  const std::uint16_t* dy16 = kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
+  const std::uint16_t* w16 = weight_bf16(ws, w, static_cast<std::int64_t>(out) * in, key);
+  kernels::gemm_bf16(false, false, n, in, out, 1.0f, dy16, out, w16, in, 0.0f, dx, in);
+}
+
+void linear_gemm_dw(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, int out, int in,
+                    std::int64_t n, const float* dy, const float* x, float beta, float* dw) {
+  if (!ws.bf16) return fp32_gemm(ws, lib, true, false, out, in, n, dy, out, x, in, beta, dw, in);
+  const std::uint16_t* dy16 = kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
+  const std::uint16_t* x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
+  kernels::gemm_bf16(true, false, out, in, n, 1.0f, dy16, out, x16, in, beta, dw, in);
+}
 
 void tensor_linear_gather_weight(const TensorLinearLayout& l, const TensorLinearComms& c,
                                  const float* w_shard, float* w_block) {
@@ -182,6 +217,7 @@ const float* tensor_linear_acquire_weight(const TensorLinearLayout& l, const Ten
 void tensor_linear_invalidate(TensorLinearWorkspace& ws) {
   ws.gather_req.wait();
   ws.cached_key = -1;
+  ws.w16_key = -1;
 }
 
 void tensor_linear_finish(TensorLinearWorkspace& ws) {
@@ -215,8 +251,7 @@ void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l
                 "workspace was built for another layout");
   const float* w = tensor_linear_acquire_weight(l, c, w_shard, ws, key);
   // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
-  layer_gemm(ws, lib, false, true, n, l.out_local, l.in_local, 1.0f, x, l.in_local, w, l.in_local,
-             accumulate ? 1.0f : 0.0f, y, l.out_local);
+  linear_gemm_forward(ws, lib, n, l.out_local, l.in_local, x, w, key, accumulate ? 1.0f : 0.0f, y);
   if (l.in_parts > 1)
     c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
   // The bias once, after the sum (each input-axis rank adds it to its copy of the full sum).
@@ -253,8 +288,7 @@ comm::Request tensor_linear_backward_input(kernels::GemmLibrary lib, const Tenso
   // rank's out-range; its all-reduce over the output axis runs during the weight-gradient GEMM.
   comm::Request dx_req;
   if (!dx) return dx_req;
-  layer_gemm(ws, lib, false, false, n, l.in_local, l.out_local, 1.0f, dy, l.out_local, w_block,
-             l.in_local, 0.0f, dx, l.in_local);
+  linear_gemm_dx(ws, lib, n, l.in_local, l.out_local, dy, w_block, ws.cached_key, dx);
   dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
   if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
   return dx_req;
@@ -266,16 +300,14 @@ void tensor_linear_backward_weight(kernels::GemmLibrary lib, const TensorLinearL
                                    TensorLinearWorkspace& ws, comm::Request& dx_req) {
   check_backward(l, c, ws);
   if (l.tz == 1) {  // the shard is the block: accumulate in place, nothing to reduce
-    layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x,
-               l.in_local, 1.0f, dw_shard, l.in_local);
+    linear_gemm_dw(ws, lib, l.out_local, l.in_local, n, dy, x, 1.0f, dw_shard);
     if (db) add_column_sums(db, dy, n, l.out_local);
     dx_req.wait();
     return;
   }
   // dw_block (out_local, in_local) = dy^T @ x over this rank's rows, then summed over the batch
   // shards of tz and scattered: this rank receives its shard.
-  layer_gemm(ws, lib, true, false, l.out_local, l.in_local, n, 1.0f, dy, l.out_local, x, l.in_local,
-             0.0f, ws.dw_block.data(), l.in_local);
+  linear_gemm_dw(ws, lib, l.out_local, l.in_local, n, dy, x, 0.0f, ws.dw_block.data());
   dx_req.test();  // drive progress (Open MPI has no progress thread)
   comm::Request dw_req =
       c.depth->ireduce_scatter_sum(ws.dw_block.data(), ws.dw_shard.data(), l.shard_counts);

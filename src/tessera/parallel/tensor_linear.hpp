@@ -43,6 +43,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_tuner.hpp"
 
@@ -110,9 +111,20 @@ struct TensorLinearWorkspace {
   comm::Request dw_req, db_req;
   float* dw_dst = nullptr;
   float* db_dst = nullptr;
-  // GEMM layout tuning (kernels/gemm_tuner.hpp): when set, the layer's three GEMMs run through
-  // the tuner (tuned the first time each shape is seen, its fastest form used from then on).
+  // GEMM layout tuning (kernels/gemm_tuner.hpp): when set, the layer's three fp32 GEMMs run
+  // through the tuner (tuned the first time each shape is seen, its fastest form used from then
+  // on).
   kernels::GemmTuner* tuner = nullptr;
+
+  // ---- bf16 mixed precision (set: bf16 GEMM operands, fp32 accumulation and output) ----
+  // The activations and output gradients a GEMM reads are rounded into this scratch (shared by
+  // the layers: `a` holds activations, `b` output gradients), the weight block into w16. The
+  // parameters, the biases (added in fp32), the gradients and every collective stay fp32.
+  kernels::cpu::Bf16Scratch* bf16 = nullptr;
+  // The bf16 copy of the block of layer w16_key (-1: none). Kept until the next invalidate, so a
+  // workspace that serves one layer only converts its block once per step.
+  std::vector<std::uint16_t> w16;
+  int w16_key = -1;
 };
 
 // ---- the slices of global tensors that a rank holds (for tests, checkpoints, initialisation) ----
@@ -128,6 +140,19 @@ void extract_input(const TensorLinearLayout& l, const float* x, std::int64_t n_g
 // y_local (n_global/tz, out_local) <- y (n_global, out)
 void extract_output(const TensorLinearLayout& l, const float* y, std::int64_t n_global,
                     float* y_local);
+
+// ---- the layer's GEMMs in the workspace's precision (fp32, or bf16 operands if ws.bf16) ----
+// w: the fp32 block (out, in) of layer `key` (-1: not cached, converted on every call).
+// y (n, out) = x (n, in) @ w^T  [+ y if beta = 1]
+void linear_gemm_forward(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::int64_t n,
+                         int out, int in, const float* x, const float* w, int key, float beta,
+                         float* y);
+// dx (n, in) = dy (n, out) @ w (overwrites)
+void linear_gemm_dx(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::int64_t n, int in,
+                    int out, const float* dy, const float* w, int key, float* dx);
+// dw (out, in) = dy^T (out, n) @ x (n, in)  [+ dw if beta = 1]
+void linear_gemm_dw(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, int out, int in,
+                    std::int64_t n, const float* dy, const float* x, float beta, float* dw);
 
 // ---- the layer; n = local rows ----
 // w_block (block_numel) <- all-gather of w_shard (shard_numel) over tz.

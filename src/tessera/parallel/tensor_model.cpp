@@ -160,10 +160,13 @@ struct TensorModel::Slot {
 
 struct TensorModel::State {
   int B = 0, T = 0;
-  std::int64_t n = 0;                      // local rows
-  std::vector<Layer> shared_layer;         // recomputation: the one layer's activations, rebuilt
-  std::vector<TensorBlockWorkspace> sets;  // 1, or 2 alternating by layer parity (overlap)
+  std::int64_t n = 0;               // local rows
+  std::vector<Layer> shared_layer;  // recomputation: the one layer's activations, rebuilt
+  // 1, or 2 alternating by layer parity (overlap); bf16 without tz: one per layer (each keeps
+  // its layer's bf16 weights for the step)
+  std::vector<TensorBlockWorkspace> sets;
   TensorOpsScratch ops;
+  kernels::cpu::Bf16Scratch bf16;  // bf16: the GEMM operands of every linear and the head
   VocabParallelWorkspace vocab_ws;
   std::size_t logits_numel = 0, h_full_numel = 0;  // vocab_ws's, handed to the head's slots
   // Backward scratch (model::BlockScratch): (n, cl) x2, then the replicated region's.
@@ -575,17 +578,20 @@ void TensorModel::prepare(int B, int T) {
   int max_nl = 0;
   for (const auto& ch : opt_.chunks) max_nl = std::max(max_nl, ch.end_layer - ch.first_layer);
   const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1 && max_nl > 1;
-  s.sets.resize(two ? 2 : 1);
+  const bool per_layer = opt_.bf16 && tz_ == 1;  // no gathers to overlap: sets.size() is free
+  s.sets.resize(per_layer ? std::max(L, 1) : two ? 2 : 1);
   for (auto& w : s.sets) {
     w = TensorBlockWorkspace(grid_);
     for (auto* lw : w.linears()) {
-      lw->tuner = tuner_.get();
+      lw->tuner = opt_.bf16 ? nullptr : tuner_.get();
       lw->overlap_dx = opt_.overlap_dx;
       lw->defer_reduce = opt_.defer_dw && two;
+      lw->bf16 = opt_.bf16 ? &s.bf16 : nullptr;
     }
   }
   s.ops.resize(grid_, n, sp);
   s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
+  s.vocab_ws.bf16 = opt_.bf16 ? &s.bf16 : nullptr;
   s.logits_numel = s.vocab_ws.logits.size();
   s.h_full_numel = s.vocab_ws.h_full.size();
   const std::int64_t n_att = local_shape(B, T).N();
@@ -604,6 +610,7 @@ void TensorModel::invalidate_weights() {
       tensor_linear_finish(*lw);
       tensor_linear_invalidate(*lw);
     }
+  st_->vocab_ws.w16_valid = false;
 }
 
 void TensorModel::begin_step(int B, int T) {

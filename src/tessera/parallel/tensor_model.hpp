@@ -109,6 +109,12 @@ struct TensorModelOptions {
   // choices are loaded from it when it exists and saved to it by save_gemm_choices().
   bool tune_gemm = false;
   std::string gemm_tuning_file;
+  // bf16 mixed precision: the linears' and the LM head's GEMMs read bf16 operands (activations
+  // and gradients rounded as they enter a GEMM, the weights' bf16 copy) and accumulate in fp32;
+  // everything else (parameters, gradients, norms, attention, the loss, every collective) is
+  // fp32. A weight's bf16 copy is made once per step where the rank holds its block whole (tz =
+  // 1), after the gather otherwise. The tuner (tune_gemm) tunes fp32 GEMMs only.
+  bool bf16 = false;
 };
 
 class TensorModel {

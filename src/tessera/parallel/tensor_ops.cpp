@@ -142,7 +142,7 @@ void TensorOps::linear_backward(float* dinp, float* dw, float* db, const float* 
     if (!l.transposed) {
       sp_normal_backward(dinp, dw, db, dout, inp, w, l.out_local);
     } else {
-      sp_transposed_backward_weight(dw, db, dout, inp, l.in_local);
+      sp_transposed_backward_weight(id, dw, db, dout, inp, l.in_local);
       if (dinp) sp_transposed_backward_input(dinp, dout, w, l.in_local);
     }
     return;
@@ -180,7 +180,7 @@ void TensorOps::sp_normal_forward(float* out, const float* inp, const float* w, 
   const int cl = g_.c_local;
   const std::int64_t ns = sp_rows();
   float* part = s_.sp_part.data();
-  kernels::gemm(lib_, false, true, n_, OC, cl, 1.0f, inp, cl, w, cl, 0.0f, part, OC);
+  linear_gemm_forward(ws_.of(which(w)), lib_, n_, OC, cl, inp, w, key_, 0.0f, part);
   g_.tx->reduce_scatter_sum(part, out, static_cast<std::size_t>(ns) * OC);
   if (b) add_bias_rows(out, b, ns, OC);
 }
@@ -190,7 +190,7 @@ void TensorOps::sp_transposed_forward(float* out, const float* inp, const float*
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
   g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
-  kernels::gemm(lib_, false, true, n_, cl, IC, 1.0f, full, IC, w, IC, 0.0f, out, cl);
+  linear_gemm_forward(ws_.of(which(w)), lib_, n_, cl, IC, full, w, key_, 0.0f, out);
   if (b) add_bias_rows(out, b, n_, cl);
 }
 
@@ -199,25 +199,26 @@ void TensorOps::sp_normal_backward(float* dinp, float* dw, float* db, const floa
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
   g_.tx->all_gather(dout, full, static_cast<std::size_t>(sp_rows()) * OC);
-  kernels::gemm(lib_, true, false, OC, cl, n_, 1.0f, full, OC, inp, cl, 1.0f, dw, cl);
+  TensorLinearWorkspace& ws = ws_.of(which(w));
+  linear_gemm_dw(ws, lib_, OC, cl, n_, full, inp, 1.0f, dw);
   if (db) col_sums_into(db, full, n_, OC);
-  if (dinp) kernels::gemm(lib_, false, false, n_, cl, OC, 1.0f, full, OC, w, cl, 0.0f, dinp, cl);
+  if (dinp) linear_gemm_dx(ws, lib_, n_, cl, OC, full, w, key_, dinp);
 }
 
 void TensorOps::sp_transposed_backward_input(float* dinp, const float* dout, const float* w,
                                              int IC) {
   const int cl = g_.c_local;
   float* part = s_.sp_part.data();
-  kernels::gemm(lib_, false, false, n_, IC, cl, 1.0f, dout, cl, w, IC, 0.0f, part, IC);
+  linear_gemm_dx(ws_.of(which(w)), lib_, n_, IC, cl, dout, w, key_, part);
   g_.tx->reduce_scatter_sum(part, dinp, static_cast<std::size_t>(sp_rows()) * IC);
 }
 
-void TensorOps::sp_transposed_backward_weight(float* dw, float* db, const float* dout,
-                                              const float* inp, int IC) {
+void TensorOps::sp_transposed_backward_weight(BlockLinear id, float* dw, float* db,
+                                              const float* dout, const float* inp, int IC) {
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
   g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
-  kernels::gemm(lib_, true, false, cl, IC, n_, 1.0f, dout, cl, full, IC, 1.0f, dw, IC);
+  linear_gemm_dw(ws_.of(id), lib_, cl, IC, n_, dout, full, 1.0f, dw);
   if (db) col_sums_into(db, dout, n_, cl);
 }
 

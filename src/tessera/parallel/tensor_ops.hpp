@@ -137,8 +137,8 @@ class TensorOps {
   void sp_normal_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, int OC);
   void sp_transposed_backward_input(float* dinp, const float* dout, const float* w, int IC);
-  void sp_transposed_backward_weight(float* dw, float* db, const float* dout, const float* inp,
-                                     int IC);
+  void sp_transposed_backward_weight(BlockLinear id, float* dw, float* db, const float* dout,
+                                     const float* inp, int IC);
 
   const TensorBlockGrid& g_;
   TensorBlockWorkspace& ws_;

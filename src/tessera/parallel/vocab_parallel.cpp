@@ -127,6 +127,17 @@ const float* weight_block(const VocabParallelLayout& l, const VocabParallelComms
   return ws.w_used;
 }
 
+// The bf16 copy of the block the forward uses (bf16 mixed precision): converted unless valid (a
+// gathered block is converted on every forward; the shard once per change of the weights).
+const std::uint16_t* weight_block_bf16(const VocabParallelLayout& l, VocabParallelWorkspace& ws) {
+  if (!ws.w16_valid || l.tz > 1) {
+    ws.w16.resize(static_cast<std::size_t>(l.block_numel));
+    kernels::cpu::to_bf16(ws.w16.data(), ws.w_used, l.block_numel);
+    ws.w16_valid = l.tz == 1;
+  }
+  return ws.w16.data();
+}
+
 // The tx counts of a call with n rows (n <= ws.n_local).
 std::vector<std::size_t> tx_counts(const VocabParallelLayout& l, std::int64_t n) {
   return std::vector<std::size_t>(l.tx, static_cast<std::size_t>(n * l.c_local));
@@ -271,6 +282,13 @@ void vocab_lm_head_forward(kernels::GemmLibrary lib, const VocabParallelLayout& 
       std::copy(s, s + cl, ws.h_full.data() + i * l.channels + j * cl);
     }
   // logits (n, Vr) = h_full (n, C) @ w_block^T (C, Vr)
+  if (ws.bf16) {
+    const std::uint16_t* h16 =
+        kernels::cpu::Bf16Scratch::round(ws.bf16->a, ws.h_full.data(), n * l.channels);
+    kernels::gemm_bf16(false, true, n, l.vocab_local, l.channels, 1.0f, h16, l.channels,
+                       weight_block_bf16(l, ws), l.channels, 0.0f, ws.logits.data(), l.vocab_local);
+    return;
+  }
   kernels::gemm(lib, false, true, n, l.vocab_local, l.channels, 1.0f, ws.h_full.data(), l.channels,
                 W, l.channels, 0.0f, ws.logits.data(), l.vocab_local);
 }
@@ -353,16 +371,32 @@ void vocab_lm_head_backward(kernels::GemmLibrary lib, const VocabParallelLayout&
   TESSERA_CHECK(W != nullptr, "the LM head's backward needs its forward");
   // 1. partial dh (n, C) = dlogits (n, Vr) @ w_block (Vr, C), written channel-block-major
   //    (tx, n, C/tx) so that the sum over tx lands each channel range on its owner.
-  for (int j = 0; j < l.tx; ++j)
-    kernels::gemm(lib, false, false, n, cl, l.vocab_local, 1.0f, dlogits, l.vocab_local, W + j * cl,
-                  l.channels, 0.0f, ws.cols.data() + j * n * cl, cl);
+  TESSERA_CHECK(!ws.bf16 || static_cast<std::int64_t>(ws.w16.size()) == l.block_numel,
+                "the LM head's bf16 backward needs its forward");
+  const std::uint16_t* dl16 =
+      ws.bf16 ? kernels::cpu::Bf16Scratch::round(ws.bf16->b, dlogits, n * l.vocab_local) : nullptr;
+  for (int j = 0; j < l.tx; ++j) {
+    float* part = ws.cols.data() + j * n * cl;
+    if (ws.bf16)
+      kernels::gemm_bf16(false, false, n, cl, l.vocab_local, 1.0f, dl16, l.vocab_local,
+                         ws.w16.data() + j * cl, l.channels, 0.0f, part, cl);
+    else
+      kernels::gemm(lib, false, false, n, cl, l.vocab_local, 1.0f, dlogits, l.vocab_local,
+                    W + j * cl, l.channels, 0.0f, part, cl);
+  }
   comm::Request dh_req = c.tx->ireduce_scatter_sum(ws.cols.data(), dh, tx_counts(l, n));
   // 2. dw_block (Vr, C) = dlogits^T @ h_full over this rank's rows (overlaps the dh sum); without
   //    tz it accumulates straight into the shard's gradient.
   const bool z = l.tz > 1;
-  kernels::gemm(lib, true, false, l.vocab_local, l.channels, n, 1.0f, dlogits, l.vocab_local,
-                ws.h_full.data(), l.channels, z ? 0.0f : 1.0f, z ? ws.dw_block.data() : dwte_shard,
-                l.channels);
+  float* dw = z ? ws.dw_block.data() : dwte_shard;
+  if (ws.bf16)
+    kernels::gemm_bf16(
+        true, false, l.vocab_local, l.channels, n, 1.0f, dl16, l.vocab_local,
+        kernels::cpu::Bf16Scratch::round(ws.bf16->a, ws.h_full.data(), n * l.channels), l.channels,
+        z ? 0.0f : 1.0f, dw, l.channels);
+  else
+    kernels::gemm(lib, true, false, l.vocab_local, l.channels, n, 1.0f, dlogits, l.vocab_local,
+                  ws.h_full.data(), l.channels, z ? 0.0f : 1.0f, dw, l.channels);
   dh_req.wait();
   dh_req = c.ty->iall_reduce_sum(dh, static_cast<std::size_t>(n * cl));
   comm::Request dw_req;

@@ -56,6 +56,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/gemm.hpp"
 
 namespace tessera::parallel {
@@ -115,6 +116,12 @@ struct VocabParallelWorkspace {
   std::vector<float> row_sums;    // (2*n_local) sum of exp, then target logit, per row
   std::vector<float> dwpe;        // (max_t, C/tx) partial position gradient before the tz sum
   std::vector<std::size_t> tx_counts;  // (tx) n_local*C/tx each (the tx reduce-scatter)
+  // bf16 mixed precision (set: the LM head's GEMMs read bf16 operands, as the linears of
+  // tensor_linear.hpp): the head input and dlogits rounded into this scratch, the weight block
+  // into w16. With tz = 1 w16 stays valid until the weights change (w16_valid = false).
+  kernels::cpu::Bf16Scratch* bf16 = nullptr;
+  std::vector<std::uint16_t> w16;
+  bool w16_valid = false;
 };
 
 // ---- the slices of global tensors that a rank holds (tests, checkpoints, initialisation) ----

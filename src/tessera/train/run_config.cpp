@@ -612,16 +612,6 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
-  const auto& grid = c.parallel;
-  if (c.train.precision == "bf16" && c.hardware.device == "cpu" &&
-      grid.pp * grid.tx * grid.ty * grid.tz > 1)
-    v.fail("train.precision", c.train.precision,
-           fmt::format("trains in one process or data parallel (ZeRO 0-3) on the CPU so far, "
-                       "without tensor or pipeline parallelism (the grid here has pp={} tx={} "
-                       "ty={} tz={})",
-                       grid.pp, grid.tx, grid.ty, grid.tz),
-           "set parallel.pp = tx = ty = tz = 1 (scale with parallel.dp), or precision = "
-           "\"fp32\"");
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",

@@ -2,7 +2,6 @@
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/kernels/cpu/bf16.hpp"
 
 namespace tessera::train {
 
@@ -22,6 +21,7 @@ parallel::TensorModelOptions tensor_model_options(const RunConfig& cfg, const Ru
   options.prefetch = p.prefetch;
   options.tune_gemm = cfg.hardware.tune_gemm;
   options.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
+  options.bf16 = cfg.train.precision == "bf16";
   return options;
 }
 
@@ -32,8 +32,7 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                          const comm::Topology& topo, comm::Runtime& rt) {
   RunModel model;
   model.layout = &layout;
-  const bool fp32_cpu = cfg.hardware.device != "cuda" && cfg.train.precision != "bf16";
-  if (fp32_cpu || plan.tensor_size() > 1 || plan.pipeline()) {
+  if (cfg.hardware.device != "cuda") {
     model.tensor = std::make_unique<parallel::TensorModel>(mcfg, topo, rt,
                                                            tensor_model_options(cfg, plan, topo));
     // Without a pipeline, the one-stage schedule: each micro-batch's forward and backward, then
@@ -51,8 +50,6 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
         mcfg,
         cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
         plan.B(), plan.T);
-  else if (cfg.train.precision == "bf16")
-    model.bf16.resize(layout.total());
   return model;
 }
 
@@ -72,12 +69,6 @@ void to_host(RunModel& model) {
   model.device->download_params(p.data());
   model.device->download_moments(m.data(), v.data());
   model.dp->load(p.data(), m.data(), v.data());
-}
-
-void refresh_bf16(RunModel& model) {
-  if (model.bf16.size() == 0) return;
-  kernels::cpu::to_bf16(model.bf16.data(), model.dp->full_params(),
-                        static_cast<std::int64_t>(model.bf16.size()));
 }
 
 const float* full_params(RunModel& model) {

@@ -26,8 +26,8 @@ namespace tessera::train {
 struct RunModel {
   const model::ParamLayout* layout = nullptr;  // the whole model
   // The training model on the CPU: this rank's slices of the model on the tensor grid and its
-  // pipeline stage (one process: the 1x1x1 grid, the whole model). Null on the GPU and for bf16
-  // on the CPU, which train through model::forward / model::DeviceGpt.
+  // pipeline stage (one process: the 1x1x1 grid, the whole model), in fp32 or bf16 mixed
+  // precision. Null on the GPU, which trains through model::DeviceGpt.
   std::unique_ptr<parallel::TensorModel> tensor;
   // Runs each step of `tensor` as the stage's instruction list: the pipeline schedule, or the
   // one-stage schedule without a pipeline. Null when `tensor` is.
@@ -39,10 +39,6 @@ struct RunModel {
   // hardware.device = "cuda": the model, gradients and AdamW moments live on the GPU; dp's host
   // buffers are the staging copy, refreshed by to_host() for checkpoints and samples.
   std::unique_ptr<model::DeviceGpt> device;
-  // train.precision = "bf16" on the CPU: the bf16 copy of the whole parameter buffer (the flat
-  // layout) that the GEMMs read, refreshed from dp's fp32 master weights after every optimizer
-  // step (refresh_bf16); empty otherwise.
-  Buffer<std::uint16_t> bf16;
 
   // The layout of the parameters this rank stores: its slices, or the whole model.
   const model::ParamLayout& local_layout() const {
@@ -63,13 +59,6 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
 // (after initializing or resuming), and back (before checkpoints and samples). No-ops otherwise.
 void to_device(RunModel& model);
 void to_host(RunModel& model);
-// bf16 on the CPU: the bf16 copy from the fp32 master weights (after initializing or resuming,
-// and after each optimizer step). A no-op otherwise.
-void refresh_bf16(RunModel& model);
-// The bf16 copy for ForwardOptions::bf16_params, or null (fp32).
-inline const std::uint16_t* bf16_params(const RunModel& model) {
-  return model.bf16.size() > 0 ? model.bf16.data() : nullptr;
-}
 
 // The whole model's parameters (collective under tensor parallelism and at ZeRO-3).
 const float* full_params(RunModel& model);

@@ -48,36 +48,15 @@ double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const st
   return mb;
 }
 
-// Forward and backward of each micro-batch over the reference model (bf16 on the CPU) or the
-// GPU's, the dp reductions overlapping the backward. Returns the loss summed over the targets of
-// this rank's micro-batches (each micro-batch's mean times its targets).
-double run_micro_batches(const RunPlan& plan, RunModel& model, model::Activations& acts,
-                         StepWorkspace& work, StepResult& result) {
-  parallel::DataParallel& dp = *model.dp;
-  const int B = plan.B(), T = plan.T, accum = plan.accum();
-  const auto gemm = work.forward.gemm;
+// Forward and backward of each micro-batch on the GPU. Returns the loss summed over the targets
+// of the step's micro-batches (each micro-batch's mean times its targets).
+double device_micro_batches(const RunPlan& plan, model::DeviceGpt& dev, StepWorkspace& work,
+                            StepResult& result) {
   double loss = 0;
-  for (int a = 0; a < accum; ++a) {
-    const std::int32_t* xa = work.gx[a].data();
-    const std::int32_t* ya = work.gy[a].data();
-    // forward returns the mean over the micro-batch's targets: weight it back to a sum
-    const double kept = static_cast<double>(work.kept[a]);
-    if (model.device) {
-      loss += device_micro_batch(*model.device, xa, ya, B, T, work.forward.dloss, result) * kept;
-      continue;
-    }
-    dp.begin_micro_batch(a + 1 == accum);  // reductions start as backward finishes each block
-    Timer phase;
-    const float mb = model::forward(*model.layout, dp, acts, xa, ya, B, T, work.forward);
-    loss += static_cast<double>(mb) * kept;
-    result.forward_s += phase.seconds();
-    phase.reset();
-    model::backward(*model.layout, dp, acts, xa, B, T, gemm, nullptr, work.forward.bf16_params);
-    result.backward_s += phase.seconds();
-    Timer comm_timer;
-    dp.end_micro_batch();  // waits for the reductions still in flight
-    result.comm_wait_s += comm_timer.seconds();
-  }
+  for (int a = 0; a < plan.accum(); ++a)
+    loss += device_micro_batch(dev, work.gx[a].data(), work.gy[a].data(), plan.B(), plan.T,
+                               work.forward.dloss, result) *
+            static_cast<double>(work.kept[a]);
   return loss;
 }
 
@@ -104,7 +83,6 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   }
   if (!model.device)  // the clipping fused into the update, as on the device
     dp.step(work.adamw, lr, step + 1, optim::clip_scale(norm, tc.grad_clip));
-  refresh_bf16(model);  // bf16 on the CPU: the GEMMs' copy of the updated master weights
   result.update_s = update_timer.seconds();
   result.grad_norm = norm;
   result.lr = lr;
@@ -167,8 +145,8 @@ StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
 }
 
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
-                      model::Activations& acts, data::TokenLoader& loader, StepWorkspace& work,
-                      std::int64_t step, comm::Runtime& rt) {
+                      data::TokenLoader& loader, StepWorkspace& work, std::int64_t step,
+                      comm::Runtime& rt) {
   StepResult result;
   result.kept_targets = read_step(cfg, plan, model, loader, work, step);
   if (model.device)
@@ -179,7 +157,7 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
     run_schedule(cfg, plan, model, work, step, rt, result);
     return result;
   }
-  const double loss = run_micro_batches(plan, model, acts, work, result);
+  const double loss = device_micro_batches(plan, *model.device, work, result);
   result.loss = global_mean_loss(model, loss, result.kept_targets, step);
   update_params(cfg, model, work, step, rt, result);
   return result;

@@ -45,7 +45,7 @@ struct StepResult {
 // Runs optimizer step `step` + 1 (collective over all ranks). Throws tessera::Error when the loss
 // is not finite.
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
-                      model::Activations& acts, data::TokenLoader& loader, StepWorkspace& work,
-                      std::int64_t step, comm::Runtime& rt);
+                      data::TokenLoader& loader, StepWorkspace& work, std::int64_t step,
+                      comm::Runtime& rt);
 
 }  // namespace tessera::train

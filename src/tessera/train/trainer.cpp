@@ -171,11 +171,10 @@ void run_scheduled(TrainingRun& run, std::int64_t end_step) {
 
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
   StepWorkspace work = make_step_workspace(run.cfg, run.plan);
-  work.forward.bf16_params = bf16_params(run.model);
   while (run.progress.step < end_step) {
     Timer t;
-    const StepResult result = train_step(run.cfg, run.plan, run.model, run.acts, *run.data.train,
-                                         work, run.progress.step, run.rt);
+    const StepResult result =
+        train_step(run.cfg, run.plan, run.model, *run.data.train, work, run.progress.step, run.rt);
     ++run.progress.step;
     run.progress.tokens_seen += ref.cost.tokens;
     report_step(run, ref, result, t.seconds());
@@ -265,9 +264,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   model::Activations acts;
   TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
                                                 plan.B() * plan.accum() * ndp);
-  to_device(model);     // hardware.device = "cuda": the initialized or resumed state to the GPU
-  refresh_bf16(model);  // bf16 on the CPU: the GEMMs' copy of the initialized or resumed weights
-  if (model.bf16.size() > 0 && lead && !kernels::cpu_has_native_bf16())
+  to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
+  if (model.tensor && tc.precision == "bf16" && lead && !kernels::cpu_has_native_bf16())
     log_info(
         "note: this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 GEMMs are emulated "
         "(the same arithmetic: exact products, fp32 sums), slower than fp32");
