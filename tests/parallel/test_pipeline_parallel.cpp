@@ -148,3 +148,41 @@ TEST_F(PipelineParallel, UnsupportedCombinationsAreRefusedUpFront) {
     EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << b.set;
   }
 }
+
+namespace {
+
+// The "val_loss" rows of a run's metrics, in order.
+std::vector<double> val_losses(const fs::path& out) {
+  std::vector<double> v;
+  std::istringstream in(slurp(out / "metrics.jsonl"));
+  for (std::string l; std::getline(in, l);)
+    if (l.find("\"val_loss\"") != std::string::npos)
+      v.push_back(nlohmann::json::parse(l)["val_loss"].get<double>());
+  return v;
+}
+
+}  // namespace
+
+// Validation on a pipeline runs on the stages' own chunks (a forward through every stage in model
+// order), with the tensor grid inside a stage and interleaved chunks: the validation losses are
+// the single-process ones (the same sums in another order: 1e-5 relative, as the step losses).
+TEST_F(PipelineParallel, ValidationOnTheStagesEqualsOneProcess) {
+  const std::string val = " train.val_every=2 train.val_batches=2 train.seq_len=32";
+  auto ref = scratch("pp_val_ref");
+  auto r = sh(pp_args(data_dir(), ref, 4, 2, 4) + val);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto want = val_losses(ref);
+  ASSERT_EQ(want.size(), 3u);  // steps 0, 2, 4
+  for (const std::string set : {"parallel.pp=2 parallel.tx=2",
+                                "parallel.pp=2 parallel.schedule=interleaved "
+                                "parallel.virtual_stages=2"}) {
+    auto out = scratch("pp_val");
+    auto run = sh(mpirun(set.find("tx=2") != std::string::npos ? 4 : 2) +
+                  pp_args(data_dir(), out, 4, 2, 4) + val + " " + set);
+    ASSERT_EQ(run.code, 0) << set << "\n" << run.output;
+    const auto got = val_losses(out);
+    ASSERT_EQ(got.size(), want.size()) << set;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << set << " validation " << i;
+  }
+}

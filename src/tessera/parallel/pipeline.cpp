@@ -191,6 +191,36 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   return losses;
 }
 
+float PipelineExecutor::evaluate(model::ParamStore& store, const std::int32_t* inputs,
+                                 const std::int32_t* targets, int B, int T,
+                                 const model::ForwardOptions& opt) {
+  TESSERA_CHECK(!opt.training, "evaluate() runs forwards only");
+  model_.begin_step(B, T);
+  const std::size_t n = model_.boundary_numel();
+  const int pp = spec_.pp, chunks = pp * spec_.v;
+  float loss = 0.0f;
+  // Model chunk k lives on stage k % pp as its local chunk k / pp; each hands its output on.
+  for (int k = 0; k < chunks; ++k) {
+    if (k % pp != stage_) continue;
+    const int c = k / pp;
+    if (k > 0) {
+      comm::Request r = pp_.irecv(model_.chunk_input(c, 0), n, (k - 1) % pp, k % 32767);
+      poll_wait(r);
+    }
+    store.begin_forward();
+    const float l = model_.forward_chunk(store, c, 0, inputs, targets, opt);
+    if (k + 1 < chunks) {
+      comm::Request s = pp_.isend(model_.chunk_output(c, 0), n, (k + 1) % pp, (k + 1) % 32767);
+      poll_wait(s);
+    } else {
+      loss = l;
+    }
+    model_.end_forward(c, 0);
+  }
+  pp_.broadcast_bytes(&loss, sizeof loss, (chunks - 1) % pp);
+  return loss;
+}
+
 void PipelineExecutor::reduce_gradients(DataParallel& dp) {
   sum_tied_embedding_grads(dp);
   dp.begin_micro_batch(true);

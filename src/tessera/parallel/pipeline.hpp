@@ -82,6 +82,11 @@ class PipelineExecutor {
   std::vector<float> run(model::ParamStore& store, const std::vector<const std::int32_t*>& inputs,
                          const std::vector<const std::int32_t*>& targets, int B, int T,
                          const model::ForwardOptions& opt, const StepHooks* hooks = nullptr);
+  // The mean loss of one micro-batch (B, T) through every stage's chunks in model order (forward
+  // only, opt.training false), on every stage: validation on the stages' own slices. inputs read
+  // on the stage holding the embedding, targets on the head's. Collective over the pipeline.
+  float evaluate(model::ParamStore& store, const std::int32_t* inputs, const std::int32_t* targets,
+                 int B, int T, const model::ForwardOptions& opt);
   // Adds the first stage's and the last stage's wte gradients on both (no-op with pp = 1, or
   // with an untied LM head, which lives on the last stage alone).
   void sum_tied_embedding_grads(model::ParamStore& store);

@@ -184,6 +184,8 @@ class TensorModel {
   void backward_chunk(model::ParamStore& store, int chunk, int mb, const float* dy,
                       kernels::GemmLibrary gemm);
   const float* input_grad() const;
+  // An evaluation forward of (chunk, mb) (no backward follows): its slot goes back to the pool.
+  void end_forward(int chunk, int mb) { release_slot(chunk, mb); }
 
   // Activation memory of the slots (what the pipeline schedule keeps in flight), measured from
   // the buffers themselves; the shared workspaces are not counted.

@@ -25,7 +25,7 @@ std::string fmt_duration(double s) {
 }
 
 void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& model, int world_rank,
-                   std::size_t activation_bytes, bool lead, bool quiet) {
+                   bool lead, bool quiet) {
   const auto& pc = cfg.parallel;
   const auto mem = model.dp->memory();
   nlohmann::json row{{"event", "memory"},
@@ -38,8 +38,7 @@ void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& mo
                      {"params_bytes", mem.params_bytes},
                      {"grads_bytes", mem.grads_bytes},
                      {"optimizer_bytes", mem.optimizer_bytes},
-                     {"transient_bytes", mem.transient_bytes},
-                     {"activations_bytes", activation_bytes}};
+                     {"transient_bytes", mem.transient_bytes}};
   if (lead) metrics.write(row);
   if (!quiet)
     log_info("memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state {:.1f} MB",

@@ -33,7 +33,7 @@ std::string fmt_duration(double s);
 // The "memory" row: what this rank holds, measured from the buffers themselves (ZeRO accounting,
 // fp32), and its log line.
 void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& model, int world_rank,
-                   std::size_t activation_bytes, bool lead, bool quiet);
+                   bool lead, bool quiet);
 
 // The performance model's prediction for this run (docs/performance-model.md), logged next to
 // what is measured: per-step time in every row, peak memory in the closing summary.

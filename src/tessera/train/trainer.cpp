@@ -75,7 +75,6 @@ struct TrainingRun {
   const RunPlan& plan;
   RunModel& model;
   TrainData& data;
-  model::Activations& acts;
   TrainProgress& progress;
   MetricsLog& metrics;  // open on the lead rank only
   TrainSummary& summary;
@@ -94,18 +93,18 @@ struct StepReference {
   bool peak_measured = false;
 };
 
-// The evaluation forward of the training model itself, when it has one that scores a window on
-// the rank's own slices: the GPU model, or the CPU model without a pipeline (each tensor group
-// scores the window together). Null: the whole model is assembled and scored by model::forward.
+// The evaluation forward of the training model itself, on the rank's own slices: the GPU model,
+// or the CPU model (each tensor group scores a window together; with a pipeline, the stages in
+// model order).
 eval::ScoreFn training_model_scorer(RunModel& model) {
   if (model.device)
     return [&dev = *model.device](const std::int32_t* x, const std::int32_t* y, int B, int T) {
       return dev.forward(x, y, B, T, false, 0.0f);
     };
-  if (!model.tensor || model.pipelined()) return nullptr;
   return [&model](const std::int32_t* x, const std::int32_t* y, int B, int T) {
     model::ForwardOptions opt;
     opt.gemm = kernels::GemmLibrary::OneDnn;
+    if (model.pipelined()) return model.executor->evaluate(*model.dp, x, y, B, T, opt);
     return model.tensor->forward(*model.dp, x, y, B, T, opt);
   };
 }
@@ -113,16 +112,9 @@ eval::ScoreFn training_model_scorer(RunModel& model) {
 void validate_at(TrainingRun& run, std::int64_t at) {
   // Every rank scores the same batches (every dp rank holds the model), so the figure is the
   // single-process one whatever the grid.
-  eval::EvalResult r;
-  if (const eval::ScoreFn score = training_model_scorer(run.model)) {
-    r = eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B(),
-                             run.plan.T, run.cfg.train.val_batches, score);
-  } else {
-    r = eval::evaluate_shard(*run.model.layout, full_params(run.model), run.acts, run.cfg.data.val,
-                             run.plan.B(), run.plan.T, run.cfg.train.val_batches,
-                             kernels::GemmLibrary::OneDnn);
-    drop_full_params(run.model);
-  }
+  const eval::EvalResult r =
+      eval::evaluate_shard(run.model.layout->config().vocab_size, run.cfg.data.val, run.plan.B(),
+                           run.plan.T, run.cfg.train.val_batches, training_model_scorer(run.model));
   run.summary.val.emplace_back(at, static_cast<float>(r.loss));
   if (run.lead) report_validation(run.metrics, at, r);
 }
@@ -261,7 +253,6 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
 
   // Resume or initialize, then start.
   const fs::path ckpt_dir = out / "checkpoints";
-  model::Activations acts;
   TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
                                                 plan.B() * plan.accum() * ndp);
   to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
@@ -280,7 +271,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   if (lead)
     metrics = progress.resumed ? MetricsLog::resume(out / "metrics.jsonl", progress.step)
                                : MetricsLog::start(out / "metrics.jsonl");
-  report_memory(metrics, cfg, model, rt.world_rank(), acts.buf.bytes(), lead, opt.quiet);
+  report_memory(metrics, cfg, model, rt.world_rank(), lead, opt.quiet);
   StepReference ref;
   ref.prediction = report_prediction(metrics, cfg, mcfg, plan, cluster, lead, opt.quiet);
   ref.cost = step_cost(mcfg, plan, ndp);
@@ -293,7 +284,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // The steps.
   TrainSummary summary;
   summary.first_step = progress.step;
-  TrainingRun run{cfg,     opt,     rt,       plan, model,         data, acts,   progress,
+  TrainingRun run{cfg,     opt,     rt,       plan, model,         data, progress,
                   metrics, summary, ckpt_dir, lead, progress.step, {},   Timer()};
   if (tc.val_every > 0 && progress.step == 0) validate_at(run, 0);
   const std::int64_t end_step =
