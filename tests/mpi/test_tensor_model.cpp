@@ -291,3 +291,53 @@ TEST_F(TensorModelTest, Bf16MatchesSingleProcessBf16ForEveryFactorization) {
 }
 
 }  // namespace
+
+namespace {
+
+// The logits of an evaluation forward read back from the grid (TensorModel::logits_row, what the
+// trainer samples from) equal the single-process logits, both families, every factorization (and
+// sequence parallelism): the same sums in another order, 1e-5 of the row's largest logit.
+TEST_F(TensorModelTest, LogitsRowsEqualSingleProcessLogits) {
+  auto& rt = runtime();
+  for (const auto& cfg : {tiny_config(), tiny_llama_config()}) {
+    const model::ParamLayout layout(cfg);
+    const Batch batch = make_batch(cfg);
+    const Reference ref = make_reference(layout, batch);
+    model::Activations acts;
+    model::ForwardOptions eval_opt;
+    model::forward(layout, ref.params.data(), acts, batch.x.data(), nullptr, batch.B, batch.T,
+                   eval_opt);
+    const int Vp = cfg.padded_vocab(), V = cfg.vocab_size;
+    for (auto [tx, ty, tz] : factorizations(rt.world_size())) {
+      if (cfg.n_head % ty != 0 || cfg.kv_heads() % ty != 0) continue;
+      for (const bool sp : {false, true}) {
+        if (sp && (ty != 1 || tz != 1)) continue;
+        SCOPED_TRACE(fmt::format("{} tx={} ty={} tz={} sp={}", cfg.llama() ? "llama" : "gpt2", tx,
+                                 ty, tz, sp));
+        par::TensorModelOptions opt;
+        opt.sequence_parallel = sp;
+        par::TensorModel tm(cfg, Topology(GridShape{1, 1, tx, ty, tz}, rt.world_rank()), rt, opt);
+        EXPECT_EQ(batch.B % tm.min_batch(), 0);
+        std::vector<float> lp(tm.local_layout().total()), lg(lp.size(), 0.0f);
+        tm.extract(ref.params.data(), lp.data());
+        model::FlatStore store(tm.local_layout(), lp.data(), lg.data());
+        tm.forward(store, batch.x.data(), nullptr, batch.B, batch.T, eval_opt);
+        tm.end_forward(0, 0);
+        std::vector<float> row(V);
+        for (const std::int64_t r :
+             {std::int64_t{0}, std::int64_t{batch.T - 1}, std::int64_t{batch.B} * batch.T - 1}) {
+          tm.logits_row(r, row.data());
+          const float* want = acts.at(acts.logits) + r * Vp;
+          double scale = 0, err = 0;
+          for (int j = 0; j < V; ++j) {
+            scale = std::max(scale, static_cast<double>(std::fabs(want[j])));
+            err = std::max(err, static_cast<double>(std::fabs(row[j] - want[j])));
+          }
+          EXPECT_LE(err, 1e-5 * scale) << "row " << r;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -92,3 +92,33 @@ TEST(TensorResharding, Tx2Ty2CheckpointResumesInOneProcessAndOnTz4) {
                           tp_args(data, out, 8, 20) + " " + set, 10, name);
   }
 }
+
+namespace {
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// Samples of a sliced model are generated on the slices (each token a forward through the tensor
+// groups, the stages or the ZeRO-3 shards, the lead's random state on every rank): each sample is
+// printed once, by the lead, and the run ends cleanly. With ZeRO-3 at tz = 4 and sequence
+// parallelism, the sampling batch is the grid's smallest (tz sequences, a multiple of tx).
+TEST(ParallelSampling, SamplesRunOnTheSlices) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const auto data = data_dir();
+  const std::string sample =
+      " sample.tokens=6 sample.every=1 sample.temperature=0.8 'sample.prompt=\"The\"'";
+  for (const Grid& g :
+       {Grid{2, "parallel.tx=2", "tx2"}, Grid{4, "parallel.tx=2 parallel.tz=2", "tx2_tz2"},
+        Grid{2, "parallel.tx=2 parallel.sequence_parallel=true", "tx2_sp"},
+        Grid{2, "parallel.pp=2 train.grad_accum=2", "pp2"},
+        Grid{2, "parallel.dp=2 parallel.zero=3", "dp2_zero3"}}) {
+    auto out = scratch("sample_" + g.name);
+    auto run = sh(mpirun(g.ranks) + tp_args(data, out, 4, 2) + sample + " " + g.set);
+    ASSERT_EQ(run.code, 0) << g.set << "\n" << run.output;
+    EXPECT_EQ(count_of(run.output, "---- sample at step 1 ----"), 1) << g.set << "\n" << run.output;
+    EXPECT_EQ(count_of(run.output, "---- sample at step 2 ----"), 1) << g.set << "\n" << run.output;
+  }
+}

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -426,6 +427,24 @@ void TensorModel::reset_activation_stats() {
   auto& st = st_->stats;
   st.peak_live = st.live;
   st.peak_bytes = st.live_bytes;
+}
+
+int TensorModel::min_batch() const {
+  return opt_.sequence_parallel ? std::lcm(tz_, tx_) : tz_;
+}
+
+void TensorModel::logits_row(std::int64_t row, float* out) {
+  const State& s = *st_;
+  TESSERA_CHECK(opt_.chunks.back().head && s.live.empty() && !s.vocab_ws.logits.empty(),
+                "logits_row() reads the head's logits after an evaluation forward has ended");
+  const std::int64_t N = static_cast<std::int64_t>(s.B) * s.T, r0 = vocab_.row_offset(N);
+  TESSERA_CHECK(row >= 0 && row < N, "row {} of a micro-batch of {} rows", row, N);
+  std::fill(out, out + cfg_.vocab_size, 0.0f);
+  if (row >= r0 && row < r0 + s.n) {
+    const float* z = s.vocab_ws.logits.data() + (row - r0) * vocab_.vocab_local;
+    std::copy(z, z + vocab_.real_local, out + vocab_.vocab_offset);
+  }
+  tensor_group_->all_reduce_sum(out, static_cast<std::size_t>(cfg_.vocab_size));
 }
 
 std::size_t TensorModel::boundary_numel() const {

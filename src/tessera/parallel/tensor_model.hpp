@@ -186,6 +186,14 @@ class TensorModel {
   const float* input_grad() const;
   // An evaluation forward of (chunk, mb) (no backward follows): its slot goes back to the pool.
   void end_forward(int chunk, int mb) { release_slot(chunk, mb); }
+  // The smallest micro-batch the grid splits: tz (whole sequences per tz rank), a multiple of tx
+  // too with sequence parallelism.
+  int min_batch() const;
+  // On the rank holding the LM head, after an evaluation forward whose slot has ended: the logits
+  // (vocab_size real entries) of global row `row` (sequence row / T, position row % T) of that
+  // micro-batch, on every rank of the tensor group (collective over it: each entry is computed on
+  // one rank, the others add zeros, so every rank gets the same bits).
+  void logits_row(std::int64_t row, float* out);
 
   // Activation memory of the slots (what the pipeline schedule keeps in flight), measured from
   // the buffers themselves; the shared workspaces are not counted.

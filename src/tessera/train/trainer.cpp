@@ -13,15 +13,13 @@
 #include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/timer.hpp"
-#include "tessera/data/bpe.hpp"
 #include "tessera/eval/evaluate.hpp"
-#include "tessera/eval/generate.hpp"
 #include "tessera/io/pretrained.hpp"
-#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/metrics_rows.hpp"
 #include "tessera/train/run_dir.hpp"
 #include "tessera/train/run_model.hpp"
+#include "tessera/train/run_sample.hpp"
 #include "tessera/train/run_setup.hpp"
 #include "tessera/train/train_state.hpp"
 #include "tessera/train/train_step.hpp"
@@ -39,33 +37,6 @@ model::ModelConfig model_config(const RunConfig& cfg) {
 }
 
 namespace {
-
-void print_sample(const RunConfig& cfg, const model::ParamLayout& layout, const float* params,
-                  Rng& rng, std::int64_t step) {
-  if (cfg.sample.tokens <= 0) return;
-  const fs::path tok_path = io::resolve_pretrained(cfg.data.tokenizer);
-  std::error_code ec;
-  if (!fs::exists(tok_path, ec)) {
-    log_info("(no sample: tokenizer not found at {})", tok_path.string());
-    return;
-  }
-  auto tok = io::load_tokenizer(tok_path);
-  io::require_tokenizer_fits(tok, layout.config().vocab_size);
-  std::vector<std::int32_t> prompt;
-  if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
-  for (auto id : tok.encode(cfg.sample.prompt)) prompt.push_back(static_cast<std::int32_t>(id));
-  if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
-  eval::SampleOptions so;
-  so.max_new_tokens = cfg.sample.tokens;
-  so.temperature = static_cast<float>(cfg.sample.temperature);
-  so.top_k = cfg.sample.top_k;
-  auto out = eval::generate(layout, params, prompt, so, rng);
-  std::vector<std::uint32_t> ids;
-  for (auto t : out)
-    if (t < static_cast<std::int32_t>(tok.vocab_size()))
-      ids.push_back(static_cast<std::uint32_t>(t));
-  log_info("---- sample at step {} ----\n{}{}\n----", step, cfg.sample.prompt, tok.decode(ids));
-}
 
 // The long-lived objects of a run, built by run_training's setup and used by its loop.
 struct TrainingRun {
@@ -128,8 +99,7 @@ void checkpoint(TrainingRun& run) {
 
 void sample_at(TrainingRun& run, std::int64_t step) {
   if (run.model.device && run.cfg.sample.tokens > 0) to_host(run.model);
-  const float* full = full_params(run.model);  // collective (ZeRO-3, tensor parallelism)
-  if (run.lead) print_sample(run.cfg, *run.model.layout, full, run.progress.rng, step);
+  log_sample(run.cfg, run.model, run.rt.world(), run.progress.rng, step, run.lead);
 }
 
 // The row and the line of the step just finished, which took `step_s`.
@@ -155,10 +125,8 @@ void run_scheduled(TrainingRun& run, std::int64_t end_step) {
   const std::int64_t step = run.progress.step;
   if (tc.val_every > 0 && (step % tc.val_every == 0 || step == tc.steps)) validate_at(run, step);
   if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0 && step != end_step) checkpoint(run);
-  if (run.cfg.sample.every > 0 && step % run.cfg.sample.every == 0 && step != end_step) {
+  if (run.cfg.sample.every > 0 && step % run.cfg.sample.every == 0 && step != end_step)
     sample_at(run, step);
-    drop_full_params(run.model);
-  }
 }
 
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
