@@ -1,6 +1,6 @@
 // tessera convert: a model in any form tessera reads (a checkpoint or run directory, a
-// model.safetensors, a llama .gguf file, a short name) written as a Hugging Face checkpoint:
-// config.json and model.safetensors (fp32, bf16 or fp16; sharded with
+// model.safetensors, a llama or gpt2 .gguf file, a short name) written as a Hugging Face
+// checkpoint: config.json and model.safetensors (fp32, bf16 or fp16; sharded with
 // model.safetensors.index.json beyond --max-shard-size), ready for transformers' from_pretrained;
 // or, with --format gguf, as one llama.cpp GGUF file.
 #include <cstdint>
@@ -29,14 +29,15 @@ void add_convert_command(CLI::App& root) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
-                  "or a pretrained model's short name (smollm2-135m)")
+                  "run directory, checkpoint directory, model.safetensors, a llama or gpt2 .gguf "
+                  "file, or a pretrained model's short name (smollm2-135m)")
       ->required();
   cmd->add_option("--out,-o", a->out,
                   "hf: the folder to write config.json and model.safetensors to; gguf: the file")
       ->required();
-  cmd->add_option("--format", a->format,
-                  "hf (a Hugging Face checkpoint) or gguf (llama.cpp's file, llama models)")
+  cmd->add_option(
+         "--format", a->format,
+         "hf (a Hugging Face checkpoint) or gguf (llama.cpp's file, llama and gpt2 models)")
       ->capture_default_str()
       ->check(CLI::IsMember({"hf", "gguf"}));
   cmd->add_option("--tokenizer", a->tokenizer,

@@ -1,5 +1,6 @@
 // End-to-end tests of `tessera convert`: the Hugging Face checkpoint it writes, in one file or
-// sharded (--max-shard-size), and its refusals of bad options, each one error line and exit 2.
+// sharded (--max-shard-size), GPT-2 models as GGUF files and back, and its refusals of bad
+// options, each one error line and exit 2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "cli_util.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/model/gpt.hpp"
 
 namespace fs = std::filesystem;
 
@@ -82,4 +84,39 @@ TEST(ConvertCli, BadShardSizesAreRefused) {
                                    (out / "m.gguf").string() + " --max-shard-size 1GB"),
                           "--max-shard-size applies to Hugging Face output");
   EXPECT_FALSE(fs::exists(out / "m"));
+}
+
+// A GPT-2 model (random weights, GPT-2's vocabulary) as a GGUF file with its tokenizer: converted
+// back to a Hugging Face checkpoint it is the same model bit for bit, and `tessera sample` reads
+// the .gguf (weights and tokenizer) and writes what it writes from the original.
+TEST(ConvertCli, Gpt2ThroughGgufAndBack) {
+  if (!cli::have_tokenizer()) GTEST_SKIP() << "data/gpt2 (GPT-2's tokenizer) is absent";
+  const auto dir = cli::scratch("convert_gpt2_gguf");
+  tessera::model::ModelConfig cfg{1, 4, 32, 16, 50257};  // layers, heads, C, positions, vocab
+  const tessera::model::ParamLayout layout(cfg);
+  std::vector<float> params(layout.total());
+  tessera::model::init_params(layout, params.data(), 5);
+  tessera::io::save_model(dir / "hf", layout, params.data());
+  auto r = cli::run("convert --model " + (dir / "hf").string() + " --format gguf --out " +
+                    (dir / "m.gguf").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli::run("convert --model " + (dir / "m.gguf").string() + " --out " +
+               (dir / "back").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_same_model(dir / "back", dir / "hf");
+  const std::string sample = " --prompt 'The quick' --tokens 6 --temperature 0";
+  const auto from_hf = cli::run("sample --model " + (dir / "hf").string() + sample);
+  const auto from_gguf = cli::run("sample --model " + (dir / "m.gguf").string() + sample);
+  ASSERT_EQ(from_gguf.code, 0) << from_gguf.err;
+  EXPECT_EQ(from_gguf.out, from_hf.out);
+  EXPECT_EQ(from_gguf.out.rfind("The quick", 0), 0u) << from_gguf.out;
+  r = cli::run("convert --model " + (dir / "hf").string() + " --format gguf --dtype q8_0 --out " +
+               (dir / "q8.gguf").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tessera::io::load_model(dir / "q8.gguf").config, cfg);
+  // The fixture's vocabulary (100) is not GPT-2's tokenizer's: refused, nothing written.
+  cli::expect_clean_error(cli::run("convert --model " + k_gpt2 + " --format gguf --out " +
+                                   (dir / "tiny.gguf").string()),
+                          "the tokenizer has 50257 tokens but the model only 100");
+  EXPECT_FALSE(fs::exists(dir / "tiny.gguf"));
 }

@@ -47,7 +47,7 @@ fs::path resolve_model_path(const fs::path& given) {
 
 model::ModelConfig read_model_config(const fs::path& path) {
   if (path.extension() == ".gguf" && input_kind(path, "model file") != InputKind::Directory)
-    return gguf_llama_config(GgufFile::open(path));
+    return gguf_model_config(GgufFile::open(path));
   const bool dir = input_kind(path, "model") == InputKind::Directory;
   const fs::path file = dir ? path / "model.safetensors" : path;
   if (dir && input_kind(file, "model file") == InputKind::Missing &&
