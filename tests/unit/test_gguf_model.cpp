@@ -906,6 +906,30 @@ TEST(GgufGpt2, WrittenWithGpt2sTokenizer) {
             r.metadata("gpt2.attention.layer_norm_epsilon").encoding());
 }
 
+// A gpt2 file written by gguf-py's own GGUFWriter (the fuzz seed gpt2_tiny.gguf: the keys of
+// llama.cpp's GPT2Model converter, random F32 tensors) loads with each tensor where the layout
+// puts its Hugging Face name.
+TEST(GgufGpt2, FileWrittenByGgufPyLoads) {
+  const auto f = GgufFile::open(k_fixtures / ".." / "fuzz" / "corpus" / "gguf" / "gpt2_tiny.gguf");
+  model::ModelConfig want = tiny_gpt2(16);
+  want.n_layer = 1;
+  want.n_head = 2;
+  want.n_embd = 8;
+  want.block_size = 4;
+  const io::LoadedModel m = io::load_gguf_model(f);
+  ASSERT_EQ(m.config, want);
+  const model::ParamLayout layout(want);
+  for (const auto& g : f.tensors()) {
+    const auto hf = io::gpt2_gguf_to_hf_name(g.name);
+    ASSERT_TRUE(hf.has_value()) << g.name;
+    const model::ParamTensor* t = layout.find(*hf);
+    ASSERT_NE(t, nullptr) << *hf;
+    const std::vector<float> v = f.dequantize(g);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      ASSERT_EQ(m.params[t->offset + i], v[i]) << g.name << " " << i;
+  }
+}
+
 // What tessera's gpt2 family cannot run is refused with one error naming the file.
 TEST(GgufGpt2, BadInput) {
   const model::ModelConfig cfg = tiny_gpt2();
