@@ -84,8 +84,10 @@ void add_convert_command(CLI::App& root) {
     const io::DType dtype = a->dtype == "bf16"   ? io::DType::BF16
                             : a->dtype == "fp16" ? io::DType::F16
                                                  : io::DType::F32;
+    // The tokenizer is read (and checked) before anything is written.
+    const auto tok = own_tokenizer(a->tokenizer, a->model, loaded.config.vocab_size);
     const auto files = io::save_model(out, layout, loaded.params.data(), dtype, max_shard);
-    const bool tok = write_own_tokenizer(out, a->tokenizer, a->model, loaded.config.vocab_size);
+    if (tok) io::write_hf_tokenizer(out, tok->vocab());
     const std::string weights =
         files.size() == 1 ? files[0]
                           : fmt::format("{} files {} ... {} with model.safetensors.index.json",

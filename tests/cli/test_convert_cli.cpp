@@ -119,4 +119,10 @@ TEST(ConvertCli, Gpt2ThroughGgufAndBack) {
                                    (dir / "tiny.gguf").string()),
                           "the tokenizer has 50257 tokens but the model only 100");
   EXPECT_FALSE(fs::exists(dir / "tiny.gguf"));
+  // A GGUF model without a tokenizer (gguf-py's gpt2 seed): refused before anything is written.
+  cli::expect_clean_error(
+      cli::run("convert --model " TESSERA_FIXTURES "/../fuzz/corpus/gguf/gpt2_tiny.gguf --out " +
+               (dir / "no_tok").string()),
+      "carries no tokenizer");
+  EXPECT_FALSE(fs::exists(dir / "no_tok" / "model.safetensors"));
 }
