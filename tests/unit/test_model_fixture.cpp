@@ -30,6 +30,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_quants.hpp"
+#include "tessera/io/pretrained.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -281,6 +282,7 @@ TEST_P(ModelFixture, SavedShardedLoadsBackExactly) {
     EXPECT_EQ(named, layout.tensors().size());
     const auto again = io::load_model(dir);
     ASSERT_EQ(again.config, loaded.config);
+    EXPECT_EQ(io::read_model_config(dir), loaded.config);  // train.init_from's look at it
     const auto single = fs::temp_directory_path() / (dir.filename().string() + "_single");
     io::save_model(single, layout, loaded.params.data(), dtype);
     const auto want = io::load_model(single);
