@@ -6,6 +6,7 @@ files tessera writes. Needs the pinned packages of tools/requirements-gguf.txt:
     .venv-oracle/bin/pip install -r tools/requirements-gguf.txt
     .venv-oracle/bin/python tools/gguf_fixture.py generate   # fixtures + fuzz seeds
     .venv-oracle/bin/python tools/gguf_fixture.py check      # tessera_written.gguf vs gguf-py
+    .venv-oracle/bin/python tools/gguf_fixture.py check-model M.gguf  # tessera convert's output
 
 generate writes (deterministic: the same bytes on every run)
   tests/fixtures/gguf/reference.gguf
@@ -353,17 +354,111 @@ def check(path):
     return 0 if not problems else 1
 
 
+# ---- check-model ----
+
+# The tensor dims (ggml's ne, innermost first) llama.cpp's loader creates for a gpt2 block
+# (llama-model.cpp, LLM_ARCH_GPT2), from the hyperparameters; None: any size.
+def gpt2_expected_dims(n_embd, n_ff, n_ctx, n_vocab):
+    return {
+        "token_embd.weight": [n_embd, n_vocab],
+        "position_embd.weight": [n_embd, n_ctx],
+        "output_norm.weight": [n_embd], "output_norm.bias": [n_embd],
+        "attn_norm.weight": [n_embd], "attn_norm.bias": [n_embd],
+        "attn_qkv.weight": [n_embd, 3 * n_embd], "attn_qkv.bias": [3 * n_embd],
+        "attn_output.weight": [n_embd, n_embd], "attn_output.bias": [n_embd],
+        "ffn_norm.weight": [n_embd], "ffn_norm.bias": [n_embd],
+        "ffn_up.weight": [n_embd, n_ff], "ffn_up.bias": [n_ff],
+        "ffn_down.weight": [n_ff, n_embd], "ffn_down.bias": [n_embd],
+    }
+
+
+def check_model(path):
+    """A model file tessera wrote (tessera convert --format gguf), read as llama.cpp would: the
+    architecture and its hyperparameter keys by gguf-py's own constants, every tensor name one of
+    gguf-py's MODEL_TENSORS for the architecture, each tensor dequantized, the tokenizer's size
+    against the embedding; for gpt2 the exact tensor set (the head tied: no output.weight) and the
+    dims llama.cpp's loader creates."""
+    print(f"gguf-py {gguf_version()}, numpy {np.__version__}: reading {path}")
+    reader = gguf.GGUFReader(str(path))
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    problems = []
+    arch = fields.get("general.architecture")
+    arch_id = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
+    if arch_id is None:
+        print(f"  PROBLEM: general.architecture {arch!r} is not one of gguf-py's")
+        return 1
+    K = gguf.Keys
+    keys = [K.LLM.BLOCK_COUNT, K.LLM.CONTEXT_LENGTH, K.LLM.EMBEDDING_LENGTH,
+            K.LLM.FEED_FORWARD_LENGTH, K.Attention.HEAD_COUNT,
+            K.Attention.LAYERNORM_EPS if arch == "gpt2" else K.Attention.LAYERNORM_RMS_EPS]
+    for key in (k.format(arch=arch) for k in keys):
+        if key not in fields:
+            problems.append(f"metadata {key} is missing")
+    n_layer = fields.get(f"{arch}.block_count", 0)
+    allowed = set()
+    for t in gguf.MODEL_TENSORS[arch_id]:
+        name = gguf.TENSOR_NAMES[t]
+        for bid in (range(n_layer) if "{bid}" in name else [None]):
+            base = name.format(bid=bid)
+            allowed |= {base + ".weight", base + ".bias"}
+    names = [t.name for t in reader.tensors]
+    for n in names:
+        if n not in allowed:
+            problems.append(f"tensor {n} is not one of gguf-py's {arch} tensors")
+    types = {}
+    for t in reader.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+        if values.size != int(np.prod(t.shape)) or not np.all(np.isfinite(values)):
+            problems.append(f"{t.name}: {values.size} values for dims {t.shape.tolist()}, or "
+                            "non-finite ones")
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    by_name = {t.name: t for t in reader.tensors}
+    vocab = int(by_name["token_embd.weight"].shape[1]) if "token_embd.weight" in by_name else -1
+    if "tokenizer.ggml.tokens" in fields:
+        n_tokens = len(fields["tokenizer.ggml.tokens"])
+        if n_tokens != vocab:
+            problems.append(f"{n_tokens} tokens, but token_embd.weight has {vocab} rows")
+        for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges",
+                    "tokenizer.ggml.token_type"):
+            if key not in fields:
+                problems.append(f"metadata {key} is missing")
+    if arch == "gpt2":
+        dims = gpt2_expected_dims(fields.get("gpt2.embedding_length"),
+                                  fields.get("gpt2.feed_forward_length"),
+                                  fields.get("gpt2.context_length"), vocab)
+        want = {n for n in dims if not n.startswith(("attn_", "ffn_"))}
+        want |= {f"blk.{b}.{n}" for b in range(n_layer) for n in dims if n.startswith(("attn_", "ffn_"))}
+        if set(names) != want:
+            problems.append(f"tensors {sorted(set(names) ^ want)} differ from llama.cpp's gpt2 set")
+        for n, t in by_name.items():
+            expect = dims.get(n.split(".", 2)[2] if n.startswith("blk.") else n)
+            if expect is not None and t.shape.tolist() != expect:
+                problems.append(f"{n}: dims {t.shape.tolist()}, llama.cpp's loader wants {expect}")
+    print(f"  {arch}: {len(names)} tensors ({', '.join(f'{v} {k}' for k, v in sorted(types.items()))}), "
+          f"{len(fields)} metadata keys, vocabulary {vocab}"
+          + (f", tokenizer {fields['tokenizer.ggml.model']}/{fields['tokenizer.ggml.pre']}"
+             if "tokenizer.ggml.model" in fields else ""))
+    for p in problems:
+        print("  PROBLEM:", p)
+    print("check-model: " + ("ok" if not problems else f"{len(problems)} problems"))
+    return 0 if not problems else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("generate", help="write the fixtures and the fuzz seeds")
     c = sub.add_parser("check", help="check a GGUF file tessera wrote with gguf-py")
     c.add_argument("path", nargs="?", default=str(FIXTURES / "tessera_written.gguf"))
+    m = sub.add_parser("check-model", help="check a model file tessera convert wrote with gguf-py")
+    m.add_argument("path")
     args = ap.parse_args()
     if args.cmd == "generate":
         generate_reference()
         generate_corpus()
         return 0
+    if args.cmd == "check-model":
+        return check_model(args.path)
     return check(args.path)
 
 

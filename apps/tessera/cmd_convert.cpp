@@ -1,10 +1,13 @@
 // tessera convert: a model in any form tessera reads (a checkpoint or run directory, a
-// model.safetensors, a llama .gguf file, a short name) written as a Hugging Face checkpoint:
-// config.json and model.safetensors (fp32, bf16 or fp16), ready for transformers'
-// from_pretrained.
+// model.safetensors, a llama or gpt2 .gguf file, a short name) written as a Hugging Face
+// checkpoint: config.json and model.safetensors (fp32, bf16 or fp16; sharded with
+// model.safetensors.index.json beyond --max-shard-size), ready for transformers' from_pretrained;
+// or, with --format gguf, as one llama.cpp GGUF file.
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "model_paths.hpp"
@@ -21,19 +24,20 @@ void add_convert_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "convert", "write a model (checkpoint, .gguf, short name) as a Hugging Face checkpoint");
   struct Args {
-    std::string model, out, dtype = "fp32", format = "hf", tokenizer;
+    std::string model, out, dtype = "fp32", format = "hf", tokenizer, max_shard_size = "5GB";
     bool overwrite = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
-                  "or a pretrained model's short name (smollm2-135m)")
+                  "run directory, checkpoint directory, model.safetensors, a llama or gpt2 .gguf "
+                  "file, or a pretrained model's short name (smollm2-135m)")
       ->required();
   cmd->add_option("--out,-o", a->out,
                   "hf: the folder to write config.json and model.safetensors to; gguf: the file")
       ->required();
-  cmd->add_option("--format", a->format,
-                  "hf (a Hugging Face checkpoint) or gguf (llama.cpp's file, llama models)")
+  cmd->add_option(
+         "--format", a->format,
+         "hf (a Hugging Face checkpoint) or gguf (llama.cpp's file, llama and gpt2 models)")
       ->capture_default_str()
       ->check(CLI::IsMember({"hf", "gguf"}));
   cmd->add_option("--tokenizer", a->tokenizer,
@@ -43,16 +47,26 @@ void add_convert_command(CLI::App& root) {
                   "the weights' type in the file: fp32, bf16 or fp16 (gguf: also q8_0)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "q8_0"}));
+  auto* shard_opt =
+      cmd->add_option("--max-shard-size", a->max_shard_size,
+                      "hf: the largest weight file (500MB, 2GB, 1.5GiB, bytes); larger models "
+                      "are sharded with model.safetensors.index.json")
+          ->capture_default_str();
   cmd->add_flag("--overwrite", a->overwrite, "replace a model already in --out");
-  cmd->callback([a] {
+  cmd->callback([a, shard_opt] {
     const std::filesystem::path out = a->out;
     const bool gguf = a->format == "gguf";
-    const std::filesystem::path target = gguf ? out : out / "model.safetensors";
-    if (std::filesystem::exists(target) && !a->overwrite)
-      throw Error(fmt::format("{} already exists", target.string()),
-                  "choose another --out, or add --overwrite");
+    for (const auto& target :
+         gguf ? std::vector{out}
+              : std::vector{out / "model.safetensors", out / "model.safetensors.index.json"})
+      if (std::filesystem::exists(target) && !a->overwrite)
+        throw Error(fmt::format("{} already exists", target.string()),
+                    "choose another --out, or add --overwrite");
     if (a->dtype == "q8_0" && !gguf)
       throw Error("--dtype q8_0 is a GGUF type", "add --format gguf");
+    if (gguf && shard_opt->count() > 0)
+      throw Error("--max-shard-size applies to Hugging Face output", "a GGUF model is one file");
+    const std::uint64_t max_shard = io::parse_byte_size(a->max_shard_size);
     const auto loaded = io::load_model(resolve_model_path(a->model));
     const model::ParamLayout layout(loaded.config);
     if (gguf) {
@@ -70,10 +84,16 @@ void add_convert_command(CLI::App& root) {
     const io::DType dtype = a->dtype == "bf16"   ? io::DType::BF16
                             : a->dtype == "fp16" ? io::DType::F16
                                                  : io::DType::F32;
-    io::save_model(out, layout, loaded.params.data(), dtype);
-    const bool tok = write_own_tokenizer(out, a->tokenizer, a->model, loaded.config.vocab_size);
-    log_info("wrote {} ({}): config.json, model.safetensors ({}){}", out.string(),
-             model::describe(loaded.config), a->dtype, tok ? ", tokenizer.json" : "");
+    // The tokenizer is read (and checked) before anything is written.
+    const auto tok = own_tokenizer(a->tokenizer, a->model, loaded.config.vocab_size);
+    const auto files = io::save_model(out, layout, loaded.params.data(), dtype, max_shard);
+    if (tok) io::write_hf_tokenizer(out, tok->vocab());
+    const std::string weights =
+        files.size() == 1 ? files[0]
+                          : fmt::format("{} files {} ... {} with model.safetensors.index.json",
+                                        files.size(), files.front(), files.back());
+    log_info("wrote {} ({}): config.json, {} ({}){}", out.string(), model::describe(loaded.config),
+             weights, a->dtype, tok ? ", tokenizer.json" : "");
   });
 }
 

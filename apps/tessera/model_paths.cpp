@@ -23,14 +23,21 @@ fs::path resolve_tokenizer_path(const std::string& tokenizer_arg, const std::str
   return k_gpt2_tokenizer;
 }
 
+std::optional<data::Tokenizer> own_tokenizer(const std::string& tokenizer_arg,
+                                             const std::string& model_arg,
+                                             std::int64_t model_vocab) {
+  const fs::path path = resolve_tokenizer_path(tokenizer_arg, model_arg);
+  if (tokenizer_arg.empty() && path == k_gpt2_tokenizer) return std::nullopt;
+  auto tok = io::load_tokenizer(path);
+  io::require_tokenizer_fits(tok, model_vocab);
+  return tok;
+}
+
 bool write_own_tokenizer(const fs::path& out_dir, const std::string& tokenizer_arg,
                          const std::string& model_arg, std::int64_t model_vocab) {
-  const fs::path path = resolve_tokenizer_path(tokenizer_arg, model_arg);
-  if (tokenizer_arg.empty() && path == k_gpt2_tokenizer) return false;
-  const auto tok = io::load_tokenizer(path);
-  io::require_tokenizer_fits(tok, model_vocab);
-  io::write_hf_tokenizer(out_dir, tok.vocab());
-  return true;
+  const auto tok = own_tokenizer(tokenizer_arg, model_arg, model_vocab);
+  if (tok) io::write_hf_tokenizer(out_dir, tok->vocab());
+  return tok.has_value();
 }
 
 }  // namespace tessera::app

@@ -9,7 +9,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+
+#include "tessera/data/bpe.hpp"
 
 namespace tessera::app {
 
@@ -19,6 +22,11 @@ std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 // The tokenizer for a model given as `model_arg` when --tokenizer was `tokenizer_arg`.
 std::filesystem::path resolve_tokenizer_path(const std::string& tokenizer_arg,
                                              const std::string& model_arg = "");
+// The model's own tokenizer (or the one --tokenizer names), checked against the model's
+// vocabulary; nullopt for a model with GPT-2's default tokenizer.
+std::optional<data::Tokenizer> own_tokenizer(const std::string& tokenizer_arg,
+                                             const std::string& model_arg,
+                                             std::int64_t model_vocab);
 // Writes the model's own tokenizer (or the one --tokenizer names) into `out_dir` as
 // tokenizer.json + tokenizer_config.json, so that the directory is a complete model; models
 // with GPT-2's default tokenizer get none (as before). Returns whether one was written.

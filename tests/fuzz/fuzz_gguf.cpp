@@ -1,8 +1,8 @@
 // Fuzz target: a GGUF model file (pretrained models imported from llama.cpp's format).
 // Any bytes: header, metadata, tensor infos and the data layout are validated; then every
 // metadata value is decoded and every tensor read back and, when modest, dequantized; a
-// tokenizer in the metadata is built and encodes and decodes a text, and a llama model in it
-// loads (or is refused).
+// tokenizer in the metadata is built and encodes and decodes a text, and a llama or gpt2 model in
+// it loads (or is refused).
 #include "fuzz_util.hpp"
 #include "tessera/io/gguf.hpp"
 #include "tessera/io/gguf_model.hpp"
@@ -11,10 +11,10 @@
 
 namespace {
 
-// A llama file loads as a model or is refused (a small one only: the fuzzer's memory limit).
+// A model file loads as a model or is refused (a small one only: the fuzzer's memory limit).
 void check_model(const tessera::io::GgufFile& file) {
   if (!file.find_metadata("general.architecture")) return;
-  const auto cfg = tessera::io::gguf_llama_config(file);
+  const auto cfg = tessera::io::gguf_model_config(file);
   if (tessera::model::param_count(cfg) > 1e6) return;
   const auto m = tessera::io::load_gguf_model(file);
   tessera::fuzz::require(m.config == cfg, "the loaded model has the file's configuration");

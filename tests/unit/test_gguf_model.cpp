@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <numbers>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -109,12 +112,12 @@ struct LlamaGguf {
   }
 };
 
-// What llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM (io::llama_gguf_writer,
+// What llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM (io::gguf_model_writer,
 // whose output gguf-py reads and which round-trips the real SmolLM2 file byte for byte), with a
 // token list of the vocabulary's size, as an editable file.
 LlamaGguf to_gguf(const model::ModelConfig& c, const float* params) {
   const auto f = GgufFile::from_bytes(
-      io::llama_gguf_writer(model::ParamLayout(c), params, GgmlType::F32, nullptr, "tiny")
+      io::gguf_model_writer(model::ParamLayout(c), params, GgmlType::F32, nullptr, "tiny")
           .to_bytes(),
       "tiny.gguf");
   LlamaGguf g;
@@ -175,7 +178,7 @@ TEST_P(GgufModelRoundTrip, ConfigParamsAndLossAreExact) {
   const Buffer<float> params = random_params(cfg, 7);
   const LlamaGguf g = to_gguf(cfg, params.data());
   EXPECT_EQ(g.file().find("output.weight") == nullptr, cfg.tie_embeddings);
-  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  EXPECT_EQ(io::gguf_model_config(g.file()), cfg);
   const io::LoadedModel loaded = io::load_gguf_model(g.file());
   expect_same_params(loaded, cfg, params.data());
   const auto tokens = some_tokens(cfg.block_size + 1, cfg.vocab_size);
@@ -256,7 +259,7 @@ TEST(GgufModelConfig, HarmlessVariantsLoad) {
       {"rope_freqs.weight", {cfg.head_dim() / 2}, std::vector<float>(cfg.head_dim() / 2, 1.0f)});
   model::ModelConfig want = cfg;
   want.n_kv_head = cfg.n_head;  // head_count_kv absent: as many as the heads
-  EXPECT_EQ(io::gguf_llama_config(g.file()), want);
+  EXPECT_EQ(io::gguf_model_config(g.file()), want);
   // The k_proj is now (C, C): give it one.
   for (int l = 0; l < cfg.n_layer; ++l)
     for (const char* kv : {"attn_k", "attn_v"}) {
@@ -286,7 +289,7 @@ TEST(GgufModelConfig, RopeScalingRoundTrips) {
   EXPECT_EQ(factors[1], 1.0f);
   EXPECT_NEAR(factors[2], 1 / ((1 - s) / 8 + s), 1e-6);
   EXPECT_EQ(factors[3], 8.0f);
-  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  EXPECT_EQ(io::gguf_model_config(g.file()), cfg);
   EXPECT_EQ(io::load_gguf_model(g.file()).config, cfg);
 
   // Factors of no llama3 parameters are kept and applied as they are.
@@ -294,7 +297,7 @@ TEST(GgufModelConfig, RopeScalingRoundTrips) {
   model::ModelConfig odd = cfg;
   odd.rope_scaling = {};
   odd.rope_scaling.freq_factors = {1.0f, 2.0f, 3.0f, 4.0f};
-  EXPECT_EQ(io::gguf_llama_config(g.file()), odd);
+  EXPECT_EQ(io::gguf_model_config(g.file()), odd);
   const auto inv = model::rope_inv_freq(odd);
   EXPECT_DOUBLE_EQ(inv[2], std::pow(500000.0, -0.5) / 3);
 
@@ -303,12 +306,12 @@ TEST(GgufModelConfig, RopeScalingRoundTrips) {
   cfg.rope_scaling.factor = 4;
   g = to_gguf(cfg, params.data());
   EXPECT_THROW(g.tensor("rope_freqs.weight"), std::runtime_error);
-  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  EXPECT_EQ(io::gguf_model_config(g.file()), cfg);
   // The older key of the factor, without a type, is linear scaling too.
   g.erase("llama.rope.scaling.type");
   g.erase("llama.rope.scaling.factor");
   g.set("llama.rope.scale_linear", GgufValue::f32(4.0f));
-  EXPECT_EQ(io::gguf_llama_config(g.file()), cfg);
+  EXPECT_EQ(io::gguf_model_config(g.file()), cfg);
 }
 
 TEST(GgufModelConfig, SmolLM2StyleValues) {
@@ -317,7 +320,7 @@ TEST(GgufModelConfig, SmolLM2StyleValues) {
   cfg.norm_eps = 1e-6;
   cfg.rope_theta = 100000.0;
   const Buffer<float> params = random_params(cfg, 5);
-  EXPECT_EQ(io::gguf_llama_config(to_gguf(cfg, params.data()).file()), cfg);
+  EXPECT_EQ(io::gguf_model_config(to_gguf(cfg, params.data()).file()), cfg);
 }
 
 // ---- bad inputs: one tessera::Error each ----
@@ -756,9 +759,226 @@ TEST(GgufModelWrite, LlamaRoundTripsWithItsTokenizer) {
         ASSERT_EQ(a, b) << t.name << " (norms stay F32)";
     }
   }
-  const model::ParamLayout gpt(model::ModelConfig{1, 2, 8, 8, 16});
-  Buffer<float> p(gpt.total());
-  EXPECT_THROW(io::save_gguf_model(dir / "g.gguf", gpt, p.data(), io::GgmlType::F32, nullptr),
-               Error);
+  EXPECT_THROW(
+      io::save_gguf_model(dir / "q4.gguf", layout, src.params.data(), GgmlType::Q4_0, nullptr),
+      Error);
   fs::remove_all(dir);
+}
+
+// ---- gpt2 ----
+
+namespace {
+
+model::ModelConfig tiny_gpt2(int vocab = 100) {
+  model::ModelConfig c;  // gpt2: LayerNorm, learned positions, GELU MLP of 4 C, tied head
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.block_size = 16;
+  c.vocab_size = vocab;
+  return c;
+}
+
+std::map<std::string, const io::GgufTensorInfo*> tensors_by_name(const GgufFile& f) {
+  std::map<std::string, const io::GgufTensorInfo*> m;
+  for (const auto& t : f.tensors()) m[t.name] = &t;
+  return m;
+}
+
+}  // namespace
+
+// GGUF's gpt2 names are llama.cpp's (gguf-py's MODEL_TENSORS[GPT2]) and map back to every
+// tensor of tessera's gpt2 layout.
+TEST(GgufGpt2, TensorNames) {
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("wte.weight"), "token_embd.weight");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("wpe.weight"), "position_embd.weight");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.11.attn.c_attn.bias"), "blk.11.attn_qkv.bias");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.0.attn.c_proj.weight"), "blk.0.attn_output.weight");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.3.mlp.c_fc.weight"), "blk.3.ffn_up.weight");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.3.mlp.c_proj.bias"), "blk.3.ffn_down.bias");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.1.ln_1.weight"), "blk.1.attn_norm.weight");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("h.1.ln_2.bias"), "blk.1.ffn_norm.bias");
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("ln_f.bias"), "output_norm.bias");
+  EXPECT_EQ(io::gpt2_gguf_to_hf_name("output.weight"), std::nullopt);
+  EXPECT_EQ(io::gpt2_gguf_to_hf_name("blk.01.attn_qkv.weight"), std::nullopt);
+  EXPECT_EQ(io::gpt2_hf_to_gguf_name("model.layers.0.self_attn.q_proj.weight"), std::nullopt);
+  const model::ParamLayout layout(tiny_gpt2());
+  for (const auto& t : layout.tensors()) {
+    const auto g = io::gpt2_hf_to_gguf_name(t.name);
+    ASSERT_TRUE(g.has_value()) << t.name;
+    EXPECT_EQ(io::gpt2_gguf_to_hf_name(*g), t.name);
+  }
+}
+
+// The Hugging Face GPT-2 fixture (transformers' Conv1D layout) written as GGUF: llama.cpp's
+// names, dims and types, no output.weight (the head is tied); it loads back bit for bit with
+// PyTorch's loss, and writing what was read gives the same bytes. F16 and Q8_0 files keep the
+// 1-D tensors and the position embedding in F32, as llama.cpp's converter does.
+TEST(GgufGpt2, FixtureRoundTripsBitExactly) {
+  const fs::path fixture = k_fixtures / "gpt2_tiny";
+  const io::LoadedModel hf = io::load_model(fixture);
+  const model::ModelConfig& cfg = hf.config;
+  const model::ParamLayout layout(cfg);
+  const auto dir = fs::temp_directory_path() / ("tessera_gguf_gpt2_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  io::save_gguf_model(dir / "g.gguf", layout, hf.params.data(), GgmlType::F32, nullptr);
+  const auto f = GgufFile::open(dir / "g.gguf");
+  EXPECT_EQ(f.get_string("general.architecture"), "gpt2");
+  EXPECT_EQ(f.get_int("gpt2.block_count"), 2);
+  EXPECT_EQ(f.get_int("gpt2.context_length"), 16);
+  EXPECT_EQ(f.get_int("gpt2.embedding_length"), 32);
+  EXPECT_EQ(f.get_int("gpt2.feed_forward_length"), 128);
+  EXPECT_EQ(f.get_int("gpt2.attention.head_count"), 4);
+  EXPECT_EQ(f.get_float("gpt2.attention.layer_norm_epsilon"), double(1e-5f));
+  EXPECT_EQ(f.get_int("general.file_type"), 0);
+  const auto by_name = tensors_by_name(f);
+  EXPECT_EQ(by_name.size(), layout.tensors().size());
+  EXPECT_FALSE(by_name.contains("output.weight"));
+  EXPECT_EQ(by_name.at("token_embd.weight")->dims, (std::vector<std::int64_t>{32, 100}));
+  EXPECT_EQ(by_name.at("position_embd.weight")->dims, (std::vector<std::int64_t>{32, 16}));
+  EXPECT_EQ(by_name.at("blk.1.attn_qkv.weight")->dims, (std::vector<std::int64_t>{32, 96}));
+  EXPECT_EQ(by_name.at("blk.1.ffn_up.weight")->dims, (std::vector<std::int64_t>{32, 128}));
+  EXPECT_EQ(by_name.at("blk.1.ffn_down.weight")->dims, (std::vector<std::int64_t>{128, 32}));
+  EXPECT_EQ(by_name.at("blk.0.attn_qkv.bias")->dims, (std::vector<std::int64_t>{96}));
+  // GGUF row r of attn_qkv is HF Conv1D column r: c_attn.weight is (in, out) in the fixture.
+  const auto conv = io::SafetensorsFile::open(fixture / "model.safetensors")
+                        .read_f32("h.1.attn.c_attn.weight");  // (32, 96)
+  const auto qkv = f.dequantize(*by_name.at("blk.1.attn_qkv.weight"));
+  for (int r = 0; r < 96; ++r)
+    for (int c = 0; c < 32; ++c) ASSERT_EQ(qkv[r * 32 + c], conv[c * 96 + r]) << r << "," << c;
+
+  const io::LoadedModel back = io::load_model(dir / "g.gguf");
+  expect_same_params(back, cfg, hf.params.data());
+  const auto tokens = some_tokens(cfg.block_size + 1, cfg.vocab_size);
+  EXPECT_EQ(loss_of(back.config, back.params.data(), tokens),
+            loss_of(cfg, hf.params.data(), tokens));
+  fs::create_directories(dir / "again");
+  io::save_gguf_model(dir / "again" / "g.gguf", layout, back.params.data(), GgmlType::F32, nullptr);
+  EXPECT_TRUE(read_file(dir / "g.gguf", "a") == read_file(dir / "again" / "g.gguf", "b"));
+
+  for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0}) {
+    const auto q = GgufFile::from_bytes(
+        io::gguf_model_writer(layout, hf.params.data(), type, nullptr, "q").to_bytes(), "q.gguf");
+    for (const auto& t : q.tensors()) {
+      const bool f32 = t.dims.size() == 1 || t.name == "position_embd.weight";
+      EXPECT_EQ(t.type, f32 ? GgmlType::F32 : type) << t.name;
+    }
+    EXPECT_EQ(q.get_int("general.file_type"), type == GgmlType::F16 ? 1 : 7);
+    EXPECT_EQ(io::load_gguf_model(q).config, cfg);
+  }
+  fs::remove_all(dir);
+}
+
+// GPT-2's tokenizer (encoder.json + vocab.bpe) goes into tokenizer.ggml.* as llama.cpp's own
+// GPT-2 vocabulary file holds it, and the file's tokenizer encodes as the original.
+TEST(GgufGpt2, WrittenWithGpt2sTokenizer) {
+  const fs::path gpt2_dir = fs::path(TESSERA_DATA) / "gpt2";
+  if (!fs::exists(gpt2_dir / "encoder.json")) GTEST_SKIP() << gpt2_dir << " is absent";
+  const auto tok = io::load_tokenizer(gpt2_dir);
+  model::ModelConfig cfg = tiny_gpt2(50257);
+  cfg.n_layer = 1;
+  const model::ParamLayout layout(cfg);
+  const Buffer<float> params = random_params(cfg, 9);
+  const auto f = GgufFile::from_bytes(
+      io::gguf_model_writer(layout, params.data(), GgmlType::F32, &tok.vocab(), "gpt2").to_bytes(),
+      "gpt2.gguf");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), "gpt-2");
+  const auto back = data::Tokenizer::from_vocab(io::gguf_bpe_vocab(f));
+  const std::string text = "Hello, world! It's 2024 <|endoftext|> caf\xc3\xa9  spaces\n";
+  EXPECT_EQ(back.encode(text), tok.encode(text));
+  expect_same_params(io::load_gguf_model(f), cfg, params.data());
+
+  const fs::path ref = fs::path(TESSERA_DATA) / "models/vocab/ggml-vocab-gpt-2.gguf";
+  if (!fs::exists(ref)) GTEST_SKIP() << ref << " is absent: run scripts/setup --with-models";
+  const auto r = GgufFile::open(ref);
+  EXPECT_EQ(f.get_strings("tokenizer.ggml.tokens"), r.get_strings("tokenizer.ggml.tokens"));
+  EXPECT_EQ(f.get_ints("tokenizer.ggml.token_type"), r.get_ints("tokenizer.ggml.token_type"));
+  EXPECT_EQ(f.get_strings("tokenizer.ggml.merges"), r.get_strings("tokenizer.ggml.merges"));
+  EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), r.get_string("tokenizer.ggml.pre"));
+  EXPECT_EQ(f.get_int("tokenizer.ggml.bos_token_id"), r.get_int("tokenizer.ggml.bos_token_id"));
+  EXPECT_EQ(f.get_int("tokenizer.ggml.eos_token_id"), r.get_int("tokenizer.ggml.eos_token_id"));
+  // llama.cpp's GPT-2 file holds GPT-2's hyperparameters under the same keys.
+  for (const char* key : {"gpt2.block_count", "gpt2.context_length", "gpt2.embedding_length",
+                          "gpt2.feed_forward_length", "gpt2.attention.head_count"})
+    EXPECT_EQ(f.find_metadata(key)->type(), r.find_metadata(key)->type()) << key;
+  EXPECT_EQ(f.metadata("gpt2.attention.layer_norm_epsilon").encoding(),
+            r.metadata("gpt2.attention.layer_norm_epsilon").encoding());
+}
+
+// A gpt2 file written by gguf-py's own GGUFWriter (the fuzz seed gpt2_tiny.gguf: the keys of
+// llama.cpp's GPT2Model converter, random F32 tensors) loads with each tensor where the layout
+// puts its Hugging Face name.
+TEST(GgufGpt2, FileWrittenByGgufPyLoads) {
+  const auto f = GgufFile::open(k_fixtures / ".." / "fuzz" / "corpus" / "gguf" / "gpt2_tiny.gguf");
+  model::ModelConfig want = tiny_gpt2(16);
+  want.n_layer = 1;
+  want.n_head = 2;
+  want.n_embd = 8;
+  want.block_size = 4;
+  const io::LoadedModel m = io::load_gguf_model(f);
+  ASSERT_EQ(m.config, want);
+  const model::ParamLayout layout(want);
+  for (const auto& g : f.tensors()) {
+    const auto hf = io::gpt2_gguf_to_hf_name(g.name);
+    ASSERT_TRUE(hf.has_value()) << g.name;
+    const model::ParamTensor* t = layout.find(*hf);
+    ASSERT_NE(t, nullptr) << *hf;
+    const std::vector<float> v = f.dequantize(g);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      ASSERT_EQ(m.params[t->offset + i], v[i]) << g.name << " " << i;
+  }
+}
+
+// What tessera's gpt2 family cannot run is refused with one error naming the file.
+TEST(GgufGpt2, BadInput) {
+  const model::ModelConfig cfg = tiny_gpt2();
+  const Buffer<float> params = random_params(cfg, 4);
+  const model::ParamLayout layout(cfg);
+  auto edit = [&] {
+    const auto f = GgufFile::from_bytes(
+        io::gguf_model_writer(layout, params.data(), GgmlType::F32, nullptr, "g").to_bytes(),
+        "g.gguf");
+    LlamaGguf g;
+    for (const auto& m : f.metadata()) g.meta.emplace_back(m.key, m.value);
+    for (const auto& t : f.tensors()) g.tensors.push_back({t.name, t.dims, f.dequantize(t)});
+    return g;
+  };
+  auto refused = [](const LlamaGguf& g, const std::string& needle) {
+    expect_error([&] { io::load_gguf_model(g.file("bad.gguf")); }, needle);
+    expect_error([&] { io::load_gguf_model(g.file("bad.gguf")); }, "bad.gguf");
+  };
+  LlamaGguf g = edit();
+  g.set("gpt2.feed_forward_length", GgufValue::u32(100));
+  refused(g, "gpt2.feed_forward_length is 100, not 4 x embedding_length (128)");
+  g = edit();
+  g.set("gpt2.attention.layer_norm_epsilon", GgufValue::f32(1e-6f));
+  refused(g, "gpt2.attention.layer_norm_epsilon is 1e-06");
+  g = edit();
+  g.set("gpt2.attention.head_count_kv", GgufValue::u32(2));
+  refused(g, "gpt2.attention.head_count_kv is 2");
+  g = edit();
+  g.erase("gpt2.block_count");
+  refused(g, "gpt2.block_count");
+  g = edit();
+  g.tensor("position_embd.weight").dims = {32, 8};
+  g.tensor("position_embd.weight").values.resize(256);
+  refused(g, "position_embd.weight");
+  g = edit();
+  g.erase_tensor("blk.1.ffn_down.bias");
+  refused(g, "has no tensor 'blk.1.ffn_down.bias'");
+  g = edit();
+  g.tensors.push_back({"blk.0.attn_q.weight", {32, 32}, std::vector<float>(1024, 0.0f)});
+  refused(g, "holds tensor 'blk.0.attn_q.weight'");
+  // An untied head: tessera's gpt2 has none. A copy of the embedding (older converters) loads.
+  g = edit();
+  auto head = g.tensor("token_embd.weight");
+  head.name = "output.weight";
+  g.tensors.push_back(head);
+  expect_same_params(io::load_gguf_model(g.file()), cfg, params.data());
+  g.tensor("output.weight").values[5] += 1.0f;
+  refused(g, "output.weight differs from token_embd.weight");
+  g = edit();
+  g.tensor("blk.0.attn_norm.bias").values[3] = std::numeric_limits<float>::quiet_NaN();
+  refused(g, "non-finite");
 }

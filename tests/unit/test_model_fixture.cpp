@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -26,8 +27,10 @@
 #include <string>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_quants.hpp"
+#include "tessera/io/pretrained.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -239,4 +242,76 @@ TEST_P(ModelFixture, ShardedCheckpointLoadsAsTheSingleFile) {
   std::ofstream(dir / "model.safetensors.index.json", std::ios::trunc) << broken.dump();
   EXPECT_THROW(io::load_model(dir), Error);
   std::filesystem::remove_all(dir);
+}
+
+// Saved with a shard size far below the model's (Hugging Face's sharded form, as
+// save_pretrained writes it), a model is several files and an index, and loads back bit for
+// bit. The index says the total of the weights' bytes and names every tensor's file; no file
+// passes the limit unless it holds one tensor. Saving again in one file, or in other shards,
+// leaves only the new model's files.
+TEST_P(ModelFixture, SavedShardedLoadsBackExactly) {
+  namespace fs = std::filesystem;
+  const model::ParamLayout layout(loaded.config);
+  const auto dir =
+      fs::temp_directory_path() / ("tessera_fixture_save_sharded_" + std::string(GetParam()) + "_" +
+                                   std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (auto [dtype, limit] :
+       {std::pair{io::DType::F32, 20'000}, std::pair{io::DType::BF16, 7'000}}) {
+    SCOPED_TRACE(io::dtype_name(dtype));
+    const auto files = io::save_model(dir, layout, loaded.params.data(), dtype, limit);
+    ASSERT_GE(files.size(), 3u);
+    EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+    for (std::size_t i = 0; i < files.size(); ++i)
+      EXPECT_EQ(files[i], fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, files.size()));
+    const auto index = nlohmann::json::parse(read_file(dir / "model.safetensors.index.json"));
+    std::uint64_t total = 0;
+    std::size_t named = 0;
+    for (const auto& f : files) {
+      const auto st = io::SafetensorsFile::open(dir / f);
+      EXPECT_TRUE(st.data_size() <= std::uint64_t(limit) || st.tensors().size() == 1) << f;
+      total += st.data_size();
+      for (const auto& t : st.tensors()) {
+        EXPECT_EQ(index["weight_map"][t.name], f) << t.name;
+        EXPECT_EQ(t.dtype, dtype) << t.name;
+        ++named;
+      }
+    }
+    EXPECT_EQ(index["metadata"]["total_size"].get<std::uint64_t>(), total);
+    EXPECT_EQ(index["weight_map"].size(), layout.tensors().size());
+    EXPECT_EQ(named, layout.tensors().size());
+    const auto again = io::load_model(dir);
+    ASSERT_EQ(again.config, loaded.config);
+    EXPECT_EQ(io::read_model_config(dir), loaded.config);  // train.init_from's look at it
+    const auto single = fs::temp_directory_path() / (dir.filename().string() + "_single");
+    io::save_model(single, layout, loaded.params.data(), dtype);
+    const auto want = io::load_model(single);
+    fs::remove_all(single);
+    for (std::size_t i = 0; i < layout.total(); ++i)
+      ASSERT_EQ(again.params[i], want.params[i]) << i;
+  }
+  // Back to one file: the shards and the index of the earlier save are gone.
+  io::save_model(dir, layout, loaded.params.data());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"config.json", "model.safetensors"}));
+  fs::remove_all(dir);
+}
+
+TEST(ModelFiles, ShardSizes) {
+  EXPECT_EQ(io::parse_byte_size("5GB"), 5'000'000'000u);
+  EXPECT_EQ(io::parse_byte_size("500MB"), 500'000'000u);
+  EXPECT_EQ(io::parse_byte_size("2gb"), 2'000'000'000u);
+  EXPECT_EQ(io::parse_byte_size("1.5GiB"), 1'610'612'736u);
+  EXPECT_EQ(io::parse_byte_size("20KB"), 20'000u);
+  EXPECT_EQ(io::parse_byte_size("4KiB"), 4096u);
+  EXPECT_EQ(io::parse_byte_size("100000"), 100'000u);
+  EXPECT_EQ(io::parse_byte_size("7B"), 7u);
+  for (const char* bad : {"", "GB", "0", "0.1", "-5GB", "5 GB", "5XB", "1e3", "1.2.3MB",
+                          "99999999999999999999TB", "nan"})
+    EXPECT_THROW(io::parse_byte_size(bad), Error) << bad;
+  const model::ParamLayout layout(model::ModelConfig{1, 2, 8, 8, 16});
+  Buffer<float> p(layout.total());
+  EXPECT_THROW(io::save_model("/nonexistent-never", layout, p.data(), io::DType::F32, 0), Error);
 }

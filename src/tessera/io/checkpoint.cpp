@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -68,38 +69,166 @@ const char* torch_dtype_name(DType dtype) {
 
 }  // namespace
 
-void save_model(const fs::path& dir, const model::ParamLayout& layout, const float* params,
-                DType dtype) {
-  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
-    throw Error(fmt::format("models are saved as F32, BF16 or F16, not {}", dtype_name(dtype)));
-  fs::create_directories(dir);
+namespace {
+
+constexpr const char* k_model_file = "model.safetensors";
+constexpr const char* k_model_index = "model.safetensors.index.json";
+
+std::size_t file_numel(const model::ParamTensor& t, const model::ModelConfig& cfg) {
+  std::size_t n = 1;  // the file's elements (wte: only the first vocab_size rows)
+  for (auto d : hf_shape(t, cfg)) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+// The tensors of each file: in layout order, a new file when the next tensor would take the
+// current one past `max_bytes` (huggingface_hub's split_torch_state_dict_into_shards).
+std::vector<std::vector<const model::ParamTensor*>> plan_shards(const model::ParamLayout& layout,
+                                                                std::size_t elem_size,
+                                                                std::uint64_t max_bytes) {
+  std::vector<std::vector<const model::ParamTensor*>> shards(1);
+  std::uint64_t bytes = 0;
+  for (const auto& t : layout.tensors()) {
+    const std::uint64_t n = file_numel(t, layout.config()) * elem_size;
+    if (!shards.back().empty() && bytes + n > max_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(&t);
+    bytes += n;
+  }
+  return shards;
+}
+
+// Writes `tensors` of the model (HF names, shapes and layouts) as one safetensors file.
+void write_model_file(const fs::path& path, const model::ParamLayout& layout, const float* params,
+                      DType dtype, const std::vector<const model::ParamTensor*>& tensors) {
   const auto& cfg = layout.config();
   SafetensorsWriter w;
   std::vector<std::vector<float>> transposed;  // keeps transposed copies alive until write()
   std::vector<std::vector<std::uint16_t>> halves;
-  transposed.reserve(layout.tensors().size());
-  halves.reserve(layout.tensors().size());
-  for (const auto& t : layout.tensors()) {
-    auto shape = hf_shape(t, cfg);
-    const float* src = params + t.offset;
-    if (t.transposed_in_hf) {
-      transposed.emplace_back(t.numel);
-      transpose(params + t.offset, transposed.back().data(), t.shape[0], t.shape[1]);
+  transposed.reserve(tensors.size());
+  halves.reserve(tensors.size());
+  for (const model::ParamTensor* t : tensors) {
+    auto shape = hf_shape(*t, cfg);
+    const float* src = params + t->offset;
+    if (t->transposed_in_hf) {
+      transposed.emplace_back(t->numel);
+      transpose(params + t->offset, transposed.back().data(), t->shape[0], t->shape[1]);
       src = transposed.back().data();
     }
-    std::size_t n = 1;  // the file's elements (wte: only the first vocab_size rows)
-    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    const std::size_t n = file_numel(*t, cfg);
     if (dtype == DType::F32) {
-      w.add_f32(t.name, shape, src);
+      w.add_f32(t->name, shape, src);
     } else {
-      halves.push_back(to_half(src, n, dtype, t.name));
-      w.add(t.name, dtype, shape, halves.back().data(), n * 2);
+      halves.push_back(to_half(src, n, dtype, t->name));
+      w.add(t->name, dtype, shape, halves.back().data(), n * 2);
     }
   }
   w.set_metadata("format", "pt");
   w.set_metadata("tessera_config", hf_config_text(cfg, -1, torch_dtype_name(dtype)));
-  w.write(dir / "model.safetensors");
-  write_file_atomic(dir / "config.json", hf_config_text(cfg, 2, torch_dtype_name(dtype)) + "\n");
+  w.write(path);
+}
+
+bool is_shard_name(const std::string& name) {
+  // model-NNNNN-of-NNNNN.safetensors
+  if (name.size() != 32 || !name.starts_with("model-") || name.substr(11, 4) != "-of-" ||
+      !name.ends_with(".safetensors"))
+    return false;
+  auto digits = [&](std::size_t at) {
+    return std::all_of(name.begin() + at, name.begin() + at + 5,
+                       [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return digits(6) && digits(15);
+}
+
+// Removes the model files of an earlier save in `dir` (model.safetensors, the index, shards)
+// that are not in `keep`.
+void remove_stale_model_files(const fs::path& dir, const std::vector<std::string>& keep) {
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool model_file = name == k_model_file || name == k_model_index || is_shard_name(name);
+    if (model_file && std::find(keep.begin(), keep.end(), name) == keep.end())
+      stale.push_back(e.path());
+  }
+  for (const auto& p : stale) fs::remove(p);
+}
+
+}  // namespace
+
+std::vector<std::string> save_model(const fs::path& dir, const model::ParamLayout& layout,
+                                    const float* params, DType dtype,
+                                    std::uint64_t max_shard_bytes) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    throw Error(fmt::format("models are saved as F32, BF16 or F16, not {}", dtype_name(dtype)));
+  if (max_shard_bytes == 0) throw Error("the largest shard of a model must hold at least 1 byte");
+  const auto& cfg = layout.config();
+  if (dtype == DType::F16)  // refused before any file is written
+    for (const auto& t : layout.tensors())
+      to_half(params + t.offset, file_numel(t, cfg), dtype, t.name);
+  fs::create_directories(dir);
+  const std::string config = hf_config_text(cfg, 2, torch_dtype_name(dtype)) + "\n";
+  const auto shards = plan_shards(layout, dtype_size(dtype), max_shard_bytes);
+  if (shards.size() == 1) {
+    write_model_file(dir / k_model_file, layout, params, dtype, shards[0]);
+    write_file_atomic(dir / "config.json", config);
+    remove_stale_model_files(dir, {k_model_file});
+    return {k_model_file};
+  }
+  // The index is the commit: without it (or model.safetensors) the directory holds no model.
+  for (const char* commit : {k_model_index, k_model_file}) fs::remove(dir / commit);
+  fsync_path(dir);
+  json weight_map = json::object();
+  std::vector<std::string> files;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    files.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size()));
+    write_model_file(dir / files.back(), layout, params, dtype, shards[i]);
+    for (const model::ParamTensor* t : shards[i]) {
+      weight_map[t->name] = files.back();
+      total += file_numel(*t, cfg) * dtype_size(dtype);
+    }
+  }
+  write_file_atomic(dir / "config.json", config);
+  const json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic(dir / k_model_index, index.dump(2) + "\n");
+  std::vector<std::string> keep = files;
+  keep.push_back(k_model_index);
+  remove_stale_model_files(dir, keep);
+  return files;
+}
+
+std::uint64_t parse_byte_size(std::string_view text) {
+  const auto bad = [&] {
+    return Error(fmt::format("'{}' is not a size", text),
+                 "give a number of bytes with an optional unit: 500MB, 2GB, 1.5GiB, 100000");
+  };
+  std::size_t i = 0;
+  while (i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '.')) ++i;
+  const std::string number(text.substr(0, i));
+  std::string unit;
+  for (char c : text.substr(i))
+    unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double value = 0;
+  const auto r = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (number.empty() || r.ec != std::errc() || r.ptr != number.data() + number.size()) throw bad();
+  constexpr std::pair<const char*, double> units[] = {{"", 1},
+                                                      {"B", 1},
+                                                      {"KB", 1e3},
+                                                      {"MB", 1e6},
+                                                      {"GB", 1e9},
+                                                      {"TB", 1e12},
+                                                      {"KIB", 1024.0},
+                                                      {"MIB", 1048576.0},
+                                                      {"GIB", 1073741824.0},
+                                                      {"TIB", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      const double bytes = std::floor(value * scale);
+      if (!(bytes >= 1 && bytes < 0x1p63)) throw bad();
+      return static_cast<std::uint64_t>(bytes);
+    }
+  throw bad();
 }
 
 namespace {

@@ -28,10 +28,27 @@ namespace tessera::io {
 class SafetensorsFile;
 
 // ---- model files ----
+// transformers' default largest file of a sharded checkpoint ("5GB").
+inline constexpr std::uint64_t k_default_max_shard_bytes = 5'000'000'000;
+
 // A Hugging Face checkpoint: config.json and model.safetensors with the weights as fp32, bf16 or
-// fp16 (rounded to nearest even; fp16 refuses weights beyond its range).
-void save_model(const std::filesystem::path& dir, const model::ParamLayout& layout,
-                const float* params, DType dtype = DType::F32);
+// fp16 (rounded to nearest even; fp16 refuses weights beyond its range). Weights of more than
+// `max_shard_bytes` are sharded as save_pretrained shards them: the tensors in layout order,
+// a new file whenever the next tensor would take the current one past the limit (a tensor larger
+// than the limit gets a file of its own), in model-00001-of-0000N.safetensors ...
+// with model.safetensors.index.json ({"metadata": {"total_size": bytes}, "weight_map": {tensor:
+// file}}). Every file is written atomically; the index (or model.safetensors) is written last,
+// after the old one was removed, so an interrupted save never leaves a model that mixes files of
+// two saves. Model files of an earlier save that the new one does not use are removed. Returns
+// the names of the weight files written.
+std::vector<std::string> save_model(const std::filesystem::path& dir,
+                                    const model::ParamLayout& layout, const float* params,
+                                    DType dtype = DType::F32,
+                                    std::uint64_t max_shard_bytes = k_default_max_shard_bytes);
+// A size as transformers' max_shard_size takes it: a positive number of bytes with an optional
+// unit, B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), in any case
+// ("500MB", "2GB", "1.5GiB", "100000"). Throws tessera::Error naming the text otherwise.
+std::uint64_t parse_byte_size(std::string_view text);
 
 struct LoadedModel {
   model::ModelConfig config;

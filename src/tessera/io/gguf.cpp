@@ -849,6 +849,25 @@ constexpr NamePair k_llama_block_names[] = {
     {"ffn_norm", "post_attention_layernorm"},
 };
 
+constexpr NamePair k_gpt2_global_names[] = {
+    {"token_embd", "wte"},
+    {"position_embd", "wpe"},
+    {"output_norm", "ln_f"},
+};
+constexpr NamePair k_gpt2_block_names[] = {
+    {"attn_norm", "ln_1"}, {"attn_qkv", "attn.c_attn"}, {"attn_output", "attn.c_proj"},
+    {"ffn_norm", "ln_2"},  {"ffn_up", "mlp.c_fc"},      {"ffn_down", "mlp.c_proj"},
+};
+
+// A family's names: the tensors outside the blocks, the blocks' tensors, and the Hugging Face
+// prefix of block N (GGUF's is always "blk.N.").
+struct NameMap {
+  std::span<const NamePair> global, block;
+  std::string_view hf_block;
+};
+constexpr NameMap k_llama_names{k_llama_global_names, k_llama_block_names, "model.layers."};
+constexpr NameMap k_gpt2_names{k_gpt2_global_names, k_gpt2_block_names, "h."};
+
 // Splits "<base>.weight" / "<base>.bias" into base and suffix (".weight").
 bool split_param_suffix(std::string_view name, std::string_view& base, std::string_view& suffix) {
   for (std::string_view s : {std::string_view(".weight"), std::string_view(".bias")})
@@ -871,19 +890,19 @@ bool split_layer(std::string_view s, std::string_view& layer, std::string_view& 
   return std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
 }
 
-std::optional<std::string> map_llama_name(std::string_view name, bool to_hf) {
+std::optional<std::string> map_name(std::string_view name, const NameMap& m, bool to_hf) {
   std::string_view base, suffix;
   if (!split_param_suffix(name, base, suffix)) return std::nullopt;
   const auto from = [&](const NamePair& p) { return to_hf ? p.gguf : p.hf; };
   const auto to = [&](const NamePair& p) { return to_hf ? p.hf : p.gguf; };
-  for (const auto& p : k_llama_global_names)
+  for (const auto& p : m.global)
     if (base == from(p)) return fmt::format("{}{}", to(p), suffix);
-  const std::string_view block_from = to_hf ? "blk." : "model.layers.";
-  const std::string_view block_to = to_hf ? "model.layers." : "blk.";
+  const std::string_view block_from = to_hf ? "blk." : m.hf_block;
+  const std::string_view block_to = to_hf ? m.hf_block : "blk.";
   std::string_view layer, rest;
   if (!base.starts_with(block_from) || !split_layer(base.substr(block_from.size()), layer, rest))
     return std::nullopt;
-  for (const auto& p : k_llama_block_names)
+  for (const auto& p : m.block)
     if (rest == from(p)) return fmt::format("{}{}.{}{}", block_to, layer, to(p), suffix);
   return std::nullopt;
 }
@@ -891,11 +910,19 @@ std::optional<std::string> map_llama_name(std::string_view name, bool to_hf) {
 }  // namespace
 
 std::optional<std::string> llama_gguf_to_hf_name(std::string_view gguf_name) {
-  return map_llama_name(gguf_name, true);
+  return map_name(gguf_name, k_llama_names, true);
 }
 
 std::optional<std::string> llama_hf_to_gguf_name(std::string_view hf_name) {
-  return map_llama_name(hf_name, false);
+  return map_name(hf_name, k_llama_names, false);
+}
+
+std::optional<std::string> gpt2_gguf_to_hf_name(std::string_view gguf_name) {
+  return map_name(gguf_name, k_gpt2_names, true);
+}
+
+std::optional<std::string> gpt2_hf_to_gguf_name(std::string_view hf_name) {
+  return map_name(hf_name, k_gpt2_names, false);
 }
 
 void permute_qk_rows(std::span<const std::byte> in, std::span<std::byte> out, std::int64_t n_head,

@@ -228,7 +228,7 @@ class GgufWriter {
   std::uint64_t alignment_ = k_gguf_default_alignment;
 };
 
-// ---- Llama layout (pure functions; docs/gguf.md) ----
+// ---- Llama and GPT-2 layouts (pure functions; docs/gguf.md) ----
 
 // GGUF's llama tensor names <-> Hugging Face LlamaForCausalLM names, e.g. "blk.3.attn_q.weight"
 // <-> "model.layers.3.self_attn.q_proj.weight", "token_embd.weight" <->
@@ -236,6 +236,13 @@ class GgufWriter {
 // map. std::nullopt for a name outside the map (e.g. "rope_freqs.weight").
 std::optional<std::string> llama_gguf_to_hf_name(std::string_view gguf_name);
 std::optional<std::string> llama_hf_to_gguf_name(std::string_view hf_name);
+
+// GGUF's gpt2 tensor names <-> Hugging Face GPT2LMHeadModel names (without "transformer."), e.g.
+// "blk.3.attn_qkv.weight" <-> "h.3.attn.c_attn.weight", "token_embd.weight" <-> "wte.weight",
+// "position_embd.weight" <-> "wpe.weight", "output_norm.bias" <-> "ln_f.bias". std::nullopt
+// for a name outside the map (e.g. "output.weight": GPT-2's head is tied to wte).
+std::optional<std::string> gpt2_gguf_to_hf_name(std::string_view gguf_name);
+std::optional<std::string> gpt2_hf_to_gguf_name(std::string_view hf_name);
 
 // llama.cpp's converter reorders the rows of q_proj and k_proj (n_head = the attention heads for
 // q, the key-value heads for k): each head's rows [first half, second half] (Hugging Face's

@@ -22,7 +22,7 @@ namespace {
 
 constexpr std::string_view k_arch_hint =
     "tessera loads GGUF files of llama.cpp's \"llama\" architecture (Llama 2 and 3, SmolLM, "
-    "TinyLlama, Mistral 7B v0.1...)";
+    "TinyLlama, Mistral 7B v0.1...) and \"gpt2\" (GPT-2)";
 
 std::string file_of(const GgufFile& f) {
   return f.path().string();
@@ -132,17 +132,116 @@ void read_rope_freqs(const GgufFile& f, model::ModelConfig& c) {
 
 }  // namespace
 
-model::ModelConfig gguf_llama_config(const GgufFile& f) {
-  const std::string file = file_of(f);
+namespace {
+
+// The model architecture the file names: "llama" or "gpt2"; anything else is refused.
+std::string architecture_of(const GgufFile& f) {
   if (!f.find_metadata("general.architecture"))
-    throw Error(fmt::format("{} has no metadata 'general.architecture'", file),
+    throw Error(fmt::format("{} has no metadata 'general.architecture'", file_of(f)),
                 "a model file written by llama.cpp's converters names its architecture; this "
                 "one may hold only a vocabulary");
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama")
-    throw Error(fmt::format("{}: model architecture \"{}\" is not supported", file, arch),
+  if (arch != "llama" && arch != "gpt2")
+    throw Error(fmt::format("{}: model architecture \"{}\" is not supported", file_of(f), arch),
                 std::string(k_arch_hint));
+  return arch;
+}
 
+// The vocabulary: the rows of the token embedding, (vocab, C) stored with dims [C, vocab];
+// `<arch>.vocab_size` and the tokenizer's token count, when present, must agree with it.
+int read_vocab(const GgufFile& f, const std::string& arch, int n_embd) {
+  const std::string file = file_of(f);
+  const GgufTensorInfo* emb = f.find("token_embd.weight");
+  if (!emb)
+    throw Error(fmt::format("{} has no tensor 'token_embd.weight'", file),
+                "the file holds no model weights (a vocabulary-only file?)");
+  if (emb->dims.size() < 2 || !dims_match(*emb, {emb->dims[1], emb->dims[0]}) ||
+      emb->dims[0] != n_embd)
+    throw Error(fmt::format("{}: token_embd.weight has GGUF dims {}, expected [{}, vocab] "
+                            "({}.embedding_length = {})",
+                            file, shape_str(emb->dims), n_embd, arch, n_embd),
+                "the file is damaged, or was written for another architecture");
+  if (emb->dims[1] <= 0 || emb->dims[1] > model::k_max_vocab)
+    throw Error(fmt::format("{}: token_embd.weight has {} rows, expected a vocabulary of 1 to {}",
+                            file, emb->dims[1], model::k_max_vocab),
+                "the file is damaged");
+  const int vocab = static_cast<int>(emb->dims[1]);
+  const std::string vocab_key = arch + ".vocab_size";
+  if (f.find_metadata(vocab_key) && f.get_int(vocab_key) != vocab)
+    throw Error(fmt::format("{}: {} is {}, but token_embd.weight has {} rows", file, vocab_key,
+                            f.get_int(vocab_key), vocab),
+                "the file is damaged");
+  if (const GgufValue* tokens = f.find_metadata("tokenizer.ggml.tokens")) {
+    if (tokens->type() != GgufType::Array || tokens->element_type() != GgufType::String)
+      throw Error(fmt::format("{}: metadata 'tokenizer.ggml.tokens' is {}, expected an array of "
+                              "strings",
+                              file, tokens->describe()),
+                  "the file is damaged, or was not written by llama.cpp's converters");
+    if (tokens->size() != static_cast<std::uint64_t>(vocab))
+      throw Error(fmt::format("{}: the tokenizer has {} tokens, but token_embd.weight has {} rows",
+                              file, tokens->size(), vocab),
+                  "every token must have a row of the embedding; the file is damaged");
+  }
+  return vocab;
+}
+
+// Head sizes other than n_embd / n_head, and partial rotary dimensions, are llama.cpp options
+// that tessera's families do not have.
+void check_head_size(const GgufFile& f, const std::string& arch, const model::ModelConfig& c) {
+  const int head_dim = c.head_dim();
+  for (std::string_view suffix :
+       {".rope.dimension_count", ".attention.key_length", ".attention.value_length"}) {
+    const std::string key = arch + std::string(suffix);
+    if (f.find_metadata(key) && f.get_int(key) != head_dim)
+      throw Error(fmt::format("{}: metadata '{}' is {}, but the head size "
+                              "(embedding_length / head_count) is {}",
+                              file_of(f), key, f.get_int(key), head_dim),
+                  "tessera's models have heads of embedding_length / head_count");
+  }
+}
+
+void validate_config(const GgufFile& f, const model::ModelConfig& c, std::string_view what) {
+  try {
+    model::validate(c);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: the {} it describes is not valid: {}", file_of(f), what, e.what()),
+                e.hint());
+  }
+}
+
+// GPT-2 as llama.cpp's converter writes it (GPT2Model: gpt2.block_count, .context_length,
+// .embedding_length, .feed_forward_length = 4 embedding_length, .attention.head_count,
+// .attention.layer_norm_epsilon). tessera's gpt2 family has LayerNorms of epsilon 1e-5, an MLP
+// of 4 n_embd and a head tied to the token embedding: other values are refused.
+model::ModelConfig gpt2_config(const GgufFile& f) {
+  const std::string file = file_of(f);
+  model::ModelConfig c;
+  c.family = model::Family::Gpt2;
+  c.n_layer = count_key(f, "gpt2.block_count");
+  c.n_embd = count_key(f, "gpt2.embedding_length");
+  c.n_head = count_key(f, "gpt2.attention.head_count");
+  c.block_size = count_key(f, "gpt2.context_length");
+  const int ffn = count_key(f, "gpt2.feed_forward_length");
+  if (static_cast<std::int64_t>(ffn) != 4 * static_cast<std::int64_t>(c.n_embd))
+    throw Error(fmt::format("{}: gpt2.feed_forward_length is {}, not 4 x embedding_length ({})",
+                            file, ffn, 4 * static_cast<std::int64_t>(c.n_embd)),
+                "tessera's gpt2 family has an MLP of 4 n_embd");
+  if (count_key(f, "gpt2.attention.head_count_kv", c.n_head) != c.n_head)
+    throw Error(fmt::format("{}: gpt2.attention.head_count_kv is {}, not head_count ({})", file,
+                            f.get_int("gpt2.attention.head_count_kv"), c.n_head),
+                "GPT-2 has as many key-value heads as heads");
+  const double eps = real_key(f, "gpt2.attention.layer_norm_epsilon", 1e-5);
+  if (eps != 1e-5)
+    throw Error(fmt::format("{}: gpt2.attention.layer_norm_epsilon is {}, not 1e-05", file, eps),
+                "tessera's gpt2 family has LayerNorms of epsilon 1e-5, as GPT-2 has");
+  c.vocab_size = read_vocab(f, "gpt2", c.n_embd);
+  validate_config(f, c, "model");
+  check_head_size(f, "gpt2", c);
+  return c;
+}
+
+model::ModelConfig llama_config(const GgufFile& f) {
+  const std::string file = file_of(f);
   model::ModelConfig c;
   c.family = model::Family::Llama;
   c.n_layer = count_key(f, "llama.block_count");
@@ -160,73 +259,77 @@ model::ModelConfig gguf_llama_config(const GgufFile& f) {
                             file, f.get_int("llama.expert_count")),
                 "tessera's llama family has one dense MLP per layer");
   c.rope_scaling = gguf_rope_scaling(f);
-
-  // The vocabulary: the rows of the token embedding, (vocab, C) stored with dims [C, vocab].
-  const GgufTensorInfo* emb = f.find("token_embd.weight");
-  if (!emb)
-    throw Error(fmt::format("{} has no tensor 'token_embd.weight'", file),
-                "the file holds no model weights (a vocabulary-only file?)");
-  if (emb->dims.size() < 2 || !dims_match(*emb, {emb->dims[1], emb->dims[0]}) ||
-      emb->dims[0] != c.n_embd)
-    throw Error(fmt::format("{}: token_embd.weight has GGUF dims {}, expected [{}, vocab] "
-                            "(llama.embedding_length = {})",
-                            file, shape_str(emb->dims), c.n_embd, c.n_embd),
-                "the file is damaged, or was written for another architecture");
-  if (emb->dims[1] <= 0 || emb->dims[1] > model::k_max_vocab)
-    throw Error(fmt::format("{}: token_embd.weight has {} rows, expected a vocabulary of 1 to {}",
-                            file, emb->dims[1], model::k_max_vocab),
-                "the file is damaged");
-  c.vocab_size = static_cast<int>(emb->dims[1]);
-  if (f.find_metadata("llama.vocab_size") && f.get_int("llama.vocab_size") != c.vocab_size)
-    throw Error(fmt::format("{}: llama.vocab_size is {}, but token_embd.weight has {} rows", file,
-                            f.get_int("llama.vocab_size"), c.vocab_size),
-                "the file is damaged");
-  if (const GgufValue* tokens = f.find_metadata("tokenizer.ggml.tokens")) {
-    if (tokens->type() != GgufType::Array || tokens->element_type() != GgufType::String)
-      throw Error(fmt::format("{}: metadata 'tokenizer.ggml.tokens' is {}, expected an array of "
-                              "strings",
-                              file, tokens->describe()),
-                  "the file is damaged, or was not written by llama.cpp's converters");
-    if (tokens->size() != static_cast<std::uint64_t>(c.vocab_size))
-      throw Error(fmt::format("{}: the tokenizer has {} tokens, but token_embd.weight has {} rows",
-                              file, tokens->size(), c.vocab_size),
-                  "every token must have a row of the embedding; the file is damaged");
-  }
-
-  try {
-    model::validate(c);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: the model it describes is not valid: {}", file, e.what()),
-                e.hint());
-  }
-
-  // Head sizes other than n_embd / n_head, and partial rotary dimensions, are llama.cpp options
-  // that tessera's llama family does not have.
-  const int head_dim = c.head_dim();
-  for (std::string_view key :
-       {"llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"})
-    if (f.find_metadata(key) && f.get_int(key) != head_dim)
-      throw Error(fmt::format("{}: metadata '{}' is {}, but the head size "
-                              "(embedding_length / head_count) is {}",
-                              file, key, f.get_int(key), head_dim),
-                  "tessera's llama family rotates whole heads of embedding_length / head_count");
+  c.vocab_size = read_vocab(f, "llama", c.n_embd);
+  validate_config(f, c, "model");
+  check_head_size(f, "llama", c);
   read_rope_freqs(f, c);
-  try {
-    model::validate(c);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: the rotary scaling it describes is not valid: {}", file, e.what()),
-                e.hint());
-  }
+  validate_config(f, c, "rotary scaling");
   return c;
+}
+
+}  // namespace
+
+model::ModelConfig gguf_model_config(const GgufFile& f) {
+  return architecture_of(f) == "gpt2" ? gpt2_config(f) : llama_config(f);
 }
 
 LoadedModel load_gguf_model(const std::filesystem::path& file) {
   return load_gguf_model(GgufFile::open(file));
 }
 
+namespace {
+
+// The GGUF name of a tensor of the model (its Hugging Face name in tessera's layout).
+std::string gguf_name_of(const model::ModelConfig& cfg, const std::string& hf_name) {
+  const auto name = cfg.llama() ? llama_hf_to_gguf_name(hf_name) : gpt2_hf_to_gguf_name(hf_name);
+  TESSERA_CHECK(name.has_value(), "no GGUF name for {}", hf_name);
+  return *name;
+}
+
+// A tensor of the file that the model does not use: one error, naming what it is when that is
+// known (a llama bias, a mixture of experts).
+[[noreturn]] void refuse_extra_tensor(const GgufFile& f, const GgufTensorInfo& g,
+                                      const model::ModelConfig& cfg) {
+  const std::string file = file_of(f);
+  const auto hf = cfg.llama() ? llama_gguf_to_hf_name(g.name) : std::nullopt;
+  if (hf && hf->ends_with(".bias"))
+    throw Error(fmt::format("{}: tensor '{}' is a bias, which tessera's llama family does not "
+                            "have",
+                            file, g.name),
+                "tessera runs llama models without biases (attention_bias = mlp_bias = false)");
+  if (g.name.find("_exps.") != std::string::npos || g.name.find("_shexp.") != std::string::npos ||
+      g.name.find("ffn_gate_inp.") != std::string::npos)
+    throw Error(fmt::format("{}: tensor '{}' belongs to a mixture of experts, which is not "
+                            "supported",
+                            file, g.name),
+                "tessera's llama family has one dense MLP per layer");
+  throw Error(fmt::format("{} holds tensor '{}', which the model ({}) does not have", file, g.name,
+                          model::describe(cfg)),
+              fmt::format("the file holds a variant of the {} architecture that tessera does not "
+                          "run",
+                          model::family_name(cfg.family)));
+}
+
+// GPT-2's head is the token embedding. Older llama.cpp converters wrote it again as
+// output.weight: accepted when it equals token_embd.weight, value for value.
+void check_tied_output(const GgufFile& f, const GgufTensorInfo& g, const model::ModelConfig& cfg,
+                       const float* wte) {
+  if (!dims_match(g, {cfg.vocab_size, cfg.n_embd}) || !can_dequantize(g.type))
+    throw Error(fmt::format("{}: tensor 'output.weight' has GGUF dims {} and type {}, expected "
+                            "a copy of token_embd.weight",
+                            file_of(f), shape_str(g.dims), ggml_type_name(g.type)),
+                "tessera's gpt2 family ties the head to the token embedding");
+  const std::vector<float> head = f.dequantize(g);
+  if (!std::equal(head.begin(), head.end(), wte))
+    throw Error(fmt::format("{}: output.weight differs from token_embd.weight", file_of(f)),
+                "tessera's gpt2 family ties the head to the token embedding");
+}
+
+}  // namespace
+
 LoadedModel load_gguf_model(const GgufFile& f) {
   const std::string file = file_of(f);
-  const model::ModelConfig cfg = gguf_llama_config(f);
+  const model::ModelConfig cfg = gguf_model_config(f);
   const model::ParamLayout layout(cfg);
 
   // Every tensor of the model, found and checked before anything is allocated.
@@ -238,11 +341,10 @@ LoadedModel load_gguf_model(const GgufFile& f) {
   std::vector<Source> sources;
   std::set<std::string, std::less<>> used;
   for (const auto& t : layout.tensors()) {
-    const auto name = llama_hf_to_gguf_name(t.name);
-    TESSERA_CHECK(name.has_value(), "no GGUF name for {}", t.name);
-    const GgufTensorInfo* g = f.find(*name);
+    const std::string name = gguf_name_of(cfg, t.name);
+    const GgufTensorInfo* g = f.find(name);
     if (!g)
-      throw Error(fmt::format("{} has no tensor '{}' ({}), which the model ({}) needs", file, *name,
+      throw Error(fmt::format("{} has no tensor '{}' ({}), which the model ({}) needs", file, name,
                               t.name, model::describe(cfg)),
                   "the file is incomplete, or holds another kind of model");
     std::vector<std::int64_t> shape = t.shape;
@@ -250,12 +352,12 @@ LoadedModel load_gguf_model(const GgufFile& f) {
     if (!dims_match(*g, shape))
       throw Error(fmt::format("{}: tensor '{}' ({}) has shape {} (GGUF dims {}), but the model "
                               "({}) needs {}",
-                              file, *name, t.name, shape_str(g->shape()), shape_str(g->dims),
+                              file, name, t.name, shape_str(g->shape()), shape_str(g->dims),
                               model::describe(cfg), shape_str(shape)),
                   "the file's metadata does not describe its tensors; the file is damaged");
     if (!can_dequantize(g->type))
       throw Error(fmt::format("tensor '{}' in {} has type {}, which tessera cannot dequantize",
-                              *name, file, ggml_type_name(g->type)),
+                              name, file, ggml_type_name(g->type)),
                   fmt::format("tessera dequantizes {}; requantize the model to one of these with "
                               "llama.cpp's llama-quantize",
                               dequantizable_type_names()));
@@ -263,28 +365,20 @@ LoadedModel load_gguf_model(const GgufFile& f) {
     if (t.name.ends_with("self_attn.q_proj.weight")) qk_heads = cfg.n_head;
     if (t.name.ends_with("self_attn.k_proj.weight")) qk_heads = cfg.kv_heads();
     sources.push_back({&t, g, qk_heads});
-    used.insert(*name);
+    used.insert(name);
   }
 
   // Anything else changes what the model computes (or belongs to another model): refused.
-  // rope_freqs.weight was read into the configuration (gguf_llama_config).
+  // rope_freqs.weight was read into a llama configuration (gguf_model_config); a gpt2 file's
+  // output.weight must be the token embedding again.
+  const GgufTensorInfo* tied_output = nullptr;
   for (const auto& g : f.tensors()) {
-    if (used.contains(g.name) || g.name == "rope_freqs.weight") continue;
-    const auto hf = llama_gguf_to_hf_name(g.name);
-    if (hf && hf->ends_with(".bias"))
-      throw Error(fmt::format("{}: tensor '{}' is a bias, which tessera's llama family does not "
-                              "have",
-                              file, g.name),
-                  "tessera runs llama models without biases (attention_bias = mlp_bias = false)");
-    if (g.name.find("_exps.") != std::string::npos || g.name.find("_shexp.") != std::string::npos ||
-        g.name.find("ffn_gate_inp.") != std::string::npos)
-      throw Error(fmt::format("{}: tensor '{}' belongs to a mixture of experts, which is not "
-                              "supported",
-                              file, g.name),
-                  "tessera's llama family has one dense MLP per layer");
-    throw Error(fmt::format("{} holds tensor '{}', which the model ({}) does not have", file,
-                            g.name, model::describe(cfg)),
-                "the file holds a variant of the llama architecture that tessera does not run");
+    if (used.contains(g.name) || (cfg.llama() && g.name == "rope_freqs.weight")) continue;
+    if (!cfg.llama() && g.name == "output.weight") {
+      tied_output = &g;
+      continue;
+    }
+    refuse_extra_tensor(f, g, cfg);
   }
 
   check_model_fits(layout, f.path());
@@ -303,13 +397,14 @@ LoadedModel load_gguf_model(const GgufFile& f) {
     permute_qk_rows(std::as_bytes(std::span<const float>(tmp)), std::as_writable_bytes(dst),
                     s.qk_heads, s.dst->shape[0], /*to_hf=*/true);
   }
+  if (tied_output) check_tied_output(f, *tied_output, cfg, out.params.data() + layout.wte);
   check_finite(layout, out.params.data(), file);
   return out;
 }
 
 void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
                      const float* params, GgmlType type, const data::BpeVocab* vocab) {
-  llama_gguf_writer(layout, params, type, vocab, file.stem().string()).write(file);
+  gguf_model_writer(layout, params, type, vocab, file.stem().string()).write(file);
 }
 
 namespace {
@@ -334,24 +429,27 @@ void add_rope_scaling(GgufWriter& w, const model::ModelConfig& c) {
   w.add_f32("rope_freqs.weight", GgmlType::F32, {static_cast<std::int64_t>(factors.size())},
             factors);
 }
-}  // namespace
 
-GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
-                             const data::BpeVocab* vocab, const std::string& name) {
-  const model::ModelConfig& c = layout.config();
-  if (!c.llama())
-    throw Error("GGUF files are written for llama models (this one is gpt2)",
-                "save it as a Hugging Face checkpoint (tessera convert without --format gguf)");
-  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
-      type != GgmlType::Q8_0)
-    throw Error("GGUF models are written as F32, F16, BF16 or Q8_0");
-  GgufWriter w;
-  auto u32 = [](int v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
-  w.set_metadata("general.architecture", GgufValue::string("llama"));
-  w.set_metadata("general.name", GgufValue::string(name));
-  w.set_metadata("general.file_type", GgufValue::u32(type == GgmlType::F32   ? 0
-                                                     : type == GgmlType::F16 ? 1
-                                                                             : 7));
+GgufValue u32(int v) {
+  return GgufValue::u32(static_cast<std::uint32_t>(v));
+}
+
+// llama.cpp's general.file_type (LlamaFileType) of files whose matrices are `type`.
+std::uint32_t file_type_of(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+      return 0;  // ALL_F32
+    case GgmlType::F16:
+      return 1;  // MOSTLY_F16
+    case GgmlType::BF16:
+      return 32;  // MOSTLY_BF16
+    default:
+      return 7;  // MOSTLY_Q8_0
+  }
+}
+
+// llama.* metadata, as LlamaModel.set_gguf_parameters writes it.
+void add_llama_metadata(GgufWriter& w, const model::ModelConfig& c) {
   w.set_metadata("llama.block_count", u32(c.n_layer));
   w.set_metadata("llama.context_length", u32(c.block_size));
   w.set_metadata("llama.embedding_length", u32(c.n_embd));
@@ -364,11 +462,48 @@ GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* para
   w.set_metadata("llama.attention.layer_norm_rms_epsilon",
                  GgufValue::f32(static_cast<float>(c.norm_eps)));
   w.set_metadata("llama.vocab_size", u32(c.vocab_size));
+}
+
+// gpt2.* metadata, as GPT2Model.set_gguf_parameters writes it.
+void add_gpt2_metadata(GgufWriter& w, const model::ModelConfig& c) {
+  w.set_metadata("gpt2.block_count", u32(c.n_layer));
+  w.set_metadata("gpt2.context_length", u32(c.block_size));
+  w.set_metadata("gpt2.embedding_length", u32(c.n_embd));
+  w.set_metadata("gpt2.feed_forward_length", u32(c.ffn()));
+  w.set_metadata("gpt2.attention.head_count", u32(c.n_head));
+  w.set_metadata("gpt2.attention.layer_norm_epsilon", GgufValue::f32(1e-5f));
+}
+
+// The tensor types llama.cpp's converter gives: 1-D tensors (norms, biases) and the position
+// embedding F32, the other matrices `type`.
+GgmlType tensor_type(const model::ParamTensor& t, const model::ParamLayout& layout, GgmlType type) {
+  const bool positions = !layout.config().llama() && t.offset == layout.wpe;
+  return t.shape.size() == 1 || positions ? GgmlType::F32 : type;
+}
+
+}  // namespace
+
+GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
+                             const data::BpeVocab* vocab, const std::string& name) {
+  const model::ModelConfig& c = layout.config();
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
+      type != GgmlType::Q8_0)
+    throw Error("GGUF models are written as F32, F16, BF16 or Q8_0");
   if (vocab && vocab->tokens.size() != static_cast<std::size_t>(c.vocab_size))
     throw Error(fmt::format("the tokenizer has {} tokens and the model's vocabulary {}: a GGUF "
                             "model needs them equal",
                             vocab->tokens.size(), c.vocab_size),
                 "write the model with the tokenizer it was trained with");
+  GgufWriter w;
+  w.set_metadata("general.architecture", GgufValue::string(model::family_name(c.family)));
+  w.set_metadata("general.name", GgufValue::string(name));
+  if (c.llama()) {
+    w.set_metadata("general.file_type", GgufValue::u32(file_type_of(type)));
+    add_llama_metadata(w, c);
+  } else {  // the order of llama.cpp's GPT-2 files
+    add_gpt2_metadata(w, c);
+    w.set_metadata("general.file_type", GgufValue::u32(file_type_of(type)));
+  }
   if (vocab) set_gguf_tokenizer(w, *vocab);
   for (const auto& t : layout.tensors()) {
     std::vector<std::int64_t> shape = t.shape;
@@ -379,8 +514,9 @@ GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* para
     if (t.name.ends_with("q_proj.weight")) v = permute_qk_to_gguf(v, c.n_head, shape[0], shape[1]);
     if (t.name.ends_with("k_proj.weight"))
       v = permute_qk_to_gguf(v, c.kv_heads(), shape[0], shape[1]);
-    const GgmlType tt = shape.size() == 1 ? GgmlType::F32 : type;  // norms stay F32
-    w.add_f32(*llama_hf_to_gguf_name(t.name), tt, {shape.rbegin(), shape.rend()}, v);
+    // tessera stores GPT-2's Conv1D weights (out, in), as llama.cpp's converter transposes them.
+    w.add_f32(gguf_name_of(c, t.name), tensor_type(t, layout, type), {shape.rbegin(), shape.rend()},
+              v);
   }
   return w;
 }

@@ -1,21 +1,28 @@
-// Pretrained Llama-family models from GGUF files (llama.cpp's format; io/gguf.hpp reads it),
-// e.g. SmolLM2-135M. docs/gguf.md describes the file; this maps it onto tessera's llama family
+// Pretrained models from GGUF files (llama.cpp's format; io/gguf.hpp reads it), e.g.
+// SmolLM2-135M. docs/gguf.md describes the file; this maps it onto tessera's model families
 // (model/config.hpp) and Hugging Face's parameter layout (model/layout.hpp):
-//   config   general.architecture "llama"; llama.block_count, .embedding_length,
+//   llama    general.architecture "llama"; llama.block_count, .embedding_length,
 //            .attention.head_count, .attention.head_count_kv (default head_count),
 //            .feed_forward_length, .context_length (block_size), .rope.freq_base (default
-//            10000), .attention.layer_norm_rms_epsilon; the vocabulary is the rows of
-//            token_embd.weight; the head is tied when the file has no output.weight.
-//   tensors  every tensor of the layout, by llama_hf_to_gguf_name, in any type the reader
-//            dequantizes, its dims the reverse of the layout's (out, in) shape; q_proj and k_proj
-//            rows are put back in Hugging Face's order (permute_qk_to_hf, with the heads and the
-//            key-value heads). The padded vocabulary rows stay zero.
+//            10000), .attention.layer_norm_rms_epsilon; the head is tied when the file has no
+//            output.weight. q_proj and k_proj rows are put back in Hugging Face's order
+//            (permute_qk_to_hf, with the heads and the key-value heads).
+//   gpt2     general.architecture "gpt2"; gpt2.block_count, .embedding_length,
+//            .attention.head_count, .context_length (block_size, the rows of position_embd),
+//            .feed_forward_length (must be 4 embedding_length), .attention.layer_norm_epsilon
+//            (must be 1e-5, default 1e-5); the head is always tied (an output.weight, as older
+//            converters wrote, must equal token_embd.weight). The matrices are stored (out, in),
+//            as tessera stores them (llama.cpp's converter transposes GPT-2's Conv1D weights).
+//   both     the vocabulary is the rows of token_embd.weight; every tensor of the layout, by
+//            llama_hf_to_gguf_name / gpt2_hf_to_gguf_name, in any type the reader dequantizes,
+//            its dims the reverse of the layout's (out, in) shape. The padded vocabulary rows
+//            stay zero.
 // Refused, each with one tessera::Error naming the file: another architecture (e.g. "gemma3"),
 // a missing or out-of-range key, values that disagree (rope.dimension_count, attention
 // key_length / value_length, vocab_size and the tokenizer's token count against the embedding),
-// rotary scaling (rope.scaling.type other than "none", a scaling factor, a rope_freqs.weight
-// that is not all ones), mixture of experts, biases, a tensor of the wrong shape, any tensor the
-// model does not use, and NaN or infinite weights.
+// llama rotary scaling other than linear and llama3-style factors, mixture of experts, llama
+// biases, a tensor of the wrong shape, any tensor the model does not use, and NaN or infinite
+// weights.
 #pragma once
 
 #include <filesystem>
@@ -27,21 +34,22 @@
 
 namespace tessera::io {
 
-// The model configuration of a llama GGUF file (validated with model::validate).
-model::ModelConfig gguf_llama_config(const GgufFile& f);
+// The model configuration of a llama or gpt2 GGUF file (validated with model::validate).
+model::ModelConfig gguf_model_config(const GgufFile& f);
 
-// The model of a llama GGUF file, its parameters in tessera's layout (fp32).
+// The model of a llama or gpt2 GGUF file, its parameters in tessera's layout (fp32).
 LoadedModel load_gguf_model(const GgufFile& f);
 LoadedModel load_gguf_model(const std::filesystem::path& file);
 
-// Writes a llama model as llama.cpp's converter does (llama.* metadata, GGUF names, q/k rows in
-// GGUF's order, the norms in F32 and the matrices in `type`: F32, F16, BF16 or Q8_0), with the
-// tokenizer's tokenizer.ggml.* metadata when `vocab` is given. Throws tessera::Error for a gpt2
-// model or another type.
+// Writes a model as llama.cpp's converter does (llama.* or gpt2.* metadata, GGUF names, llama's
+// q/k rows in GGUF's order, 1-D tensors and GPT-2's position embedding in F32 and the other
+// matrices in `type`: F32, F16, BF16 or Q8_0), with the tokenizer's tokenizer.ggml.* metadata
+// when `vocab` is given (its size must be the model's vocabulary). Throws tessera::Error for
+// another type.
 void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
                      const float* params, GgmlType type, const data::BpeVocab* vocab);
 // The same file as a writer (general.name = name), to write or take the bytes of.
-GgufWriter llama_gguf_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
+GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
                              const data::BpeVocab* vocab, const std::string& name);
 
 }  // namespace tessera::io

@@ -47,9 +47,12 @@ fs::path resolve_model_path(const fs::path& given) {
 
 model::ModelConfig read_model_config(const fs::path& path) {
   if (path.extension() == ".gguf" && input_kind(path, "model file") != InputKind::Directory)
-    return gguf_llama_config(GgufFile::open(path));
+    return gguf_model_config(GgufFile::open(path));
   const bool dir = input_kind(path, "model") == InputKind::Directory;
   const fs::path file = dir ? path / "model.safetensors" : path;
+  if (dir && input_kind(file, "model file") == InputKind::Missing &&
+      input_kind(path / "model.safetensors.index.json", "model index") != InputKind::Missing)
+    return read_hf_config(path / "config.json");  // sharded: the config is only there
   if (input_kind(file, "model file") == InputKind::Missing)
     throw Error(fmt::format("model file not found: {}", file.string()),
                 "pass a checkpoint directory, a .safetensors or .gguf file, or a pretrained "

@@ -16,8 +16,8 @@ std::filesystem::path resolve_pretrained(const std::filesystem::path& p);
 // newest checkpoint of a run directory or of a checkpoints directory, or `p` itself.
 std::filesystem::path resolve_model_path(const std::filesystem::path& p);
 
-// The configuration of the model at `path` (a checkpoint directory, model.safetensors with
-// config.json, or a llama .gguf file) without reading its weights.
+// The configuration of the model at `path` (a checkpoint directory, sharded or not,
+// model.safetensors with config.json, or a .gguf file) without reading its weights.
 model::ModelConfig read_model_config(const std::filesystem::path& path);
 
 }  // namespace tessera::io

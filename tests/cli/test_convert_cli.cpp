@@ -1,0 +1,128 @@
+// End-to-end tests of `tessera convert`: the Hugging Face checkpoint it writes, in one file or
+// sharded (--max-shard-size), GPT-2 models as GGUF files and back, and its refusals of bad
+// options, each one error line and exit 2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_util.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/io/safetensors.hpp"
+#include "tessera/model/gpt.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string k_gpt2 = TESSERA_FIXTURES "/gpt2_tiny";    // 121 KB of fp32 weights
+const std::string k_llama = TESSERA_FIXTURES "/llama_tiny";  // untied head
+
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void expect_same_model(const fs::path& a, const fs::path& b) {
+  const auto x = tessera::io::load_model(a), y = tessera::io::load_model(b);
+  ASSERT_EQ(x.config, y.config);
+  ASSERT_EQ(x.params.size(), y.params.size());
+  for (std::size_t i = 0; i < x.params.size(); ++i) ASSERT_EQ(x.params[i], y.params[i]) << i;
+}
+
+}  // namespace
+
+// --max-shard-size 30KB splits each fixture into several files with an index; the directory
+// loads back as the model it came from, and converts again into one file.
+TEST(ConvertCli, ShardedOutputLoadsBackExactly) {
+  for (const std::string& model : {k_gpt2, k_llama}) {
+    SCOPED_TRACE(model);
+    const auto out = cli::scratch("convert_sharded");
+    auto r = cli::run("convert --model " + model + " --out " + (out / "m").string() +
+                      " --max-shard-size 30KB");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("with model.safetensors.index.json"), std::string::npos) << r.err;
+    const auto names = files_in(out / "m");
+    ASSERT_GE(names.size(), 5u);  // config.json, the index and at least 3 shards
+    EXPECT_EQ(std::count(names.begin(), names.end(), "model.safetensors"), 0);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "model.safetensors.index.json"), 1);
+    const auto index =
+        nlohmann::json::parse(cli::slurp(out / "m" / "model.safetensors.index.json"));
+    std::uint64_t total = 0;  // every shard's bytes, each shard once
+    for (const auto& name : names)
+      if (name.ends_with(".safetensors"))
+        total += tessera::io::SafetensorsFile::open(out / "m" / name).data_size();
+    EXPECT_EQ(index["metadata"]["total_size"].get<std::uint64_t>(), total);
+    for (const auto& [name, file] : index["weight_map"].items())
+      EXPECT_TRUE(fs::exists(out / "m" / file.get<std::string>())) << name;
+    expect_same_model(out / "m", model);
+
+    // Without --overwrite a sharded model is not replaced; with it, one file replaces the shards.
+    cli::expect_clean_error(cli::run("convert --model " + model + " --out " + (out / "m").string()),
+                            "model.safetensors.index.json already exists");
+    r = cli::run("convert --model " + (out / "m").string() + " --out " + (out / "m").string() +
+                 " --overwrite");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(files_in(out / "m"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+    expect_same_model(out / "m", model);
+  }
+}
+
+TEST(ConvertCli, BadShardSizesAreRefused) {
+  const auto out = cli::scratch("convert_bad_shard");
+  for (const char* bad : {"0", "5XB", "-1GB", "lots"})
+    cli::expect_clean_error(cli::run("convert --model " + k_gpt2 + " --out " +
+                                     (out / "m").string() + " --max-shard-size=" + bad),
+                            "is not a size");
+  cli::expect_clean_error(cli::run("convert --model " + k_llama + " --format gguf --out " +
+                                   (out / "m.gguf").string() + " --max-shard-size 1GB"),
+                          "--max-shard-size applies to Hugging Face output");
+  EXPECT_FALSE(fs::exists(out / "m"));
+}
+
+// A GPT-2 model (random weights, GPT-2's vocabulary) as a GGUF file with its tokenizer: converted
+// back to a Hugging Face checkpoint it is the same model bit for bit, and `tessera sample` reads
+// the .gguf (weights and tokenizer) and writes what it writes from the original.
+TEST(ConvertCli, Gpt2ThroughGgufAndBack) {
+  if (!cli::have_tokenizer()) GTEST_SKIP() << "data/gpt2 (GPT-2's tokenizer) is absent";
+  const auto dir = cli::scratch("convert_gpt2_gguf");
+  tessera::model::ModelConfig cfg{1, 4, 32, 16, 50257};  // layers, heads, C, positions, vocab
+  const tessera::model::ParamLayout layout(cfg);
+  std::vector<float> params(layout.total());
+  tessera::model::init_params(layout, params.data(), 5);
+  tessera::io::save_model(dir / "hf", layout, params.data());
+  auto r = cli::run("convert --model " + (dir / "hf").string() + " --format gguf --out " +
+                    (dir / "m.gguf").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli::run("convert --model " + (dir / "m.gguf").string() + " --out " +
+               (dir / "back").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_same_model(dir / "back", dir / "hf");
+  const std::string sample = " --prompt 'The quick' --tokens 6 --temperature 0";
+  const auto from_hf = cli::run("sample --model " + (dir / "hf").string() + sample);
+  const auto from_gguf = cli::run("sample --model " + (dir / "m.gguf").string() + sample);
+  ASSERT_EQ(from_gguf.code, 0) << from_gguf.err;
+  EXPECT_EQ(from_gguf.out, from_hf.out);
+  EXPECT_EQ(from_gguf.out.rfind("The quick", 0), 0u) << from_gguf.out;
+  r = cli::run("convert --model " + (dir / "hf").string() + " --format gguf --dtype q8_0 --out " +
+               (dir / "q8.gguf").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tessera::io::load_model(dir / "q8.gguf").config, cfg);
+  // The fixture's vocabulary (100) is not GPT-2's tokenizer's: refused, nothing written.
+  cli::expect_clean_error(cli::run("convert --model " + k_gpt2 + " --format gguf --out " +
+                                   (dir / "tiny.gguf").string()),
+                          "the tokenizer has 50257 tokens but the model only 100");
+  EXPECT_FALSE(fs::exists(dir / "tiny.gguf"));
+  // A GGUF model without a tokenizer (gguf-py's gpt2 seed): refused before anything is written.
+  cli::expect_clean_error(
+      cli::run("convert --model " TESSERA_FIXTURES "/../fuzz/corpus/gguf/gpt2_tiny.gguf --out " +
+               (dir / "no_tok").string()),
+      "carries no tokenizer");
+  EXPECT_FALSE(fs::exists(dir / "no_tok" / "model.safetensors"));
+}
