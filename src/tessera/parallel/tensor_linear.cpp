@@ -164,6 +164,8 @@ void linear_gemm_dx(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::in
                     int out, const float* dy, const float* w, int key, float* dx) {
   if (!ws.bf16) return fp32_gemm(ws, lib, false, false, n, in, out, dy, out, w, in, 0.0f, dx, in);
   const std::uint16_t* dy16 = kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
+  ws.bf16->b_owner = &ws;  // the dW GEMM of this gradient may read it again
+  ws.dy16 = dy;
   const std::uint16_t* w16 = weight_bf16(ws, w, static_cast<std::int64_t>(out) * in, key);
   kernels::gemm_bf16(false, false, n, in, out, 1.0f, dy16, out, w16, in, 0.0f, dx, in);
 }
@@ -171,7 +173,11 @@ void linear_gemm_dx(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, std::in
 void linear_gemm_dw(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, int out, int in,
                     std::int64_t n, const float* dy, const float* x, float beta, float* dw) {
   if (!ws.bf16) return fp32_gemm(ws, lib, true, false, out, in, n, dy, out, x, in, beta, dw, in);
-  const std::uint16_t* dy16 = kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
+  const bool rounded = ws.bf16->b_owner == &ws && ws.dy16 == dy;  // by the dX GEMM just before
+  const std::uint16_t* dy16 =
+      rounded ? ws.bf16->b.data() : kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
+  ws.bf16->b_owner = nullptr;
+  ws.dy16 = nullptr;
   const std::uint16_t* x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
   kernels::gemm_bf16(true, false, out, in, n, 1.0f, dy16, out, x16, in, beta, dw, in);
 }

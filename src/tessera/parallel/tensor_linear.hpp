@@ -125,6 +125,9 @@ struct TensorLinearWorkspace {
   // workspace that serves one layer only converts its block once per step.
   std::vector<std::uint16_t> w16;
   int w16_key = -1;
+  // The output gradient the last dX GEMM rounded into bf16->b (while bf16->b_owner is this
+  // workspace): the dW GEMM that follows on the same gradient reads it instead of rounding again.
+  const float* dy16 = nullptr;
 };
 
 // ---- the slices of global tensors that a rank holds (for tests, checkpoints, initialisation) ----

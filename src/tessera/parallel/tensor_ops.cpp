@@ -200,9 +200,9 @@ void TensorOps::sp_normal_backward(float* dinp, float* dw, float* db, const floa
   float* full = s_.sp_full.data();
   g_.tx->all_gather(dout, full, static_cast<std::size_t>(sp_rows()) * OC);
   TensorLinearWorkspace& ws = ws_.of(which(w));
-  linear_gemm_dw(ws, lib_, OC, cl, n_, full, inp, 1.0f, dw);
-  if (db) col_sums_into(db, full, n_, OC);
   if (dinp) linear_gemm_dx(ws, lib_, n_, cl, OC, full, w, key_, dinp);
+  linear_gemm_dw(ws, lib_, OC, cl, n_, full, inp, 1.0f, dw);  // bf16: reads full as dX rounded it
+  if (db) col_sums_into(db, full, n_, OC);
 }
 
 void TensorOps::sp_transposed_backward_input(float* dinp, const float* dout, const float* w,

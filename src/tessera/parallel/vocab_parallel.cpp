@@ -375,6 +375,7 @@ void vocab_lm_head_backward(kernels::GemmLibrary lib, const VocabParallelLayout&
                 "the LM head's bf16 backward needs its forward");
   const std::uint16_t* dl16 =
       ws.bf16 ? kernels::cpu::Bf16Scratch::round(ws.bf16->b, dlogits, n * l.vocab_local) : nullptr;
+  if (ws.bf16) ws.bf16->b_owner = nullptr;  // `b` is the head's now
   for (int j = 0; j < l.tx; ++j) {
     float* part = ws.cols.data() + j * n * cl;
     if (ws.bf16)

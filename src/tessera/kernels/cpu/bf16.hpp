@@ -29,6 +29,10 @@ void to_bf16(std::uint16_t* out, const float* in, std::int64_t n);
 // shrunk.
 struct Bf16Scratch {
   Buffer<std::uint16_t> a, b;
+  // Who may reuse what `b` holds (null: nobody): a caller that rounds an operand into `b` for one
+  // GEMM and wants it again for the next sets this to itself; every other rounding into `b`
+  // resets it.
+  const void* b_owner = nullptr;
   // `in` (n) rounded into `buf` (grown to n if smaller); returns buf's data.
   static const std::uint16_t* round(Buffer<std::uint16_t>& buf, const float* in, std::int64_t n);
 };
