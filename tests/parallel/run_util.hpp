@@ -98,11 +98,8 @@ inline fs::path data_dir() {
   return d;
 }
 
-inline void expect_same_run(const fs::path& ref, const fs::path& got, const std::string& what) {
-  auto a = losses(ref / "metrics.jsonl"), b = losses(got / "metrics.jsonl");
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i])) << what << " step " << i + 1;
+// |parameter differences| between two runs' last checkpoints, in increasing order.
+inline std::vector<double> sorted_param_diffs(const fs::path& ref, const fs::path& got) {
   auto ma = tessera::io::load_model(*tessera::io::latest_checkpoint(ref / "checkpoints"));
   auto mb = tessera::io::load_model(*tessera::io::latest_checkpoint(got / "checkpoints"));
   tessera::model::ParamLayout layout(ma.config);
@@ -110,6 +107,15 @@ inline void expect_same_run(const fs::path& ref, const fs::path& got, const std:
   for (std::size_t i = 0; i < layout.total(); ++i)
     diff[i] = std::fabs(double(ma.params[i]) - mb.params[i]);
   std::sort(diff.begin(), diff.end());
+  return diff;
+}
+
+inline void expect_same_run(const fs::path& ref, const fs::path& got, const std::string& what) {
+  auto a = losses(ref / "metrics.jsonl"), b = losses(got / "metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i])) << what << " step " << i + 1;
+  const auto diff = sorted_param_diffs(ref, got);
   EXPECT_LE(diff[diff.size() * 999 / 1000], 1e-5) << what << " (99.9th percentile of |param diff|)";
   EXPECT_LE(diff.back(), 2e-2) << what << " (max |param diff|)";
 }

@@ -45,8 +45,6 @@ fs::path reference_run(const fs::path& data) {
 void expect_bf16_run_matches(const fs::path& ref, const fs::path& out, const std::string& what) {
   const auto want = losses(ref / "metrics.jsonl");
   ASSERT_EQ(want.size(), 20u);
-  const auto ma = tessera::io::load_model(*tessera::io::latest_checkpoint(ref / "checkpoints"));
-  const tessera::model::ParamLayout layout(ma.config);
   const auto got = losses(out / "metrics.jsonl");
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
@@ -54,11 +52,7 @@ void expect_bf16_run_matches(const fs::path& ref, const fs::path& out, const std
     worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
     EXPECT_LE(std::fabs(got[i] - want[i]), 1e-3 * want[i]) << what << " step " << i + 1;
   }
-  const auto mb = tessera::io::load_model(*tessera::io::latest_checkpoint(out / "checkpoints"));
-  std::vector<double> diff(layout.total());
-  for (std::size_t i = 0; i < layout.total(); ++i)
-    diff[i] = std::fabs(double(ma.params[i]) - mb.params[i]);
-  std::sort(diff.begin(), diff.end());
+  const auto diff = sorted_param_diffs(ref, out);
   EXPECT_LE(diff[diff.size() * 999 / 1000], 1e-4) << what << " (99.9th percentile)";
   EXPECT_LE(diff.back(), 2e-2) << what << " (max |param diff|)";
   std::printf("[ %s ] worst loss rel diff %.3g, |param diff| 99.9th percentile %.3g, max %.3g\n",
