@@ -1,10 +1,12 @@
 #include "tessera/train/train_step.hpp"
 
 #include <cmath>
+#include <functional>
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
+#include "tessera/parallel/schedule.hpp"
 #include "tessera/train/goldfish.hpp"
 
 namespace tessera::train {
@@ -34,30 +36,37 @@ double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
   return kept_total;
 }
 
-// Forward and backward of one micro-batch on the GPU (the host waits for the forward's losses;
-// the backward is timed to its end). Returns its mean loss.
-double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const std::int32_t* y,
-                          int B, int T, float dloss, StepResult& result) {
-  Timer phase;
-  const float mb = dev.forward(x, y, B, T, true, dloss);
-  result.forward_s += phase.seconds();
-  phase.reset();
-  dev.backward();
-  dev.synchronize();
-  result.backward_s += phase.seconds();
-  return mb;
-}
-
-// Forward and backward of each micro-batch on the GPU. Returns the loss summed over the targets
-// of the step's micro-batches (each micro-batch's mean times its targets).
-double device_micro_batches(const RunPlan& plan, model::DeviceGpt& dev, StepWorkspace& work,
-                            StepResult& result) {
-  double loss = 0;
-  for (int a = 0; a < plan.accum(); ++a)
-    loss += device_micro_batch(dev, work.gx[a].data(), work.gy[a].data(), plan.B(), plan.T,
-                               work.forward.dloss, result) *
-            static_cast<double>(work.kept[a]);
-  return loss;
+// The GPU's step runs the same one-stage instruction list as the CPU's executor (F0 B0 F1 B1 ...
+// OPT): Forward is the device model's forward (the host waits for the micro-batch's loss),
+// Backward its backward (timed to its end), OptimizerStep the caller's update. The device model
+// keeps one micro-batch's activations, which is all the one-stage list has in flight.
+void run_device_schedule(const RunPlan& plan, model::DeviceGpt& dev, StepWorkspace& work,
+                         const std::function<void(double loss_sum)>& optimizer_step,
+                         StepResult& result) {
+  const parallel::ScheduleSpec one_stage{parallel::ScheduleKind::OneF1B, 1, plan.accum(), 1};
+  const auto list = parallel::make_stage_schedule(one_stage, 0);
+  double loss = 0;  // summed over the step's targets: each micro-batch's mean times its targets
+  for (const parallel::Instr& in : list) {
+    Timer phase;
+    switch (in.op) {
+      case parallel::OpKind::Forward:
+        loss += dev.forward(work.gx[in.mb].data(), work.gy[in.mb].data(), plan.B(), plan.T, true,
+                            work.forward.dloss) *
+                static_cast<double>(work.kept[in.mb]);
+        result.forward_s += phase.seconds();
+        break;
+      case parallel::OpKind::Backward:
+        dev.backward();
+        dev.synchronize();
+        result.backward_s += phase.seconds();
+        break;
+      case parallel::OpKind::OptimizerStep:
+        optimizer_step(loss);
+        break;
+      default:
+        throw Error("internal: the one-stage schedule has no sends or receives");
+    }
+  }
 }
 
 // The gradient norm, the learning rate, and the AdamW update with the clipping fused.
@@ -157,9 +166,13 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
     run_schedule(cfg, plan, model, work, step, rt, result);
     return result;
   }
-  const double loss = device_micro_batches(plan, *model.device, work, result);
-  result.loss = global_mean_loss(model, loss, result.kept_targets, step);
-  update_params(cfg, model, work, step, rt, result);
+  run_device_schedule(
+      plan, *model.device, work,
+      [&](double loss_sum) {
+        result.loss = global_mean_loss(model, loss_sum, result.kept_targets, step);
+        update_params(cfg, model, work, step, rt, result);
+      },
+      result);
   return result;
 }
 
