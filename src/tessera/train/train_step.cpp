@@ -97,12 +97,14 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   result.lr = lr;
 }
 
-// The mean over every target in the loss (all micro-batches and dp ranks) from this rank's sum;
-// throws when it is not finite (before any update).
-double global_mean_loss(RunModel& model, double loss_sum, double kept_targets, std::int64_t step) {
+// The mean over every target in the loss (all micro-batches and dp ranks) from this rank's sum.
+// When it is not finite it throws (before any update), unless the run rolls loss spikes back
+// (train.spike_factor > 0): the caller then skips the update and the trainer reloads.
+double global_mean_loss(const RunConfig& cfg, RunModel& model, double loss_sum, double kept_targets,
+                        std::int64_t step) {
   model.dp_comm->all_reduce_sum(&loss_sum, 1);
   const double loss = kept_targets > 0 ? loss_sum / kept_targets : 0.0;
-  if (!std::isfinite(loss))
+  if (!std::isfinite(loss) && cfg.train.spike_factor <= 0)
     throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                 "lower train.lr or raise train.warmup_steps; check the data");
   return loss;
@@ -123,8 +125,8 @@ void run_schedule(const RunConfig& cfg, const RunPlan& plan, RunModel& model, St
     for (int a = 0; a < accum; ++a)
       loss += static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a]);
     model.pipe_comm->broadcast_bytes(&loss, sizeof loss, model.executor->spec().pp - 1);
-    result.loss = global_mean_loss(model, loss, result.kept_targets, step);
-    update_params(cfg, model, work, step, rt, result);
+    result.loss = global_mean_loss(cfg, model, loss, result.kept_targets, step);
+    if (std::isfinite(result.loss)) update_params(cfg, model, work, step, rt, result);
   };
   model.executor->run(*model.dp, in, tg, plan.B(), plan.T, work.forward, &hooks);
   const auto& st = model.executor->stats();
@@ -153,6 +155,10 @@ StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
   return work;
 }
 
+void skip_step_data(const RunPlan& plan, data::TokenLoader& loader, StepWorkspace& work) {
+  for (int a = 0; a < plan.accum(); ++a) loader.next(work.gx[a].data(), work.gy[a].data());
+}
+
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                       data::TokenLoader& loader, StepWorkspace& work, std::int64_t step,
                       comm::Runtime& rt) {
@@ -169,8 +175,8 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
   run_device_schedule(
       plan, *model.device, work,
       [&](double loss_sum) {
-        result.loss = global_mean_loss(model, loss_sum, result.kept_targets, step);
-        update_params(cfg, model, work, step, rt, result);
+        result.loss = global_mean_loss(cfg, model, loss_sum, result.kept_targets, step);
+        if (std::isfinite(result.loss)) update_params(cfg, model, work, step, rt, result);
       },
       result);
   return result;
