@@ -58,15 +58,21 @@ std::vector<std::uint32_t> language(std::size_t n, const std::set<int>& garbage)
   return t;
 }
 
-std::vector<int> metric_steps(const fs::path& metrics) {
-  std::vector<int> steps;
+// `key` of every step row (rows with a step and a loss) of metrics.jsonl, in file order.
+std::vector<double> step_values(const fs::path& metrics, const char* key) {
+  std::vector<double> values;
   std::ifstream in(metrics);
   for (std::string l; std::getline(in, l);) {
     const auto row = nlohmann::json::parse(l, nullptr, false);
     if (!row.is_discarded() && row.contains("step") && row.contains("loss"))
-      steps.push_back(row["step"].get<int>());
+      values.push_back(row[key].get<double>());
   }
-  return steps;
+  return values;
+}
+
+std::vector<int> metric_steps(const fs::path& metrics) {
+  const auto v = step_values(metrics, "step");
+  return std::vector<int>(v.begin(), v.end());
 }
 
 std::vector<int> one_to(int n) {
@@ -188,17 +194,8 @@ TEST_F(RunControl, LossSpikeRollsBackToTheCheckpointAndSkipsTheWindow) {
   // step 44 (the windows before the garbage are the same).
   const auto clean = cli::scratch("spike_clean");
   ASSERT_EQ(cli::run(train(clean, 60, spike + "--stop-at 44")).code, 0);
-  auto losses = [](const fs::path& metrics) {
-    std::vector<double> l;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto row = nlohmann::json::parse(line, nullptr, false);
-      if (!row.is_discarded() && row.contains("loss") && row.contains("step"))
-        l.push_back(row["loss"].get<double>());
-    }
-    return l;
-  };
-  const auto a = losses(out / "metrics.jsonl"), b = losses(clean / "metrics.jsonl");
+  const auto a = step_values(out / "metrics.jsonl", "loss"),
+             b = step_values(clean / "metrics.jsonl", "loss");
   ASSERT_EQ(b.size(), 44u);
   for (int i = 0; i < 44; ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
