@@ -10,14 +10,43 @@
 
 #include "commands.hpp"
 #include "perf_setup.hpp"
+#include "tessera/core/chrome_trace.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/perf/model_spec.hpp"
 #include "tessera/perf/planner.hpp"
 #include "tessera/perf/report.hpp"
 #include "tessera/perf/simulator.hpp"
+#include "tessera/perf/trace_compare.hpp"
 
 namespace tessera::app {
+
+namespace {
+
+// simulate --compare: one line per measured instruction, predicted beside measured.
+void print_comparison(const std::string& file, const std::vector<perf::TraceComparison>& rows) {
+  if (rows.empty())
+    throw Error(fmt::format("{} holds no instruction events", file),
+                "pass a trace written by tessera train --trace");
+  auto ms = [](double s) { return s < 0 ? std::string("-") : fmt::format("{:.2f}", s * 1e3); };
+  std::printf("\npredicted vs measured (%s), per instruction, ms from the step's start:\n",
+              file.c_str());
+  std::printf("%-6s %-14s %10s %10s %10s %10s %8s\n", "stage", "instruction", "pred start",
+              "meas start", "pred dur", "meas dur", "meas/pred");
+  double pred = 0, meas = 0;
+  for (const auto& r : rows) {
+    const std::string ratio =
+        r.predicted_s > 0 ? fmt::format("{:.2f}", r.measured_s / r.predicted_s) : "-";
+    std::printf("%-6d %-14s %10s %10s %10s %10s %8s\n", r.stage, r.name.c_str(),
+                ms(r.predicted_start_s).c_str(), ms(r.measured_start_s).c_str(),
+                ms(r.predicted_s).c_str(), ms(r.measured_s).c_str(), ratio.c_str());
+    if (r.predicted_s > 0) pred += r.predicted_s, meas += r.measured_s;
+  }
+  std::printf("instructions in both: predicted %.2f ms, measured %.2f ms (x%.2f)\n", pred * 1e3,
+              meas * 1e3, pred > 0 ? meas / pred : 0.0);
+}
+
+}  // namespace
 
 void add_simulate_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
@@ -25,7 +54,8 @@ void add_simulate_command(CLI::App& root) {
       "replay one training step's pipeline schedule on every rank with the "
       "performance model's costs (busy, communication, idle per rank; Chrome trace)");
   struct Args {
-    std::string model, cluster, dtype = "bf16", grid, schedule = "1f1b", recompute = "full", trace;
+    std::string model, cluster, dtype = "bf16", grid, schedule = "1f1b", recompute = "full", trace,
+                                compare;
     int gpus = 0, seq = 0, micro_batch = 1, chunks = 2, zero = 0, trace_ranks = 64;
     long global_batch = 0;
     bool json = false, no_flash = false, no_overlap = false;
@@ -52,6 +82,9 @@ void add_simulate_command(CLI::App& root) {
   cmd->add_option("--trace", a->trace, "write a Chrome trace (chrome://tracing, Perfetto) here");
   cmd->add_option("--trace-ranks", a->trace_ranks, "stages of the first pipeline in the trace")
       ->capture_default_str();
+  cmd->add_option("--compare", a->compare,
+                  "a measured trace of the same plan (tessera train --trace): print predicted "
+                  "and measured time per instruction");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->callback([a] {
     Timer timer;
@@ -90,6 +123,9 @@ void add_simulate_command(CLI::App& root) {
     perf::TraceOptions tr;
     tr.path = a->trace;
     tr.max_ranks = a->trace_ranks;
+    tr.keep_events = !a->compare.empty();
+    const auto measured = a->compare.empty() ? std::vector<TraceEvent>{}
+                                             : read_chrome_trace(a->compare);  // before the work
     auto sim = perf::simulate(pred, tr);
     const double secs = timer.seconds();
     if (sim.deadlock) throw InternalError("the schedule deadlocked in the replay");
@@ -141,6 +177,8 @@ void add_simulate_command(CLI::App& root) {
     if (!a->trace.empty())
       std::printf("trace: %s (stages 0-%d of the first pipeline)\n", a->trace.c_str(),
                   std::min(a->trace_ranks, p.grid.pp) - 1);
+    if (!a->compare.empty())
+      print_comparison(a->compare, perf::compare_traces(sim.events, measured));
   });
 }
 

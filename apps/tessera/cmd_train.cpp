@@ -45,7 +45,7 @@ void add_train_command(CLI::App& root) {
     bool quiet = false;
     bool print_config = false;
     std::int64_t stop_at = 0;
-    std::string time_limit;
+    std::string time_limit, trace;
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("config,--config,-c", args->config, "run config file (TOML)")
@@ -68,6 +68,9 @@ void add_train_command(CLI::App& root) {
   cmd->add_option("--time-limit", args->time_limit,
                   "stop with a checkpoint before this wall-clock time has passed (seconds, or "
                   "H:MM:SS as Slurm writes it); SIGTERM and SIGUSR1 stop the same way");
+  cmd->add_option("--trace", args->trace,
+                  "write a Chrome/Perfetto trace of one measured step (the second) here; each "
+                  "rank writes its own file under mpirun (PATH.rank<k>.json)");
   cmd->add_flag("--print-config", args->print_config, "print the resolved config and exit");
   cmd->callback([args] {
     // The runtime first: under a launcher, a bad config is then reported once, by rank 0.
@@ -103,6 +106,11 @@ void add_train_command(CLI::App& root) {
                 "--resume continues the run in train.out_dir; --overwrite deletes it and starts "
                 "afresh"));
     opt.stop_at = args->stop_at;
+    opt.trace = args->trace;
+    if (!opt.trace.empty() && cfg.hardware.device == "cuda")
+      fail_once(
+          Error("--trace records the CPU executor's schedule; the GPU's step has no trace yet",
+                "trace the same run on the CPU"));
     try {
       if (!args->time_limit.empty()) opt.time_limit_s = parse_time_limit(args->time_limit);
     } catch (const Error& e) {

@@ -7,12 +7,14 @@
 
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "run_util.hpp"
+#include "tessera/core/chrome_trace.hpp"
 #include "tessera/io/checkpoint.hpp"
 
 using namespace tessera::test;
@@ -82,4 +84,47 @@ TEST(RunControlParallel, SigtermOnEveryRankSavesOneCheckpointAndResumes) {
   const auto after = metric_steps(out / "metrics.jsonl");
   ASSERT_EQ(after.size(), static_cast<std::size_t>(last + 2)) << r.output;
   EXPECT_EQ(after.back(), last + 2);
+}
+
+// --trace under a 4-stage pipeline: each rank writes the measured step's instructions (the
+// simulator's names, on its stage's thread), and simulate --compare reads a rank's file beside
+// the prediction of the same plan.
+TEST(RunControlParallel, TraceOfAPipelineStepPerRankAndComparedWithTheSimulation) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const auto out = scratch("trace4");
+  const auto trace = out.parent_path() / "trace4.json";
+  auto r = sh(mpirun(4) + train_args(data_dir(), out, 2, 4, 3) +
+              " model.n_layer=4 parallel.pp=4 --trace '" + trace.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto file = out.parent_path() / ("trace4.rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(fs::exists(file)) << r.output;
+    const auto events = tessera::read_chrome_trace(file);
+    int forwards = 0, backwards = 0;
+    for (const auto& e : events) {
+      EXPECT_EQ(e.pid, rank);
+      EXPECT_EQ(e.tid, rank);  // pp = 4: rank k is stage k
+      EXPECT_GE(e.dur_s, 0);
+      forwards += e.name.rfind("F(", 0) == 0;
+      backwards += e.name.rfind("B(", 0) == 0;
+    }
+    EXPECT_EQ(forwards, 4) << file;  // the step's 4 micro-batches
+    EXPECT_EQ(backwards, 4) << file;
+  }
+  // The model file and a cluster of one 4-device node for the same plan.
+  std::ofstream(out / "model.toml") << "name = \"tiny4\"\nn_layer = 4\nn_head = 2\nn_embd = 32\n"
+                                       "vocab_size = 50257\nseq_len = 16\n";
+  std::ofstream(out / "cluster.toml")
+      << "name = \"four\"\nmax_nodes = 1\n[device]\nname = \"cpu\"\npeak_tflops_fp32 = 0.05\n"
+         "memory_gib = 8\nmemory_bw_gbps = 10\n[node]\ndevices = 4\n[[node.links]]\n"
+         "name = \"shm\"\ngroup = 4\nbw_gbps = 2.0\n[network]\ninjection_gbps = 0\n";
+  auto cmp = sh("'" TESSERA_BIN "' simulate --model '" + (out / "model.toml").string() +
+                "' --cluster '" + (out / "cluster.toml").string() +
+                "' --gpus 4 --grid 1,4,1,1,1 --global-batch 8 --micro-batch 2 --seq 16 "
+                "--dtype fp32 --recompute none --compare '" +
+                (out.parent_path() / "trace4.rank1.json").string() + "'");
+  ASSERT_EQ(cmp.code, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("predicted vs measured"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("B(3,0)"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("instructions in both"), std::string::npos) << cmp.output;
 }

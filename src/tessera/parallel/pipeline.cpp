@@ -60,6 +60,28 @@ PipelineExecutor::PipelineExecutor(TensorModel& model, comm::Communicator& pp,
   list_ = make_stage_schedule(spec, stage_);
 }
 
+namespace {
+
+// The trace category of an instruction, as the simulator names them: Forward and Backward are
+// "compute" (with the tensor-parallel collectives inside them), a receive's wait "idle".
+const char* trace_category(OpKind op) {
+  switch (op) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+      return "compute";
+    case OpKind::RecvAct:
+    case OpKind::RecvGrad:
+      return "idle";
+    case OpKind::SendAct:
+    case OpKind::SendGrad:
+      return "send";
+    default:
+      return "optimizer";
+  }
+}
+
+}  // namespace
+
 std::vector<float> PipelineExecutor::run(model::ParamStore& store,
                                          const std::vector<const std::int32_t*>& inputs,
                                          const std::vector<const std::int32_t*>& targets, int B,
@@ -102,7 +124,9 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
       }
     }
   };
+  trace_.clear();
   for (const Instr& in : list_) {
+    const double started = step_timer.seconds();
     switch (in.op) {
       case OpKind::RecvAct: {
         Timer t;
@@ -176,6 +200,9 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
       case OpKind::OptimizerStep:
         break;  // the last instruction: run below, once the sends have completed
     }
+    if (tracing_ && in.op != OpKind::OptimizerStep)
+      trace_.push_back({0, stage_, describe(in), trace_category(in.op), started,
+                        step_timer.seconds() - started});
   }
   Timer t;
   for (auto& [k, p] : act_sends) poll_wait(p.req);
@@ -183,10 +210,13 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   stats_.send_wait_s += t.seconds();
   stats_.step_s = step_timer.seconds();  // the schedule, without the optimizer step
   if (hooks) {
+    const double started = step_timer.seconds();
     Timer w;
     if (!one_stage) reduce_gradients(*dp);
     stats_.reduce_wait_s += w.seconds();
     if (hooks->optimizer_step) hooks->optimizer_step(losses);
+    if (tracing_)
+      trace_.push_back({0, stage_, "OPT", "optimizer", started, step_timer.seconds() - started});
   }
   return losses;
 }

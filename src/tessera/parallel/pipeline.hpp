@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/chrome_trace.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/plan.hpp"
@@ -92,6 +93,10 @@ class PipelineExecutor {
   void sum_tied_embedding_grads(model::ParamStore& store);
   // The last run().
   const PipelineStats& stats() const { return stats_; }
+  // While on, run() records each instruction of the step (Chrome-trace events of this stage:
+  // tid = stage, times from the step's start; OptimizerStep's reductions and update as "OPT").
+  void set_tracing(bool on) { tracing_ = on; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
 
  private:
   TensorModel& model_;
@@ -100,6 +105,8 @@ class PipelineExecutor {
   int stage_ = 0;
   std::vector<Instr> list_;
   PipelineStats stats_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
   std::vector<std::vector<float>> send_bufs_;  // gradient sends in flight copy from here
   std::vector<float> grad_in_, tied_tmp_;
 

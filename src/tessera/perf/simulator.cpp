@@ -1,5 +1,7 @@
 #include "tessera/perf/simulator.hpp"
 
+#include "tessera/core/chrome_trace.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -17,13 +19,6 @@ using parallel::OpKind;
 
 namespace {
 
-struct Event {
-  int stage;
-  const char* cat;  // "compute", "comm", "idle"
-  std::string name;
-  double start, dur;
-};
-
 // Replays one pipeline (pp stages). Returns per-stage times and the time each stage reaches its
 // OptimizerStep; records events when `events` is not null.
 struct PipeReplay {
@@ -34,7 +29,7 @@ struct PipeReplay {
 };
 
 PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
-                           std::vector<Event>* events, int max_stages) {
+                           std::vector<TraceEvent>* events, int max_stages) {
   const int pp = sch.spec.pp, v = sch.spec.v, m = sch.spec.m;
   const int chunks = pp * v;
   PipeReplay r;
@@ -49,7 +44,7 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
   };
   auto record = [&](int st, const char* cat, const Instr& in, double start, double dur) {
     if (events && st < max_stages && dur > 0)
-      events->push_back({st, cat, parallel::describe(in), start, dur});
+      events->push_back({0, st, parallel::describe(in), cat, start, dur});
   };
   bool progress = true;
   while (progress) {
@@ -104,33 +99,6 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
   return r;
 }
 
-void write_trace(const std::filesystem::path& path, const std::vector<Event>& ev,
-                 const Prediction& p) {
-  std::ofstream out(path);
-  if (!out) throw Error(fmt::format("cannot write trace {}", path.string()));
-  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"config\":\"" << p.point.describe()
-      << "\"},\"traceEvents\":[\n";
-  bool first = true;
-  std::vector<bool> named(static_cast<std::size_t>(p.point.grid.pp), false);
-  for (const auto& e : ev) {
-    if (!named[e.stage]) {
-      named[e.stage] = true;
-      out << (first ? "" : ",\n")
-          << fmt::format(
-                 R"({{"name":"thread_name","ph":"M","pid":0,"tid":{},"args":{{"name":"stage {}"}}}})",
-                 e.stage, e.stage);
-      first = false;
-    }
-    out << (first ? "" : ",\n")
-        << fmt::format(
-               R"({{"name":"{}","cat":"{}","ph":"X","pid":0,"tid":{},"ts":{:.3f},"dur":{:.3f}}})",
-               e.name, e.cat, e.stage, e.start * 1e6, e.dur * 1e6);
-    first = false;
-  }
-  out << "\n]}\n";
-  if (!out) throw Error(fmt::format("cannot write trace {}", path.string()));
-}
-
 }  // namespace
 
 SimResult simulate(const Prediction& p, const TraceOptions& trace) {
@@ -143,11 +111,12 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   const long pipelines = T * g.dp;
   SimResult res;
   res.ranks.assign(static_cast<std::size_t>(g.world_size()), RankTime{});
-  std::vector<Event> events;
+  std::vector<TraceEvent> events;
+  const bool traced_any = !trace.path.empty() || trace.keep_events;
   // Every pipeline (one per dp, tx, ty, tz coordinate) replays its lists.
   std::vector<std::vector<double>> ready(static_cast<std::size_t>(pipelines));
   for (long q = 0; q < pipelines; ++q) {
-    const bool traced = q == 0 && !trace.path.empty();
+    const bool traced = q == 0 && traced_any;
     auto r = replay_pipeline(sch, p, traced ? &events : nullptr, trace.max_ranks);
     if (p.compute_share < 1 && g.pp > 1) {
       // Shared cores (the model's rule): the replay ran at the every-stage-busy rate; a stage
@@ -194,10 +163,10 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
         end[static_cast<std::size_t>(rank)] = start + dp + p.optimizer_s;
         ++res.instructions;
       }
-      if (inner == 0 && !trace.path.empty() && st < trace.max_ranks) {
+      if (inner == 0 && traced_any && st < trace.max_ranks) {
         parallel::Instr opt{OpKind::OptimizerStep, -1, 0, -1};
-        if (dp > 0) events.push_back({st, "comm", "dp-reduce", start, dp});
-        events.push_back({st, "compute", parallel::describe(opt), start + dp, p.optimizer_s});
+        if (dp > 0) events.push_back({0, st, "dp-reduce", "comm", start, dp});
+        events.push_back({0, st, parallel::describe(opt), "optimizer", start + dp, p.optimizer_s});
       }
     }
   for (double e : end) res.step_s = std::max(res.step_s, e);
@@ -205,7 +174,8 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   res.stages.resize(static_cast<std::size_t>(g.pp));
   for (int st = 0; st < g.pp; ++st)
     res.stages[static_cast<std::size_t>(st)] = res.ranks[static_cast<std::size_t>(T * st)];
-  if (!trace.path.empty()) write_trace(trace.path, events, p);
+  if (!trace.path.empty()) write_chrome_trace(trace.path, events, p.point.describe());
+  if (trace.keep_events) res.events = std::move(events);
   return res;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/chrome_trace.hpp"
 #include "tessera/perf/model.hpp"
 
 namespace tessera::perf {
@@ -28,11 +29,14 @@ struct SimResult {
   bool deadlock = false;
   // Per pipeline stage (every rank of a stage has the same costs): the first rank's times.
   std::vector<RankTime> stages;
+  // The first pipeline's instructions on the step's clock (TraceOptions::keep_events).
+  std::vector<TraceEvent> events;
 };
 
 struct TraceOptions {
   std::filesystem::path path;  // empty: no trace
   int max_ranks = 64;          // ranks written (the first pipeline's stages first)
+  bool keep_events = false;    // return the events in SimResult::events
 };
 
 SimResult simulate(const Prediction& p, const TraceOptions& trace = {});

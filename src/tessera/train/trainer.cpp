@@ -9,6 +9,7 @@
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
+#include "tessera/core/chrome_trace.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
@@ -203,14 +204,33 @@ std::string stop_reason(TrainingRun& run) {
   return why < 0 ? "--time-limit" : StopSignals::name(static_cast<int>(why));
 }
 
+// --trace: this rank's file (PATH, or PATH with ".rank<k>" before the extension under several
+// ranks) holding the executor's events of the step just run.
+void write_step_trace(TrainingRun& run) {
+  fs::path path = run.opt.trace;
+  const int rank = run.rt.world_rank();
+  if (run.rt.world_size() > 1)
+    path.replace_filename(
+        fmt::format("{}.rank{}{}", path.stem().string(), rank, path.extension().string()));
+  std::vector<TraceEvent> events = run.model.executor->trace();
+  for (auto& e : events) e.pid = rank;
+  write_chrome_trace(path, events,
+                     fmt::format("tessera train, step {}, rank {}", run.progress.step + 1, rank));
+  if (run.lead) log_info("trace of step {}: {}", run.progress.step + 1, path.string());
+}
+
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
   StepWorkspace work = make_step_workspace(run.cfg, run.plan);
   while (run.progress.step < end_step) {
     if (auto it = run.skip_windows.find(run.progress.step + 1); it != run.skip_windows.end())
       for (int k = 0; k < it->second; ++k) skip_step_data(run.plan, *run.data.train, work);
+    const bool traced = !run.opt.trace.empty() && run.model.executor &&
+                        run.progress.step + 1 == std::min(run.start_step + 2, end_step);
+    if (traced) run.model.executor->set_tracing(true);
     Timer t;
     const StepResult result =
         train_step(run.cfg, run.plan, run.model, *run.data.train, work, run.progress.step, run.rt);
+    if (traced) run.model.executor->set_tracing(false), write_step_trace(run);
     if (run.spike)
       if (std::string why = run.spike->check(run.progress.step + 1, result.loss); !why.empty()) {
         roll_back(run, why, run.progress.step + 1);

@@ -34,6 +34,10 @@ struct TrainOptions {
   // last save). 0 = no limit. SIGTERM and SIGUSR1 stop the run the same way, after the step in
   // progress, on every rank.
   double time_limit_s = 0;
+  // Write a Chrome/Perfetto trace of one measured step (the second one run, after warm-up) here:
+  // each instruction of the schedule per stage, with the simulator's names. Under several ranks
+  // each writes PATH with ".rank<k>" before the extension. Empty: no trace.
+  std::filesystem::path trace;
   // Called on rank 0 after each optimizer step (studies drawing their own progress).
   std::function<void(std::int64_t step, std::int64_t steps, double loss)> on_step;
 };
