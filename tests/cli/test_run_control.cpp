@@ -221,3 +221,22 @@ TEST_F(RunControl, RepeatedSpikesGiveUpAfterTheRetries) {
   EXPECT_EQ(none.code, 2) << none.err;
   EXPECT_NE(none.err.find("no checkpoint to roll back to"), std::string::npos) << none.err;
 }
+
+// A run trained with a model's own tokenizer (here a small SmolLM-style GGUF vocabulary) saves
+// it beside each checkpoint as tokenizer.json, so the checkpoint samples without --tokenizer
+// (GPT-2's default would not fit its vocabulary of 259).
+TEST_F(RunControl, CheckpointsCarryTheRunsOwnTokenizer) {
+  const auto out = cli::scratch("own_tokenizer");
+  const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/tokenizer_smollm.gguf";
+  auto r = cli::run(train(out, 2, "model.vocab_size=259 'data.tokenizer=\"" + tok + "\"'"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_TRUE(fs::exists(*latest / "tokenizer.json"));
+  auto s = cli::run("sample --model " + out.string() + " --prompt ab --tokens 3 --temperature 0");
+  EXPECT_EQ(s.code, 0) << s.err;
+  // GPT-2's own tokenizer is not copied into every checkpoint.
+  const auto gpt2 = cli::scratch("gpt2_tokenizer");
+  ASSERT_EQ(cli::run(train(gpt2, 1, "model.vocab_size=50257")).code, 0);
+  EXPECT_FALSE(fs::exists(checkpoint_of(gpt2, 1) / "tokenizer.json"));
+}

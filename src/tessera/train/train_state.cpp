@@ -10,8 +10,10 @@
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
+#include "tessera/io/tokenizer_files.hpp"
 #include "tessera/optim/adamw.hpp"
 
 namespace tessera::train {
@@ -137,6 +139,22 @@ void initialize_params(RunModel& model, const RunConfig& cfg) {
   }
 }
 
+// A run whose tokenizer is not GPT-2's default (a pretrained model's, or a tokenizer.json) saves
+// it beside the model as tokenizer.json, so that its checkpoints sample and evaluate with it
+// and load into Hugging Face as complete models. A tokenizer that cannot be read leaves the
+// checkpoint without one.
+void write_run_tokenizer(const RunConfig& cfg, const fs::path& checkpoint_dir) {
+  std::error_code ec;
+  const fs::path path = find_data_path(io::resolve_pretrained(cfg.data.tokenizer));
+  const fs::path gpt2 = find_data_path("data/gpt2");
+  if (!fs::exists(path, ec) || fs::equivalent(path, gpt2, ec)) return;
+  try {
+    io::write_hf_tokenizer(checkpoint_dir, io::load_tokenizer(path).vocab());
+  } catch (const Error& e) {
+    log_info("note: the checkpoint has no tokenizer.json ({})", e.what());
+  }
+}
+
 }  // namespace
 
 TrainProgress resume_or_initialize(const RunConfig& cfg, const ResumeOptions& how, RunModel& model,
@@ -174,7 +192,7 @@ fs::path save_checkpoint(const RunConfig& cfg, RunModel& model, comm::Runtime& r
   const std::int64_t step = progress.step;
   const float* full = full_params(model);  // collective at ZeRO-3 and under tensor parallelism
   auto shards = dp.state_shards();
-  if (lead) io::begin_checkpoint(ckpt_dir, step);
+  if (lead) write_run_tokenizer(cfg, io::begin_checkpoint(ckpt_dir, step));
   rt.world().barrier();
   if (model.sliced()) {
     // Tensor parallelism: the moments are assembled into whole-model tensors and written as
