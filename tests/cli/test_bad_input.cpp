@@ -174,7 +174,7 @@ TEST_F(BadInput, MetricsContinueFromTheCheckpointOnResume) {
   // As a kill during step 6 left it: rows after the last checkpoint (3) and a partial line.
   fs::remove_all(ckpt(out, 6));
   std::ofstream(out / "metrics.jsonl", std::ios::app) << "{\"step\": 7, \"loss\": 1.2";
-  auto r = cli::run(train(out, 8, "--resume"));
+  auto r = cli::run(train(out, 8, "--resume --override-schedule"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(8));
 }
@@ -204,7 +204,7 @@ TEST_F(BadInput, MetricsStayWholeWhenKilled) {
   ASSERT_FALSE(before.empty());
   EXPECT_EQ(before, one_to(before.back()));
   const int last = std::stoi(latest->filename().string().substr(5));
-  auto r = cli::run(train(out, last + 3, "--resume"));
+  auto r = cli::run(train(out, last + 3, "--resume --override-schedule"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(last + 3));
 }
@@ -373,7 +373,7 @@ TEST_F(BadInput, NonFiniteWeightsOnResumeAreNamed) {
   auto out = cli::scratch("bad_nan_resume");
   ASSERT_EQ(cli::run(train(out, 2)).code, 0);
   poison(ckpt(out, 2), "wte.weight", 3, std::numeric_limits<float>::infinity());
-  auto r = cli::run(train(out, 4, "--resume"));
+  auto r = cli::run(train(out, 4, "--resume --override-schedule"));
   expect_refused_before_output(r, "wte.weight");
   EXPECT_NE(r.err.find("non-finite"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("train.lr"), std::string::npos) << r.err;
@@ -384,30 +384,53 @@ TEST_F(BadInput, CorruptNewestCheckpointSaysHowToResumeFromThePreviousOne) {
   ASSERT_EQ(cli::run(train(out, 4, "train.ckpt_every=2")).code, 0);
   const auto newest = ckpt(out, 4), previous = ckpt(out, 2);
   fs::resize_file(newest / "model.safetensors", fs::file_size(newest / "model.safetensors") / 2);
-  auto r = cli::run(train(out, 6, "--resume"));
+  auto r = cli::run(train(out, 6, "--resume --override-schedule"));
   expect_refused_before_output(r, newest.string());
   EXPECT_NE(r.err.find("mv " + newest.string()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(previous.string()), std::string::npos) << r.err;
   // Following the hint continues from the previous checkpoint.
   fs::rename(newest, newest.string() + ".damaged");
-  auto again = cli::run(train(out, 6, "--resume"));
+  auto again = cli::run(train(out, 6, "--resume --override-schedule"));
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_NE(again.err.find("step 2"), std::string::npos) << again.err;
   EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(6));
 }
 
-TEST_F(BadInput, ResumingWithOtherDataBatchOrSeedWarns) {
+TEST_F(BadInput, ResumingWithOtherDataOrSeedWarns) {
   auto out = cli::scratch("bad_resume_diff");
-  ASSERT_EQ(cli::run(train(out, 2)).code, 0);
-  auto r = cli::run(train(out, 4, "train.seed=7 train.batch_size=2 --resume"));
+  ASSERT_EQ(cli::run(train(out, 4, "--stop-at 2")).code, 0);
+  auto r = cli::run(train(out, 4, "train.seed=7 --stop-at 3 --resume"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("warning: resuming with train.seed = 7"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("warning: resuming with sequences per step = 2"), std::string::npos)
-      << r.err;
   // The same settings resume without a word.
-  auto same = cli::run(train(out, 6, "train.seed=7 train.batch_size=2 --resume"));
+  auto same = cli::run(train(out, 4, "train.seed=7 --resume"));
   ASSERT_EQ(same.code, 0) << same.err;
   EXPECT_EQ(same.err.find("warning"), std::string::npos) << same.err;
+  EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(4));
+}
+
+// A resume that would change the learning-rate schedule or the batch (the learning rate would
+// jump at the resumed step) is refused before any output, naming what changed, unless
+// --override-schedule, which continues under the new schedule and says so.
+TEST_F(BadInput, ResumeThatChangesTheScheduleIsRefusedUnlessOverridden) {
+  auto out = cli::scratch("bad_resume_schedule");
+  ASSERT_EQ(cli::run(train(out, 4)).code, 0);
+  const auto metrics = cli::slurp(out / "metrics.jsonl");
+  for (const auto& [set, named] : std::vector<std::pair<std::string, std::string>>{
+           {"", "train.steps 4 -> 6"},
+           {"train.lr=1e-2", "train.lr"},
+           {"train.warmup_steps=1", "train.warmup_steps"},
+           {"train.batch_size=2", "sequences per step 4 -> 2"}}) {
+    auto r = cli::run(train(out, set.empty() ? 6 : 4, set + " --resume"));
+    expect_refused_before_output(r, named);
+    EXPECT_NE(r.err.find("--override-schedule"), std::string::npos) << r.err;
+    EXPECT_EQ(cli::slurp(out / "metrics.jsonl"), metrics) << "the run must be untouched";
+  }
+  auto r = cli::run(train(out, 6, "--resume --override-schedule"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("schedule overridden at step 4 (train.steps 4 -> 6)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(metric_steps(out / "metrics.jsonl"), one_to(6));
 }
 
 TEST_F(BadInput, BadTensorOffsetInTheStateIndexIsRefused) {
@@ -417,7 +440,7 @@ TEST_F(BadInput, BadTensorOffsetInTheStateIndexIsRefused) {
   auto idx = nlohmann::json::parse(cli::slurp(index));
   idx["tensors"][3]["offset"] = idx["tensors"][3]["offset"].get<std::size_t>() + 1;
   std::ofstream(index, std::ios::trunc) << idx.dump(1);
-  auto r = cli::run(train(out, 4, "--resume"));
+  auto r = cli::run(train(out, 4, "--resume --override-schedule"));
   expect_refused_before_output(r, "offset");
   EXPECT_NE(r.err.find("state_index.json"), std::string::npos) << r.err;
 }

@@ -765,6 +765,26 @@ TEST(GgufModelWrite, LlamaRoundTripsWithItsTokenizer) {
   fs::remove_all(dir);
 }
 
+// A llama model read from an F16 or Q8_0 file and written again in the same type gives the same
+// bytes: F16 widens exactly to fp32, and a Q8_0 block's values d * q re-encode to the same d and
+// q (the largest |q| is 127, so max |d q| / 127 is d again; see GgufRoundTrip in test_gguf.cpp).
+TEST(GgufModelWrite, LlamaF16AndQ8_0FilesRoundTripBitExactly) {
+  model::ModelConfig cfg = tiny_llama(false);
+  cfg.intermediate_size = 64;  // Q8_0 blocks are 32 values of a row: rows of 32 and 64
+  const model::ParamLayout layout(cfg);
+  const auto params = random_params(cfg, 5);
+  for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    const std::string first =
+        io::gguf_model_writer(layout, params.data(), type, nullptr, "m").to_bytes();
+    const io::LoadedModel back = io::load_gguf_model(GgufFile::from_bytes(first, "m.gguf"));
+    ASSERT_EQ(back.config, cfg);
+    const std::string again =
+        io::gguf_model_writer(layout, back.params.data(), type, nullptr, "m").to_bytes();
+    EXPECT_TRUE(first == again);
+  }
+}
+
 // ---- gpt2 ----
 
 namespace {

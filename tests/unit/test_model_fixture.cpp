@@ -170,6 +170,20 @@ TEST_P(ModelFixture, SaveLoadRoundTripIsExact) {
   ASSERT_EQ(again.config, loaded.config);
   for (std::size_t i = 0; i < layout.total(); ++i)
     ASSERT_EQ(again.params[i], loaded.params[i]) << i;
+  // Hugging Face -> tessera -> Hugging Face: every tensor written is the file's own, byte for byte
+  // (same name, dtype, shape and data; the file's buffers, such as GPT-2's attention masks, are
+  // not parameters and are not written).
+  const auto original = io::SafetensorsFile::open(k_dir / "model.safetensors");
+  const auto written = io::SafetensorsFile::open(dir / "model.safetensors");
+  ASSERT_FALSE(written.tensors().empty());
+  for (const auto& t : written.tensors()) {
+    const auto* o = original.find(t.name);
+    ASSERT_NE(o, nullptr) << t.name;
+    EXPECT_EQ(o->dtype, t.dtype) << t.name;
+    EXPECT_EQ(o->shape, t.shape) << t.name;
+    const auto a = original.bytes(*o), b = written.bytes(t);
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << t.name;
+  }
   std::filesystem::remove_all(dir);
 }
 

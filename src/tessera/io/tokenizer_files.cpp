@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 
 namespace tessera::io {
 namespace {
@@ -316,7 +317,8 @@ data::BpeVocab hf_bpe_vocab(const std::filesystem::path& path) {
   return vocab;
 }
 
-data::Tokenizer load_tokenizer(const std::filesystem::path& path) {
+data::Tokenizer load_tokenizer(const std::filesystem::path& given) {
+  const std::filesystem::path path = find_data_path(given);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     if (std::filesystem::is_regular_file(path / "tokenizer.json", ec))

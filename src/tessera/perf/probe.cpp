@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/core/log.hpp"
 #include "tessera/core/process_memory.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -136,7 +138,7 @@ namespace {
 
 // The GEMM rates: squares and the GEMMs of GPT-2-sized layers (rows = tokens of a micro-batch:
 // 512, 1024, 4096), forward (tokens x out x in) and the weight gradient's (out x in x tokens).
-std::vector<GemmSample> probe_gemms(const ProbeOptions& o, int reps) {
+std::vector<GemmSample> probe_gemms(const ProbeOptions& o, int reps, bool show) {
   std::vector<std::array<long, 3>> shapes =
       o.quick ? std::vector<std::array<long, 3>>{{128, 128, 128},
                                                  {256, 256, 256},
@@ -156,7 +158,15 @@ std::vector<GemmSample> probe_gemms(const ProbeOptions& o, int reps) {
     while (warm.seconds() < (o.quick ? 0.02 : 0.2)) time_gemm(512, 512, 512, 1);
   }
   std::vector<GemmSample> gemm;
-  for (const auto& sh : shapes) gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
+  std::optional<Progress> bar;  // the lead rank's, after a second
+  if (show) bar.emplace("probe: GEMM shapes", static_cast<std::int64_t>(shapes.size()), 1.0);
+  for (const auto& sh : shapes) {
+    gemm.push_back(time_gemm(sh[0], sh[1], sh[2], reps));
+    if (bar)
+      bar->update(static_cast<std::int64_t>(gemm.size()),
+                  fmt::format("{}x{}x{}: {:.0f} GFLOP/s", sh[0], sh[1], sh[2], gemm.back().gflops));
+  }
+  if (bar) bar->finish();
   return gemm;
 }
 
@@ -357,14 +367,20 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   const int reps = std::max(1, o.reps);
   // what the process holds before any work (binary, libraries, MPI): not usable by a model
   const double baseline_gib = static_cast<double>(resident_bytes()) / 1073741824.0;
-  r.gemm = probe_gemms(o, reps);
-  r.memory_bw_gbps = stream_triad_gbps(reps);
   auto& world = rt.world();
+  const bool lead = world.rank() == 0;
+  r.gemm = probe_gemms(o, reps, lead);
+  r.memory_bw_gbps = stream_triad_gbps(reps);
   const int p = world.size();
   if (p > 1) {
+    std::optional<Progress> bar;
+    if (lead) bar.emplace("probe: collectives", 3, 1.0);
     probe_all_reduce(world, o, reps, r);
+    if (bar) bar->update(1, "all-reduce");
     probe_gather_scatter(world, reps, r);
+    if (bar) bar->update(2, "all-gather, reduce-scatter");
     probe_overlap(world, reps, r);
+    if (bar) bar->finish("overlap");
   }
   fill_spec(r, o, p, baseline_gib);
   return r;

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/paths.hpp"
 
 namespace tessera::perf {
 
@@ -15,8 +16,8 @@ using comm::Axis;
 std::filesystem::path configs_dir(const std::string& name) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path here = fs::path("configs") / name;
-  if (fs::is_directory(here, ec)) return here;
+  const fs::path found = find_data_path(fs::path("configs") / name);
+  if (fs::is_directory(found, ec)) return found;
   return fs::path(TESSERA_SOURCE_CONFIGS) / name;
 }
 

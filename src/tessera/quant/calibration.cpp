@@ -8,6 +8,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/shard.hpp"
@@ -150,9 +151,9 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
       s.tokens.push_back(ids[rng.next_u64() % ids.size()]);
   } else if (name == "domain" || name == "lang2" || name == "code") {
-    const fs::path& path = name == "domain"  ? src.domain_text
-                           : name == "lang2" ? src.lang2_text
-                                             : src.code_dir;
+    const fs::path path = find_data_path(name == "domain"  ? src.domain_text
+                                         : name == "lang2" ? src.lang2_text
+                                                           : src.code_dir);
     auto stream = name == "code" ? tokenize_text(read_code(path), src.tokenizer)
                                  : read_text_tokens(path, src.tokenizer, name);
     for (auto t : stream)

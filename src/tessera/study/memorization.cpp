@@ -12,6 +12,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/data/bpe.hpp"
@@ -59,7 +60,7 @@ void check_options(const MemorizationStudyOptions& o) {
       throw Error(fmt::format("--model {} has no default {}", o.model.string(), flag),
                   "pass --corpus and --val: token shards made with the model's tokenizer "
                   "(tessera prepare --tokenizer MODEL --out DIR)");
-    if (!fs::exists(p))
+    if (!fs::exists(find_data_path(p)))
       throw Error(fmt::format("{} {} does not exist", flag, p.string()),
                   o.model.empty()
                       ? "run 'tessera prepare' (or make demo) for the default Brown corpus shards"

@@ -16,6 +16,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/paths.hpp"
 #include "tessera/core/suggest.hpp"
 #include "tessera/core/toml_reader.hpp"
 #include "tessera/perf/model_spec.hpp"
@@ -72,6 +73,9 @@ void for_each_field(Config& c, F&& f) {
   f("train", "init_from", c.train.init_from);
   f("train", "threads", c.train.threads);
   f("train", "precision", c.train.precision);
+  f("train", "spike_factor", c.train.spike_factor);
+  f("train", "spike_window", c.train.spike_window);
+  f("train", "spike_retries", c.train.spike_retries);
 
   f("sample", "every", c.sample.every);
   f("sample", "tokens", c.sample.tokens);
@@ -482,8 +486,9 @@ RunConfig parse_run_config(std::string_view toml_text, std::string_view source_n
   return c;
 }
 
-RunConfig load_run_config(const std::filesystem::path& file,
+RunConfig load_run_config(const std::filesystem::path& given,
                           const std::vector<std::string>& overrides) {
+  const std::filesystem::path file = find_data_path(given);
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw Error(fmt::format("run config not found: {}", file.string()),
@@ -593,6 +598,12 @@ void validate_train(Validator& v, const RunConfig& c) {
   if (t.threads > k_max_threads)
     v.fail("train.threads", t.threads, fmt::format("must be at most {}", k_max_threads),
            "0 uses all cores; more threads than cores only slows training down");
+  v.finite("train.spike_factor", t.spike_factor);
+  if (!(t.spike_factor == 0 || t.spike_factor > 1))
+    v.fail("train.spike_factor", t.spike_factor, "must be 0 (off) or > 1",
+           "a loss above spike_factor x its recent mean rolls back; 2 to 4 are typical");
+  v.at_least("train.spike_window", t.spike_window, 1);
+  v.at_least("train.spike_retries", t.spike_retries, 1);
 }
 
 // [sample] and [hardware] (with train.precision, which depends on the device).

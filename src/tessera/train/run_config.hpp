@@ -86,6 +86,13 @@ struct TrainSection {
   // "fp32", or "bf16": mixed precision (bf16 GEMM and attention inputs, fp32 master weights,
   // gradients and optimizer state); on the GPU only so far
   std::string precision = "fp32";
+  // Loss-spike rollback: a step whose loss is not finite, or above spike_factor times the mean
+  // of the last spike_window steps, reloads the newest checkpoint and skips that step's data
+  // window; after spike_retries rollbacks the run stops with an error. 0 = off (a non-finite
+  // loss then stops the run).
+  double spike_factor = 0.0;
+  int spike_window = 20;
+  int spike_retries = 3;
   bool operator==(const TrainSection&) const = default;
 };
 

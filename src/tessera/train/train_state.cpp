@@ -1,10 +1,18 @@
 #include "tessera/train/train_state.hpp"
 
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
+#include "tessera/optim/adamw.hpp"
 
 namespace tessera::train {
 
@@ -12,22 +20,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Resuming with another data shard, seed, sequence length or number of sequences per step
-// changes the data order: allowed (e.g. a larger batch later in training), but said.
-void warn_if_resumed_differently(const RunConfig& cfg, const io::TrainState& st,
-                                 std::int64_t sequences_per_step) {
+// The run config a checkpoint was trained with (absent from checkpoints of other versions).
+std::optional<RunConfig> checkpoint_config(const io::TrainState& st) {
   auto it = st.extra.find("config");
-  if (it == st.extra.end()) return;
-  RunConfig old;
+  if (it == st.extra.end()) return std::nullopt;
   try {
-    old = parse_run_config(it->second, "the checkpoint's config");
+    return parse_run_config(it->second, "the checkpoint's config");
   } catch (const Error&) {
-    return;  // written by another version: nothing to compare with
+    return std::nullopt;  // written by another version: nothing to compare with
   }
-  const auto& ot = old.train;
-  const std::int64_t old_seqs = ot.global_batch > 0
-                                    ? ot.global_batch
-                                    : std::int64_t{ot.batch_size} * ot.grad_accum * old.parallel.dp;
+}
+
+std::int64_t sequences_per_step(const RunConfig& c) {
+  return c.train.global_batch > 0
+             ? c.train.global_batch
+             : std::int64_t{c.train.batch_size} * c.train.grad_accum * c.parallel.dp;
+}
+
+// Resuming with another data shard, seed or sequence length changes the data order: allowed,
+// but said.
+void warn_if_data_order_changes(const RunConfig& cfg, const RunConfig& old) {
   auto warn = [](const char* what, const auto& now, const auto& then) {
     if (now != then)
       log_info(
@@ -36,9 +48,42 @@ void warn_if_resumed_differently(const RunConfig& cfg, const io::TrainState& st,
           what, now, then);
   };
   warn("data.train", cfg.data.train, old.data.train);
-  warn("train.seed", cfg.train.seed, ot.seed);
-  warn("train.seq_len", cfg.train.seq_len, ot.seq_len);
-  warn("sequences per step", sequences_per_step, old_seqs);
+  warn("train.seed", cfg.train.seed, old.train.seed);
+  warn("train.seq_len", cfg.train.seq_len, old.train.seq_len);
+}
+
+// A resume continues the learning-rate schedule and the batch the checkpoint was trained with. One
+// that changes them (steps, warmup, peak or final learning rate, sequences per step) would make
+// the learning rate jump at the resumed step: refused with what changed, unless
+// `override_schedule`, which continues under the new schedule and says so.
+void check_schedule_kept(const RunConfig& cfg, const RunConfig& old, std::int64_t seqs_now,
+                         std::int64_t step, bool override_schedule, bool lead) {
+  std::vector<std::string> changed;
+  auto cmp = [&](const char* what, const auto& now, const auto& then) {
+    if (now != then) changed.push_back(fmt::format("{} {} -> {}", what, then, now));
+  };
+  const auto &t = cfg.train, &o = old.train;
+  cmp("train.steps", t.steps, o.steps);
+  cmp("train.warmup_steps", t.warmup_steps, o.warmup_steps);
+  cmp("train.lr", t.lr, o.lr);
+  cmp("train.min_lr_ratio", t.min_lr_ratio, o.min_lr_ratio);
+  cmp("sequences per step", seqs_now, sequences_per_step(old));
+  if (changed.empty()) return;
+  auto lr = [step](const TrainSection& s) {
+    return optim::lr_at(step, s.steps, s.warmup_steps, static_cast<float>(s.lr),
+                        static_cast<float>(s.min_lr_ratio));
+  };
+  const std::string what = fmt::format("{}", fmt::join(changed, ", "));
+  if (!override_schedule)
+    throw Error(
+        fmt::format("resuming at step {} would change the training schedule ({}): the learning "
+                    "rate would jump from {:.3g} to {:.3g}",
+                    step, what, lr(o), lr(t)),
+        "resume with the checkpoint's values, or add --override-schedule to continue under the "
+        "new schedule");
+  if (lead)
+    log_info("schedule overridden at step {} ({}): learning rate {:.3g} -> {:.3g}", step, what,
+             lr(o), lr(t));
 }
 
 // Checkpoints hold the full state; each rank reads the parameters and the moments of its own
@@ -94,14 +139,18 @@ void initialize_params(RunModel& model, const RunConfig& cfg) {
 
 }  // namespace
 
-TrainProgress resume_or_initialize(const RunConfig& cfg, bool resume, RunModel& model,
+TrainProgress resume_or_initialize(const RunConfig& cfg, const ResumeOptions& how, RunModel& model,
                                    data::TokenLoader& train_loader, const fs::path& ckpt_dir,
-                                   bool lead, std::int64_t sequences_per_step) {
+                                   bool lead, std::int64_t seqs_per_step) {
+  const bool resume = how.resume, override_schedule = how.override_schedule;
   TrainProgress progress{0, 0, Rng(cfg.train.seed), false};
   if (resume) {
     if (auto latest = io::latest_checkpoint(ckpt_dir)) {
       const io::TrainState st = load_into_model(*latest, model);
-      if (lead) warn_if_resumed_differently(cfg, st, sequences_per_step);
+      if (const auto old = checkpoint_config(st)) {  // every rank: all refuse together
+        check_schedule_kept(cfg, *old, seqs_per_step, st.step, override_schedule, lead);
+        if (lead) warn_if_data_order_changes(cfg, *old);
+      }
       progress.step = st.step;
       progress.tokens_seen = st.tokens_seen;
       progress.rng.set_state(st.rng_state);

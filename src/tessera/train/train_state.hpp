@@ -26,14 +26,22 @@ struct TrainProgress {
   bool resumed = false;          // continued from a checkpoint
 };
 
-// With `resume`, loads the newest complete checkpoint of ckpt_dir (this rank's slices and shards
-// of it) and sets the loader's position; otherwise, or when there is none, initializes the
-// parameters from train.seed. `sequences_per_step` (all dp ranks) is compared with the
-// checkpoint's config on the lead rank, which warns when the data order changes.
-TrainProgress resume_or_initialize(const RunConfig& cfg, bool resume, RunModel& model,
+struct ResumeOptions {
+  bool resume = false;  // continue from the newest complete checkpoint, if any
+  // Continue although the run config changes the checkpoint's schedule (steps, warmup, learning
+  // rates, sequences per step); without it such a resume is refused.
+  bool override_schedule = false;
+};
+
+// With `how.resume`, loads the newest complete checkpoint of ckpt_dir (this rank's slices and
+// shards of it) and sets the loader's position; otherwise, or when there is none, initializes the
+// parameters from train.seed. The run config is compared with the checkpoint's: a changed
+// schedule or `seqs_per_step` (all dp ranks) is refused unless how.override_schedule; another
+// data shard, seed or sequence length is a warning (the data order changes).
+TrainProgress resume_or_initialize(const RunConfig& cfg, const ResumeOptions& how, RunModel& model,
                                    data::TokenLoader& train_loader,
                                    const std::filesystem::path& ckpt_dir, bool lead,
-                                   std::int64_t sequences_per_step);
+                                   std::int64_t seqs_per_step);
 
 // Writes a checkpoint of step `progress.step`, collective over all ranks: every rank that owns a
 // part of the AdamW state writes it; the lead rank writes the (consolidated) model and the index,

@@ -1,10 +1,12 @@
 #include "tessera/train/train_step.hpp"
 
 #include <cmath>
+#include <functional>
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
+#include "tessera/parallel/schedule.hpp"
 #include "tessera/train/goldfish.hpp"
 
 namespace tessera::train {
@@ -34,30 +36,37 @@ double read_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
   return kept_total;
 }
 
-// Forward and backward of one micro-batch on the GPU (the host waits for the forward's losses;
-// the backward is timed to its end). Returns its mean loss.
-double device_micro_batch(model::DeviceGpt& dev, const std::int32_t* x, const std::int32_t* y,
-                          int B, int T, float dloss, StepResult& result) {
-  Timer phase;
-  const float mb = dev.forward(x, y, B, T, true, dloss);
-  result.forward_s += phase.seconds();
-  phase.reset();
-  dev.backward();
-  dev.synchronize();
-  result.backward_s += phase.seconds();
-  return mb;
-}
-
-// Forward and backward of each micro-batch on the GPU. Returns the loss summed over the targets
-// of the step's micro-batches (each micro-batch's mean times its targets).
-double device_micro_batches(const RunPlan& plan, model::DeviceGpt& dev, StepWorkspace& work,
-                            StepResult& result) {
-  double loss = 0;
-  for (int a = 0; a < plan.accum(); ++a)
-    loss += device_micro_batch(dev, work.gx[a].data(), work.gy[a].data(), plan.B(), plan.T,
-                               work.forward.dloss, result) *
-            static_cast<double>(work.kept[a]);
-  return loss;
+// The GPU's step runs the same one-stage instruction list as the CPU's executor (F0 B0 F1 B1 ...
+// OPT): Forward is the device model's forward (the host waits for the micro-batch's loss),
+// Backward its backward (timed to its end), OptimizerStep the caller's update. The device model
+// keeps one micro-batch's activations, which is all the one-stage list has in flight.
+void run_device_schedule(const RunPlan& plan, model::DeviceGpt& dev, StepWorkspace& work,
+                         const std::function<void(double loss_sum)>& optimizer_step,
+                         StepResult& result) {
+  const parallel::ScheduleSpec one_stage{parallel::ScheduleKind::OneF1B, 1, plan.accum(), 1};
+  const auto list = parallel::make_stage_schedule(one_stage, 0);
+  double loss = 0;  // summed over the step's targets: each micro-batch's mean times its targets
+  for (const parallel::Instr& in : list) {
+    Timer phase;
+    switch (in.op) {
+      case parallel::OpKind::Forward:
+        loss += dev.forward(work.gx[in.mb].data(), work.gy[in.mb].data(), plan.B(), plan.T, true,
+                            work.forward.dloss) *
+                static_cast<double>(work.kept[in.mb]);
+        result.forward_s += phase.seconds();
+        break;
+      case parallel::OpKind::Backward:
+        dev.backward();
+        dev.synchronize();
+        result.backward_s += phase.seconds();
+        break;
+      case parallel::OpKind::OptimizerStep:
+        optimizer_step(loss);
+        break;
+      default:
+        throw Error("internal: the one-stage schedule has no sends or receives");
+    }
+  }
 }
 
 // The gradient norm, the learning rate, and the AdamW update with the clipping fused.
@@ -88,12 +97,14 @@ void update_params(const RunConfig& cfg, RunModel& model, StepWorkspace& work, s
   result.lr = lr;
 }
 
-// The mean over every target in the loss (all micro-batches and dp ranks) from this rank's sum;
-// throws when it is not finite (before any update).
-double global_mean_loss(RunModel& model, double loss_sum, double kept_targets, std::int64_t step) {
+// The mean over every target in the loss (all micro-batches and dp ranks) from this rank's sum.
+// When it is not finite it throws (before any update), unless the run rolls loss spikes back
+// (train.spike_factor > 0): the caller then skips the update and the trainer reloads.
+double global_mean_loss(const RunConfig& cfg, RunModel& model, double loss_sum, double kept_targets,
+                        std::int64_t step) {
   model.dp_comm->all_reduce_sum(&loss_sum, 1);
   const double loss = kept_targets > 0 ? loss_sum / kept_targets : 0.0;
-  if (!std::isfinite(loss))
+  if (!std::isfinite(loss) && cfg.train.spike_factor <= 0)
     throw Error(fmt::format("the loss became {} at step {}", loss, step + 1),
                 "lower train.lr or raise train.warmup_steps; check the data");
   return loss;
@@ -114,8 +125,8 @@ void run_schedule(const RunConfig& cfg, const RunPlan& plan, RunModel& model, St
     for (int a = 0; a < accum; ++a)
       loss += static_cast<double>(mb_losses[a]) * static_cast<double>(work.kept[a]);
     model.pipe_comm->broadcast_bytes(&loss, sizeof loss, model.executor->spec().pp - 1);
-    result.loss = global_mean_loss(model, loss, result.kept_targets, step);
-    update_params(cfg, model, work, step, rt, result);
+    result.loss = global_mean_loss(cfg, model, loss, result.kept_targets, step);
+    if (std::isfinite(result.loss)) update_params(cfg, model, work, step, rt, result);
   };
   model.executor->run(*model.dp, in, tg, plan.B(), plan.T, work.forward, &hooks);
   const auto& st = model.executor->stats();
@@ -144,6 +155,10 @@ StepWorkspace make_step_workspace(const RunConfig& cfg, const RunPlan& plan) {
   return work;
 }
 
+void skip_step_data(const RunPlan& plan, data::TokenLoader& loader, StepWorkspace& work) {
+  for (int a = 0; a < plan.accum(); ++a) loader.next(work.gx[a].data(), work.gy[a].data());
+}
+
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                       data::TokenLoader& loader, StepWorkspace& work, std::int64_t step,
                       comm::Runtime& rt) {
@@ -157,9 +172,13 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
     run_schedule(cfg, plan, model, work, step, rt, result);
     return result;
   }
-  const double loss = device_micro_batches(plan, *model.device, work, result);
-  result.loss = global_mean_loss(model, loss, result.kept_targets, step);
-  update_params(cfg, model, work, step, rt, result);
+  run_device_schedule(
+      plan, *model.device, work,
+      [&](double loss_sum) {
+        result.loss = global_mean_loss(cfg, model, loss_sum, result.kept_targets, step);
+        if (std::isfinite(result.loss)) update_params(cfg, model, work, step, rt, result);
+      },
+      result);
   return result;
 }
 

@@ -42,8 +42,12 @@ struct StepResult {
   double update_s = 0;                   // gradient norm, clipping and the optimizer
 };
 
-// Runs optimizer step `step` + 1 (collective over all ranks). Throws tessera::Error when the loss
-// is not finite.
+// Reads one step's micro-batches and drops them: the data window a loss-spike rollback skips.
+void skip_step_data(const RunPlan& plan, data::TokenLoader& loader, StepWorkspace& work);
+
+// Runs optimizer step `step` + 1 (collective over all ranks). When the loss is not finite no
+// update is made, and it throws tessera::Error unless the run rolls loss spikes back
+// (train.spike_factor > 0: the result's loss is then the non-finite value).
 StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model,
                       data::TokenLoader& loader, StepWorkspace& work, std::int64_t step,
                       comm::Runtime& rt);

@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
@@ -12,8 +14,10 @@
 #include "tessera/core/log.hpp"
 #include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/core/stop_signals.hpp"
 #include "tessera/core/timer.hpp"
 #include "tessera/eval/evaluate.hpp"
+#include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/metrics_rows.hpp"
@@ -21,6 +25,7 @@
 #include "tessera/train/run_model.hpp"
 #include "tessera/train/run_sample.hpp"
 #include "tessera/train/run_setup.hpp"
+#include "tessera/train/spike.hpp"
 #include "tessera/train/train_state.hpp"
 #include "tessera/train/train_step.hpp"
 
@@ -54,6 +59,15 @@ struct TrainingRun {
   std::int64_t start_step = 0;
   std::vector<double> tok_rates;  // tokens/s of each step run here
   Timer timer;                    // since the validation before the first step
+  const Timer& since_start;       // since run_training began (for --time-limit)
+  StopSignals signals;            // SIGTERM / SIGUSR1: stop after the step in progress
+  double longest_step_s = 0, last_save_s = 0;
+  std::size_t layout_total = 0;  // parameters of the whole model
+  // Loss-spike rollback (train.spike_factor > 0): the guard, the steps whose data windows are
+  // skipped when the run reaches them again, and the rollbacks so far.
+  std::optional<SpikeGuard> spike;
+  std::map<std::int64_t, int> skip_windows;  // step -> data windows skipped before it
+  int rollbacks = 0;
 };
 
 // What the step rows report against, fixed over the run (a fast step raises a measured peak).
@@ -91,10 +105,12 @@ void validate_at(TrainingRun& run, std::int64_t at) {
 }
 
 void checkpoint(TrainingRun& run) {
+  Timer save;
   to_host(run.model);  // the GPU's parameters and moments into the host copy that is saved
   const fs::path written =
       save_checkpoint(run.cfg, run.model, run.rt, run.ckpt_dir, run.progress, *run.data.train);
   if (run.lead) run.summary.last_checkpoint = written;
+  run.last_save_s = save.seconds();
 }
 
 void sample_at(TrainingRun& run, std::int64_t step) {
@@ -129,19 +145,90 @@ void run_scheduled(TrainingRun& run, std::int64_t end_step) {
     sample_at(run, step);
 }
 
+// Loss-spike rollback after step `step` (not counted, not reported): every rank reloads the
+// newest checkpoint (resume is bit-exact, so the steps up to `step` replay as they ran) and will
+// skip the data window of `step` when it comes to it. The metrics rows after the checkpoint go;
+// a "rollback" row says what happened. Throws after train.spike_retries rollbacks, or without a
+// checkpoint to go back to.
+void roll_back(TrainingRun& run, const std::string& why, std::int64_t step) {
+  const auto& tc = run.cfg.train;
+  const auto latest = io::latest_checkpoint(run.ckpt_dir);
+  if (!latest)
+    throw Error(
+        fmt::format("loss spike at step {}: {}; there is no checkpoint to roll back to", step, why),
+        "set train.ckpt_every so that a rollback has a recent checkpoint");
+  if (++run.rollbacks > tc.spike_retries)
+    throw Error(fmt::format("loss spike at step {}: {}; giving up after {} rollbacks", step, why,
+                            tc.spike_retries),
+                "lower train.lr or raise train.warmup_steps; check the data around this step");
+  const std::int64_t seqs = std::int64_t{run.plan.B()} * run.plan.accum() * run.model.dp->dp_size();
+  run.progress = resume_or_initialize(run.cfg, {true, true}, run.model, *run.data.train,
+                                      run.ckpt_dir, run.lead, seqs);
+  to_device(run.model);
+  ++run.skip_windows[step];  // again at the same step: the window after it caused this one
+  run.spike->rewind(run.progress.step);
+  const auto kept =
+      static_cast<std::size_t>(std::max<std::int64_t>(run.progress.step - run.start_step, 0));
+  run.summary.losses.resize(std::min(run.summary.losses.size(), kept));
+  run.tok_rates.resize(std::min(run.tok_rates.size(), kept));
+  std::erase_if(run.summary.val, [&](const auto& v) { return v.first > run.progress.step; });
+  if (!run.lead) return;
+  log_info(
+      "loss spike at step {}: {}; rolled back to step {}, skipping the data window of step "
+      "{} (rollback {} of at most {})",
+      step, why, run.progress.step, step, run.rollbacks, tc.spike_retries);
+  run.metrics = MetricsLog::resume(fs::path(tc.out_dir) / "metrics.jsonl", run.progress.step);
+  run.metrics.write({{"event", "rollback"},
+                     {"at_step", step},
+                     {"to_step", run.progress.step},
+                     {"reason", why},
+                     {"rollback", run.rollbacks}});
+}
+
+// Why the run stops before its next step: a stop signal on any rank, or too little time left
+// before --time-limit for one more step and the checkpoint after it (the longest step so far,
+// and the last save, or the state's bytes at 100 MB/s before any). Collective: every rank
+// decides the same. Empty: go on.
+std::string stop_reason(TrainingRun& run) {
+  double why = run.signals.requested();
+  const double limit = run.opt.time_limit_s;
+  if (limit > 0 && why == 0) {
+    const double save_s = run.last_save_s > 0
+                              ? run.last_save_s
+                              : 3.0 * 4.0 * static_cast<double>(run.layout_total) / 100e6;
+    if (run.since_start.seconds() + run.longest_step_s + save_s > limit) why = -1;
+  }
+  run.rt.world().all_reduce_max(&why, 1);
+  if (why == 0) return "";
+  return why < 0 ? "--time-limit" : StopSignals::name(static_cast<int>(why));
+}
+
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
   StepWorkspace work = make_step_workspace(run.cfg, run.plan);
   while (run.progress.step < end_step) {
+    if (auto it = run.skip_windows.find(run.progress.step + 1); it != run.skip_windows.end())
+      for (int k = 0; k < it->second; ++k) skip_step_data(run.plan, *run.data.train, work);
     Timer t;
     const StepResult result =
         train_step(run.cfg, run.plan, run.model, *run.data.train, work, run.progress.step, run.rt);
+    if (run.spike)
+      if (std::string why = run.spike->check(run.progress.step + 1, result.loss); !why.empty()) {
+        roll_back(run, why, run.progress.step + 1);
+        continue;
+      }
     ++run.progress.step;
     run.progress.tokens_seen += ref.cost.tokens;
+    run.longest_step_s = std::max(run.longest_step_s, t.seconds());
     report_step(run, ref, result, t.seconds());
     // The steps' peak resident memory starts after the first step (its one-time allocations
     // and first touches); validation and checkpoints inside the loop count.
     if (run.progress.step == run.start_step + 1) reset_peak_resident();
     run_scheduled(run, end_step);
+    if (run.progress.step == end_step) break;
+    if (std::string why = stop_reason(run); !why.empty()) {
+      run.summary.stopped_by = why;
+      break;
+    }
   }
 }
 
@@ -168,6 +255,12 @@ void finish_run(TrainingRun& run, const StepReference& ref, const comm::Topology
     log_info("trained steps {}..{} in {} (median {:.0f} tok/s); checkpoint {}", run.start_step + 1,
              step, fmt_duration(run.timer.seconds()), run.summary.tokens_per_s,
              run.summary.last_checkpoint.string());
+  if (!run.summary.stopped_by.empty()) {  // said even when quiet: the job did not finish
+    if (run.lead)
+      log_info("stopped by {} after step {} of {}, checkpoint saved: run again with --resume",
+               run.summary.stopped_by, step, run.cfg.train.steps);
+    return;  // no sample: a stopped job has little time left
+  }
   sample_at(run, step);
 }
 
@@ -189,6 +282,7 @@ void announce_start(const RunConfig& cfg, const TrainOptions& opt, const fs::pat
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm::Runtime& rt,
                           bool* started) {
+  const Timer since_start;
   const auto& tc = cfg.train;
   const auto& pc = cfg.parallel;
   if (tc.threads > 0) omp_set_num_threads(tc.threads);
@@ -221,8 +315,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
 
   // Resume or initialize, then start.
   const fs::path ckpt_dir = out / "checkpoints";
-  TrainProgress progress = resume_or_initialize(cfg, opt.resume, model, *data.train, ckpt_dir, lead,
-                                                plan.B() * plan.accum() * ndp);
+  TrainProgress progress =
+      resume_or_initialize(cfg, {opt.resume, opt.override_schedule}, model, *data.train, ckpt_dir,
+                           lead, plan.B() * plan.accum() * ndp);
   to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
   if (model.tensor && tc.precision == "bf16" && lead && !kernels::cpu_has_native_bf16())
     log_info(
@@ -252,8 +347,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   // The steps.
   TrainSummary summary;
   summary.first_step = progress.step;
-  TrainingRun run{cfg,     opt,     rt,       plan, model,         data, progress,
-                  metrics, summary, ckpt_dir, lead, progress.step, {},   Timer()};
+  TrainingRun run{cfg,     opt,      rt,   plan,          model, data,    progress,   metrics,
+                  summary, ckpt_dir, lead, progress.step, {},    Timer(), since_start};
+  run.layout_total = layout.total();
+  if (tc.spike_factor > 0) run.spike.emplace(tc.spike_factor, tc.spike_window);
   if (tc.val_every > 0 && progress.step == 0) validate_at(run, 0);
   const std::int64_t end_step =
       opt.stop_at > 0 ? std::min<std::int64_t>(opt.stop_at, tc.steps) : tc.steps;

@@ -21,10 +21,19 @@ struct TrainOptions {
   // A fresh run into an out_dir that holds a run deletes that run's files (checkpoints, metrics,
   // config) first; without it such a run is refused.
   bool overwrite = false;
+  // Resume although the run config changes the checkpoint's schedule (steps, warmup, learning
+  // rates, sequences per step): the run continues under the new one. Without it such a resume is
+  // refused before any step.
+  bool override_schedule = false;
   bool quiet = false;  // no per-step terminal lines (metrics are still written)
   // Stop (with a checkpoint) once this optimizer step is reached, although the schedule runs to
   // train.steps: for preemptible jobs and time limits. 0 = run to train.steps.
   std::int64_t stop_at = 0;
+  // Stop (with a checkpoint) before this many seconds have passed since the run started: the
+  // last step starts only if it and the checkpoint fit (estimated from the longest step and the
+  // last save). 0 = no limit. SIGTERM and SIGUSR1 stop the run the same way, after the step in
+  // progress, on every rank.
+  double time_limit_s = 0;
   // Called on rank 0 after each optimizer step (studies drawing their own progress).
   std::function<void(std::int64_t step, std::int64_t steps, double loss)> on_step;
 };
@@ -35,6 +44,7 @@ struct TrainSummary {
   std::int64_t first_step = 0, last_step = 0;       // steps run: (first_step, last_step]
   double tokens_per_s = 0;                          // median over the steps run
   std::filesystem::path last_checkpoint;
+  std::string stopped_by;  // "SIGTERM", "SIGUSR1" or "--time-limit" when stopped early; else ""
 };
 
 // Runs on every rank of the runtime (one process: a runtime of one). Throws tessera::Error for
