@@ -73,7 +73,8 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       if (tok.add_bos()) ids.push_back(static_cast<std::int32_t>(*tok.bos_id()));
       for (auto id : tok.encode(t)) ids.push_back(static_cast<std::int32_t>(id));
     }
-    auto r = eval::score_documents(layout, loaded.params.data(), docs, a->suffix);
+    auto r = eval::score_documents(layout, loaded.params.data(), docs, a->suffix,
+                                   kernels::GemmLibrary::OneDnn, &tok);
     if (r.rows.empty())
       throw Error(fmt::format("none of the {} documents has more than --suffix {} tokens: "
                               "nothing to score",
@@ -87,10 +88,10 @@ CLI::App* add_memorization_command(CLI::App& eval) {
     {
       std::ofstream csv(out / "memorization.csv");
       if (!csv) throw Error(fmt::format("cannot write {}", (out / "memorization.csv").string()));
-      csv << "index,prompt_tokens,exact,token_match,rouge_l\n";
+      csv << "index,prompt_tokens,exact,token_match,rouge_l,rouge_l_words\n";
       for (const auto& row : r.rows)
-        csv << fmt::format("{},{},{},{:.6f},{:.6f}\n", row.index, row.prompt_tokens,
-                           row.exact ? 1 : 0, row.token_match, row.rouge_l);
+        csv << fmt::format("{},{},{},{:.6f},{:.6f},{:.6f}\n", row.index, row.prompt_tokens,
+                           row.exact ? 1 : 0, row.token_match, row.rouge_l, row.rouge_l_words);
     }
     nlohmann::json summary{
         {"documents", texts.size()},
@@ -102,6 +103,7 @@ CLI::App* add_memorization_command(CLI::App& eval) {
         {"exact_match_rate", r.exact_rate},
         {"mean_token_match", r.mean_token_match},
         {"mean_rouge_l", r.mean_rouge_l},
+        {"mean_rouge_l_words", r.mean_rouge_l_words},
         {"protocol", fmt::format("greedy decoding of the last {} tokens; the prompt is the "
                                  "last {} tokens before them (block_size {} - suffix)",
                                  a->suffix, r.max_prompt, loaded.config.block_size)}};
@@ -113,8 +115,8 @@ CLI::App* add_memorization_command(CLI::App& eval) {
     }
     std::printf("documents scored %zu, skipped %zu (fewer than %d tokens)\n", r.rows.size(),
                 r.skipped, a->suffix + 1);
-    std::printf("exact match %.4f  mean token match %.4f  mean ROUGE-L %.4f\n", r.exact_rate,
-                r.mean_token_match, r.mean_rouge_l);
+    std::printf("exact match %.4f  mean token match %.4f  mean ROUGE-L %.4f (words %.4f)\n",
+                r.exact_rate, r.mean_token_match, r.mean_rouge_l, r.mean_rouge_l_words);
     std::printf(
         "protocol: greedy decoding of %d tokens; prompt capped at the last %d tokens (block_size "
         "%d "

@@ -40,21 +40,12 @@ void TokenLoader::set_position(std::uint64_t pos) {
 }
 
 void TokenLoader::check_ids(std::uint32_t vocab_size, std::size_t tokens) const {
-  const std::size_t n = tokens == 0 ? shard_.size() : std::min(tokens, shard_.size());
-  constexpr std::size_t k_chunk = 1 << 20;
-  std::vector<std::uint32_t> buf(std::min(n, k_chunk));
-  for (std::size_t at = 0; at < n; at += k_chunk) {
-    const std::size_t len = std::min(k_chunk, n - at);
-    shard_.read(at, len, buf.data());
-    const auto bad = std::find_if(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(len),
-                                  [&](std::uint32_t id) { return id >= vocab_size; });
-    if (bad != buf.begin() + static_cast<std::ptrdiff_t>(len))
-      throw Error(fmt::format("token shard {} holds the token id {} at position {}, outside the "
-                              "model's vocabulary of {}",
-                              shard_.path().string(), *bad, at + (bad - buf.begin()), vocab_size),
-                  "the shard was made with another tokenizer or is damaged; re-create it with "
-                  "'tessera prepare', or set model.vocab_size to the tokenizer's");
-  }
+  if (const auto bad = first_id_outside(shard_, vocab_size, tokens))
+    throw Error(fmt::format("token shard {} holds the token id {} at position {}, outside the "
+                            "model's vocabulary of {}",
+                            shard_.path().string(), bad->id, bad->position, vocab_size),
+                "the shard was made with another tokenizer or is damaged; re-create it with "
+                "'tessera prepare', or set model.vocab_size to the tokenizer's");
 }
 
 void TokenLoader::next(std::int32_t* inputs, std::int32_t* targets) {

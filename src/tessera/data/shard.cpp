@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
@@ -185,6 +186,22 @@ void ShardReader::read(std::size_t offset, std::size_t count, std::uint32_t* out
 void ShardReader::read(std::size_t offset, std::size_t count, std::int32_t* out) const {
   static_assert(sizeof(std::int32_t) == sizeof(std::uint32_t));
   read(offset, count, reinterpret_cast<std::uint32_t*>(out));
+}
+
+std::optional<IdOutside> first_id_outside(const ShardReader& shard, std::uint32_t vocab_size,
+                                          std::size_t tokens) {
+  const std::size_t n = tokens == 0 ? shard.size() : std::min(tokens, shard.size());
+  constexpr std::size_t k_chunk = 1 << 20;
+  std::vector<std::uint32_t> buf(std::min(n, k_chunk));
+  for (std::size_t at = 0; at < n; at += k_chunk) {
+    const std::size_t len = std::min(k_chunk, n - at);
+    shard.read(at, len, buf.data());
+    const auto end = buf.begin() + static_cast<std::ptrdiff_t>(len);
+    const auto bad =
+        std::find_if(buf.begin(), end, [&](std::uint32_t id) { return id >= vocab_size; });
+    if (bad != end) return IdOutside{at + static_cast<std::size_t>(bad - buf.begin()), *bad};
+  }
+  return std::nullopt;
 }
 
 }  // namespace tessera::data

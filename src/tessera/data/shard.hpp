@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 
 namespace tessera::data {
@@ -57,5 +58,14 @@ class ShardReader {
   std::size_t count_ = 0;
   std::uint32_t token_bytes_ = 2;
 };
+
+// A token id of a shard outside a vocabulary, and where it is.
+struct IdOutside {
+  std::size_t position = 0;
+  std::uint32_t id = 0;
+};
+// The first id >= vocab_size among the shard's first `tokens` tokens (0 = all of them), or nullopt.
+std::optional<IdOutside> first_id_outside(const ShardReader& shard, std::uint32_t vocab_size,
+                                          std::size_t tokens = 0);
 
 }  // namespace tessera::data

