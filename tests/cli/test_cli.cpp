@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <map>
 #include <thread>
 
 #include "cli_util.hpp"
@@ -351,4 +352,69 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
       EXPECT_EQ(note, group == "16" && kernels == "packed") << s.err;
     }
   }
+}
+
+namespace {
+
+// The event files in RUN/tb, in name order (the order TensorBoard reads them in).
+std::vector<path> tensorboard_files(const path& run) {
+  std::vector<path> files;
+  if (fs::is_directory(run / "tb"))
+    for (const auto& e : fs::directory_iterator(run / "tb")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A run of 6 steps, validating and saving every 2 steps, that ends after step 4 as if killed
+// before its checkpoint of step 4 (that checkpoint deleted), and is resumed from step 2: steps
+// 3 and 4 are done twice, and their first rows and events must not show.
+void train_interrupted_and_resumed(const path& data, const path& out) {
+  const std::string args = tiny_run_args(data, out, 6) + " train.val_every=2 train.ckpt_every=2";
+  auto a = cli::run(args + " --stop-at 4");
+  ASSERT_EQ(a.code, 0) << a.err;
+  fs::remove_all(out / "checkpoints" / "step_00000004");
+  ASSERT_TRUE(fs::exists(out / "checkpoints" / "step_00000002" / "DONE"));
+  auto b = cli::run(args + " --resume");
+  ASSERT_EQ(b.code, 0) << b.err;
+}
+
+}  // namespace
+
+// Every row of metrics.jsonl says what it is and when it was written; TensorBoard files beside
+// it, one per start of the run.
+TEST_F(Cli, MetricsRowsHaveAnEventAndATime) {
+  auto out = cli::scratch("metrics_rows");
+  ASSERT_NO_FATAL_FAILURE(train_interrupted_and_resumed(data_, out));
+  std::istringstream in(cli::slurp(out / "metrics.jsonl"));
+  std::map<std::string, int> events;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line);
+    ASSERT_TRUE(row.contains("event") && row["event"].is_string()) << line;
+    EXPECT_TRUE(row["time"].is_number_float()) << line;
+    ++events[row["event"].get<std::string>()];
+    if (row["event"] == "step") EXPECT_TRUE(row.contains("step_ms")) << line;
+  }
+  EXPECT_EQ(events["step"], 6);
+  EXPECT_EQ(events["val"], 4);     // steps 0, 2, 4, 6
+  EXPECT_EQ(events["memory"], 2);   // each start
+  EXPECT_EQ(events["summary"], 1);  // the first run's was after step 2
+  EXPECT_EQ(tensorboard_files(out).size(), 2u);
+}
+
+// TensorBoard's own reader (tools/check_tensorboard.py, EventAccumulator) sees every scalar of
+// metrics.jsonl, at its step, with its value, over an interrupted and resumed run: one curve per
+// tag, without the steps the interrupted run did after its last checkpoint.
+TEST_F(Cli, TensorBoardReaderAgreesWithMetricsJsonl) {
+  const std::string python = TESSERA_SOURCE_DIR "/.venv-oracle/bin/python";
+  if (std::system(("'" + python + "' -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no tensorboard in .venv-oracle (scripts/setup --with-oracle installs it)";
+  auto out = cli::scratch("tensorboard");
+  ASSERT_NO_FATAL_FAILURE(train_interrupted_and_resumed(data_, out));
+  const auto log = out / "check.txt";
+  const int st =
+      std::system(("'" + python + "' '" TESSERA_SOURCE_DIR "/tools/check_tensorboard.py' '" +
+                   out.string() + "' >'" + log.string() + "' 2>&1")
+                      .c_str());
+  EXPECT_EQ(WEXITSTATUS(st), 0) << cli::slurp(log);
+  EXPECT_EQ(cli::slurp(log).rfind("ok: ", 0), 0u) << cli::slurp(log);
 }

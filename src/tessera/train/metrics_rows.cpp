@@ -180,7 +180,8 @@ double step_mfu(Peak& peak, bool peak_measured, double flops_per_step, double st
 nlohmann::json step_row(const StepReport& report, const StepResult& result, const RunModel& model,
                         const Peak& peak, const RunPrediction& prediction, bool goldfish) {
   const double sec = report.step_s, mfu = report.mfu;
-  nlohmann::json row{{"step", report.step},
+  nlohmann::json row{{"event", "step"},
+                     {"step", report.step},
                      {"loss", result.loss},
                      {"lr", result.lr},
                      {"grad_norm", result.grad_norm},
@@ -228,7 +229,8 @@ void log_step(const TrainSection& tc, const StepReport& report, const StepResult
 }
 
 void report_validation(MetricsLog& metrics, std::int64_t step, const eval::EvalResult& result) {
-  metrics.write({{"step", step}, {"val_loss", result.loss}, {"val_tokens", result.tokens}});
+  metrics.write(
+      {{"event", "val"}, {"step", step}, {"val_loss", result.loss}, {"val_tokens", result.tokens}});
   log_info("step {:>6} | val loss {:.4f} (ppl {:.1f}, {} tokens)", step, result.loss,
            result.perplexity, result.tokens);
 }
