@@ -381,7 +381,7 @@ void train_interrupted_and_resumed(const path& data, const path& out) {
 }  // namespace
 
 // Every row of metrics.jsonl says what it is and when it was written; TensorBoard files beside
-// it, one per start of the run.
+// it, one per start of the run; the step line names both MFU's peak and the GEMM fraction.
 TEST_F(Cli, MetricsRowsHaveAnEventAndATime) {
   auto out = cli::scratch("metrics_rows");
   ASSERT_NO_FATAL_FAILURE(train_interrupted_and_resumed(data_, out));
@@ -392,13 +392,26 @@ TEST_F(Cli, MetricsRowsHaveAnEventAndATime) {
     ASSERT_TRUE(row.contains("event") && row["event"].is_string()) << line;
     EXPECT_TRUE(row["time"].is_number_float()) << line;
     ++events[row["event"].get<std::string>()];
-    if (row["event"] == "step") EXPECT_TRUE(row.contains("step_ms")) << line;
+    if (row["event"] == "step") {
+      EXPECT_TRUE(row.contains("step_ms") && row.contains("mfu") && row.contains("gemm_fraction"))
+          << line;
+      EXPECT_NE(row["mfu_peak"].get<std::string>().find("peak of this CPU"), std::string::npos)
+          << line;
+    }
   }
   EXPECT_EQ(events["step"], 6);
   EXPECT_EQ(events["val"], 4);     // steps 0, 2, 4, 6
   EXPECT_EQ(events["memory"], 2);   // each start
   EXPECT_EQ(events["summary"], 1);  // the first run's was after step 2
   EXPECT_EQ(tensorboard_files(out).size(), 2u);
+  // The step line: MFU against the hardware peak, the GEMM fraction named as such.
+  std::string loud = tiny_run_args(data_, cli::scratch("metrics_line"), 1);
+  loud.erase(loud.find(" --quiet"), 8);
+  auto r = cli::run(loud);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string log = r.out + r.err;
+  EXPECT_NE(log.find("MFU against the hardware peak"), std::string::npos) << log;
+  EXPECT_NE(log.find("of GEMM rate)"), std::string::npos) << log;
 }
 
 // TensorBoard's own reader (tools/check_tensorboard.py, EventAccumulator) sees every scalar of

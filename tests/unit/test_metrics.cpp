@@ -1,5 +1,5 @@
 // The files a training run writes for people to look at: metrics.jsonl rows, TensorBoard event
-// files (CRC-32C, TFRecord framing, the events).
+// files (CRC-32C, TFRecord framing, the events), the CPU peak of MFU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/cpu_peak.hpp"
 #include "tessera/core/tfrecord.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/tensorboard.hpp"
@@ -153,4 +154,58 @@ TEST(TensorBoard, EventFileNamesFollowEachOther) {
   std::ofstream(dir / "unrelated.txt");
   EXPECT_EQ(train::event_file_name(dir, 1700000000, "h"), "events.out.tfevents.1700000006.h");
   EXPECT_EQ(train::event_file_name(dir, 1800000000, "h"), "events.out.tfevents.1800000000.h");
+}
+
+// FLOPs per cycle of the machines MFU must not break on.
+TEST(CpuPeak, FlopsPerCycleOfKnownCores) {
+  CpuVectorUnits epyc_zen3{true, false, 0x19, 0x01, true, true, true, false, false, false};
+  EXPECT_EQ(fp32_flops_per_cycle(epyc_zen3), 32);
+  EXPECT_EQ(bf16_flops_per_cycle(epyc_zen3), 32);  // no native bf16: the fp32 units
+  CpuVectorUnits zen1{true, false, 0x17, 0x01, true, true, true, false, false, false};
+  EXPECT_EQ(fp32_flops_per_cycle(zen1), 16);
+  CpuVectorUnits zen2 = zen1;
+  zen2.model = 0x31;
+  EXPECT_EQ(fp32_flops_per_cycle(zen2), 32);
+  CpuVectorUnits zen4{true, false, 0x19, 0x11, true, true, true, true, true, false};
+  EXPECT_EQ(fp32_flops_per_cycle(zen4), 32);
+  EXPECT_EQ(bf16_flops_per_cycle(zen4), 64);
+  CpuVectorUnits zen5{true, false, 0x1A, 0x02, true, true, true, true, true, false};
+  EXPECT_EQ(fp32_flops_per_cycle(zen5), 64);
+  CpuVectorUnits sapphire{false, true, 6, 0x8F, true, true, true, true, true, true};
+  std::string unit;
+  EXPECT_EQ(fp32_flops_per_cycle(sapphire, &unit), 64);
+  EXPECT_NE(unit.find("AVX-512"), std::string::npos);
+  EXPECT_EQ(bf16_flops_per_cycle(sapphire, &unit), 1024);
+  EXPECT_NE(unit.find("AMX"), std::string::npos);
+  CpuVectorUnits haswell{false, true, 6, 0x3F, true, true, true, false, false, false};
+  EXPECT_EQ(fp32_flops_per_cycle(haswell), 32);
+}
+
+TEST(CpuPeak, CpuinfoCountsPhysicalCores) {
+  // Two sockets of two cores with two hyperthreads each.
+  std::string text;
+  int processor = 0;
+  for (int socket = 0; socket < 2; ++socket)
+    for (int thread = 0; thread < 2; ++thread)
+      for (int core = 0; core < 2; ++core)
+        text += fmt::format(
+            "processor\t: {}\nmodel name\t: Some CPU @ 2.00GHz\nphysical id\t: {}\n"
+            "core id\t\t: {}\ncpu MHz\t\t: {}\n\n",
+            processor++, socket, core, core == 1 ? "3100.5" : "1200.000");
+  const CpuInfo info = parse_cpuinfo(text);
+  EXPECT_EQ(info.physical_cores, 4);
+  EXPECT_DOUBLE_EQ(info.max_mhz, 3100.5);
+  // A VM's cpuinfo without topology: each processor a core.
+  EXPECT_EQ(parse_cpuinfo("processor\t: 0\ncpu MHz\t\t: 2000\n\nprocessor\t: 1\n").physical_cores,
+            2);
+}
+
+// This machine: whatever its vector unit, a positive peak of at most one core per thread.
+TEST(CpuPeak, ThisMachineHasAPeak) {
+  const CpuPeak one = cpu_peak(1, false);
+  EXPECT_EQ(one.cores, 1);
+  EXPECT_GT(one.flops(), 0);
+  EXPECT_GE(one.flops_per_cycle, 8);
+  EXPECT_EQ(cpu_peak(2, false).flops_per_cycle, one.flops_per_cycle);
+  EXPECT_GE(cpu_peak(1, true).flops(), one.flops());
 }
