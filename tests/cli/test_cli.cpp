@@ -431,3 +431,28 @@ TEST_F(Cli, TensorBoardReaderAgreesWithMetricsJsonl) {
   EXPECT_EQ(WEXITSTATUS(st), 0) << cli::slurp(log);
   EXPECT_EQ(cli::slurp(log).rfind("ok: ", 0), 0u) << cli::slurp(log);
 }
+
+// tessera plot: a PNG or SVG of one metric of several runs; a folder that is no run, a metric
+// no run has and a picture format it cannot write are each one error line.
+TEST_F(Cli, PlotDrawsTheCurvesOfRuns) {
+  auto dir = cli::scratch("plot");
+  auto other = dir / "other";
+  ASSERT_EQ(cli::run(tiny_run_args(data_, other, 3)).code, 0);
+  const std::string runs = model_.string() + " " + other.string();
+  auto png = cli::run("plot " + runs + " --out " + (dir / "loss.png").string());
+  ASSERT_EQ(png.code, 0) << png.err;
+  EXPECT_EQ(cli::slurp(dir / "loss.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  auto svg = cli::run("plot " + runs + " --metric lr --log-y --out " + (dir / "lr.svg").string());
+  ASSERT_EQ(svg.code, 0) << svg.err;
+  EXPECT_NE(cli::slurp(dir / "lr.svg").find("<svg"), std::string::npos);
+  expect_clean_error(
+      cli::run("plot " + (dir / "nothing").string() + " --out " + (dir / "x.png").string()),
+      "is not a run folder");
+  expect_clean_error(cli::run("plot " + dir.string() + " --out " + (dir / "x.png").string()),
+                     "has no metrics.jsonl");
+  expect_clean_error(cli::run("plot " + runs + " --metric los --out " + (dir / "x.png").string()),
+                     "did you mean \"loss\"");
+  expect_clean_error(cli::run("plot " + runs + " --out " + (dir / "x.gif").string()),
+                     "unknown picture format");
+  EXPECT_FALSE(fs::exists(dir / "x.png"));
+}

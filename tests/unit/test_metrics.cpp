@@ -1,5 +1,5 @@
 // The files a training run writes for people to look at: metrics.jsonl rows, TensorBoard event
-// files (CRC-32C, TFRecord framing, the events), the CPU peak of MFU.
+// files (CRC-32C, TFRecord framing, the events), the CPU peak of MFU, charts.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,8 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "expect_error.hpp"
 #include "tessera/core/cpu_peak.hpp"
 #include "tessera/core/tfrecord.hpp"
+#include "tessera/plot/plot.hpp"
+#include "tessera/train/metrics_file.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/tensorboard.hpp"
 #include "tessera/train/tensorboard_event.pb.h"
@@ -208,4 +211,48 @@ TEST(CpuPeak, ThisMachineHasAPeak) {
   EXPECT_GE(one.flops_per_cycle, 8);
   EXPECT_EQ(cpu_peak(2, false).flops_per_cycle, one.flops_per_cycle);
   EXPECT_GE(cpu_peak(1, true).flops(), one.flops());
+}
+
+TEST(Plot, WritesPngAndSvg) {
+  const fs::path dir = fresh_dir("plot");
+  plot::Chart chart{"loss", "step", "loss", false, true, {}};
+  plot::Series a{"run a", {1, 2, 3, 4}, {4.0, 3.0, 2.5, 2.2}, plot::Style::Line, ""};
+  plot::Series b{"run b",
+                 {1, 2, 3, 4},
+                 {4.1, 0.0, 2.4, std::nan("")},  // gaps on a log axis
+                 plot::Style::Points,
+                 "#000000"};
+  chart.series = {a, b};
+  plot::draw(chart, dir / "loss.png");
+  const std::string png = slurp(dir / "loss.png");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  plot::draw({chart, chart}, dir / "two.svg", {800, 900, 1});
+  EXPECT_NE(slurp(dir / "two.svg").find("<svg"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(dir))  // no temporary left behind
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  test::expect_error([&] { plot::draw(chart, dir / "loss.jpg"); }, "unknown picture format");
+  plot::Chart bad = chart;
+  bad.series[0].color = "red";
+  test::expect_error([&] { plot::draw(bad, dir / "bad.png"); }, "bad colour");
+}
+
+TEST(MetricsFile, CurvesOfAMetric) {
+  const fs::path dir = fresh_dir("curves");
+  std::ofstream(dir / "metrics.jsonl") << R"({"event":"memory","params_bytes":5,"time":1.0})"
+                                          "\n"
+                                       << R"({"event":"step","step":1,"loss":3.0,"time":2.0})"
+                                          "\n"
+                                       << R"({"event":"val","step":1,"val_loss":3.5,"time":2.5})"
+                                          "\n"
+                                       << R"({"event":"step","step":2,"loss":2.0,"time":3.0})"
+                                          "\n"
+                                       << R"({"event":"step","step":3,"lo)";  // cut by a kill
+  const auto rows = train::read_metrics_rows(dir);
+  ASSERT_EQ(rows.size(), 4u);
+  const auto loss = train::metric_curve(rows, "loss");
+  EXPECT_EQ(loss.steps, (std::vector<double>{1, 2}));
+  EXPECT_EQ(loss.values, (std::vector<double>{3.0, 2.0}));
+  EXPECT_EQ(train::metric_names(rows), (std::vector<std::string>{"loss", "val_loss"}));
+  test::expect_error([&] { train::read_metrics_rows(dir / "nope"); }, "is not a run folder");
 }
