@@ -48,8 +48,9 @@ void add_outliers_command(CLI::App& root) {
     j["calibration"] = calib.describe();
     fs::create_directories(a->out);
     write_file_atomic(fs::path(a->out) / "outliers.json", j.dump(2) + "\n");
-    write_file_atomic(fs::path(a->out) / "outliers.svg",
-                      quant::outliers_svg(rep, cap, path.filename().string()));
+    const int rows = static_cast<int>(cap.layers.size());
+    plot::draw(quant::outlier_charts(rep, cap), fs::path(a->out) / "outliers.svg",
+               {1600, 60 + 300 * rows, quant::k_num_lin});
     std::printf("%s\n", rep.summary_line().c_str());
     int shown = 0;
     for (const auto& c : rep.channels) {

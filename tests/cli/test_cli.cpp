@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <map>
 #include <thread>
 
 #include "cli_util.hpp"
@@ -351,4 +352,108 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
       EXPECT_EQ(note, group == "16" && kernels == "packed") << s.err;
     }
   }
+}
+
+namespace {
+
+// The event files in RUN/tb, in name order (the order TensorBoard reads them in).
+std::vector<path> tensorboard_files(const path& run) {
+  std::vector<path> files;
+  if (fs::is_directory(run / "tb"))
+    for (const auto& e : fs::directory_iterator(run / "tb")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A run of 6 steps, validating and saving every 2 steps, that ends after step 4 as if killed
+// before its checkpoint of step 4 (that checkpoint deleted), and is resumed from step 2: steps
+// 3 and 4 are done twice, and their first rows and events must not show.
+void train_interrupted_and_resumed(const path& data, const path& out) {
+  const std::string args = tiny_run_args(data, out, 6) + " train.val_every=2 train.ckpt_every=2";
+  auto a = cli::run(args + " --stop-at 4");
+  ASSERT_EQ(a.code, 0) << a.err;
+  fs::remove_all(out / "checkpoints" / "step_00000004");
+  ASSERT_TRUE(fs::exists(out / "checkpoints" / "step_00000002" / "DONE"));
+  auto b = cli::run(args + " --resume");
+  ASSERT_EQ(b.code, 0) << b.err;
+}
+
+}  // namespace
+
+// Every row of metrics.jsonl says what it is and when it was written; TensorBoard files beside
+// it, one per start of the run; the step line names both MFU's peak and the GEMM fraction.
+TEST_F(Cli, MetricsRowsHaveAnEventAndATime) {
+  auto out = cli::scratch("metrics_rows");
+  ASSERT_NO_FATAL_FAILURE(train_interrupted_and_resumed(data_, out));
+  std::istringstream in(cli::slurp(out / "metrics.jsonl"));
+  std::map<std::string, int> events;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line);
+    ASSERT_TRUE(row.contains("event") && row["event"].is_string()) << line;
+    EXPECT_TRUE(row["time"].is_number_float()) << line;
+    ++events[row["event"].get<std::string>()];
+    if (row["event"] == "step") {
+      EXPECT_TRUE(row.contains("step_ms") && row.contains("mfu") && row.contains("gemm_fraction"))
+          << line;
+      EXPECT_NE(row["mfu_peak"].get<std::string>().find("peak of this CPU"), std::string::npos)
+          << line;
+    }
+  }
+  EXPECT_EQ(events["step"], 6);
+  EXPECT_EQ(events["val"], 4);      // steps 0, 2, 4, 6
+  EXPECT_EQ(events["memory"], 2);   // each start
+  EXPECT_EQ(events["summary"], 1);  // the first run's was after step 2
+  EXPECT_EQ(tensorboard_files(out).size(), 2u);
+  // The step line: MFU against the hardware peak, the GEMM fraction named as such.
+  std::string loud = tiny_run_args(data_, cli::scratch("metrics_line"), 1);
+  loud.erase(loud.find(" --quiet"), 8);
+  auto r = cli::run(loud);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string log = r.out + r.err;
+  EXPECT_NE(log.find("MFU against the hardware peak"), std::string::npos) << log;
+  EXPECT_NE(log.find("of GEMM rate)"), std::string::npos) << log;
+}
+
+// TensorBoard's own reader (tools/check_tensorboard.py, EventAccumulator) sees every scalar of
+// metrics.jsonl, at its step, with its value, over an interrupted and resumed run: one curve per
+// tag, without the steps the interrupted run did after its last checkpoint.
+TEST_F(Cli, TensorBoardReaderAgreesWithMetricsJsonl) {
+  const std::string python = TESSERA_SOURCE_DIR "/.venv-oracle/bin/python";
+  if (std::system(("'" + python + "' -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no tensorboard in .venv-oracle (scripts/setup --with-oracle installs it)";
+  auto out = cli::scratch("tensorboard");
+  ASSERT_NO_FATAL_FAILURE(train_interrupted_and_resumed(data_, out));
+  // stdout: the verdict; stderr: TensorBoard's own log (it says when it purges a restart's steps)
+  const auto log = out / "check.txt", err = out / "check.err";
+  const int st =
+      std::system(("'" + python + "' '" TESSERA_SOURCE_DIR "/tools/check_tensorboard.py' '" +
+                   out.string() + "' >'" + log.string() + "' 2>'" + err.string() + "'")
+                      .c_str());
+  EXPECT_EQ(WEXITSTATUS(st), 0) << cli::slurp(log) << cli::slurp(err);
+  EXPECT_EQ(cli::slurp(log).rfind("ok: ", 0), 0u) << cli::slurp(log) << cli::slurp(err);
+}
+
+// tessera plot: a PNG or SVG of one metric of several runs; a folder that is no run, a metric
+// no run has and a picture format it cannot write are each one error line.
+TEST_F(Cli, PlotDrawsTheCurvesOfRuns) {
+  auto dir = cli::scratch("plot");
+  auto other = dir / "other";
+  ASSERT_EQ(cli::run(tiny_run_args(data_, other, 3)).code, 0);
+  const std::string runs = model_.string() + " " + other.string();
+  auto png = cli::run("plot " + runs + " --out " + (dir / "loss.png").string());
+  ASSERT_EQ(png.code, 0) << png.err;
+  EXPECT_EQ(cli::slurp(dir / "loss.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  auto svg = cli::run("plot " + runs + " --metric lr --log-y --out " + (dir / "lr.svg").string());
+  ASSERT_EQ(svg.code, 0) << svg.err;
+  EXPECT_NE(cli::slurp(dir / "lr.svg").find("<svg"), std::string::npos);
+  expect_clean_error(
+      cli::run("plot " + (dir / "nothing").string() + " --out " + (dir / "x.png").string()),
+      "is not a run folder");
+  expect_clean_error(cli::run("plot " + dir.string() + " --out " + (dir / "x.png").string()),
+                     "has no metrics.jsonl");
+  expect_clean_error(cli::run("plot " + runs + " --metric los --out " + (dir / "x.png").string()),
+                     "did you mean \"loss\"");
+  expect_clean_error(cli::run("plot " + runs + " --out " + (dir / "x.gif").string()),
+                     "unknown picture format");
+  EXPECT_FALSE(fs::exists(dir / "x.png"));
 }

@@ -580,7 +580,11 @@ TEST(QuantModel, PlantedOutlierIsFoundAndSmoothQuantRecoversW8A8) {
   EXPECT_GT(rep.channels[0].ratio, 50.0);
   auto j = rep.to_json();
   EXPECT_EQ(j["outlier_channels"][0]["channel"], ch);
-  EXPECT_NE(outliers_svg(rep, cap, "planted").find("<svg"), std::string::npos);
+  const auto charts = outlier_charts(rep, cap);
+  ASSERT_EQ(charts.size(), cap.layers.size() * k_num_lin);
+  const auto& planted = charts[L * k_num_lin + static_cast<int>(Lin::Fc)].series[1];  // outliers
+  ASSERT_EQ(planted.x.size(), 1u);
+  EXPECT_EQ(planted.x[0], ch);
 
   QuantizeOptions o;
   o.method = Method::W8A8;

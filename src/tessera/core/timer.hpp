@@ -17,4 +17,10 @@ class Timer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// Wall-clock time: seconds since the Unix epoch (the "time" of metrics rows and TensorBoard
+// events).
+inline double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace tessera

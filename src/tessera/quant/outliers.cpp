@@ -146,54 +146,36 @@ std::string OutlierReport::summary_line() const {
       mx, where, channels.size(), ratio_threshold, dettmers.size(), residual.massive.size(), kmean);
 }
 
-std::string outliers_svg(const OutlierReport& r, const Capture& cap, const std::string& title) {
-  const int L = static_cast<int>(cap.layers.size());
-  const int W = 900, rowh = 60, top = 40, left = 170;
-  const int H = top + L * k_num_lin * rowh + 30;
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">{} - per-channel max |x| of each "
-      "linear's input (log scale; red: >= {:.0f}x median)</text>\n",
-      W, H, title, r.ratio_threshold);
-  float gmax = 1e-6f;
-  for (int l = 0; l < L; ++l)
-    for (int k = 0; k < k_num_lin; ++k)
-      for (float v : cap.layers[l][k].stats.maxabs) gmax = std::max(gmax, v);
-  const double lmax = std::log10(gmax) + 0.1, lmin = std::min(-2.0, lmax - 4);
-  int row = 0;
-  for (int l = 0; l < L; ++l)
-    for (int k = 0; k < k_num_lin; ++k, ++row) {
+std::vector<plot::Chart> outlier_charts(const OutlierReport& r, const Capture& cap) {
+  std::vector<plot::Chart> charts;
+  for (std::size_t l = 0; l < cap.layers.size(); ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
       const auto& st = cap.layers[l][k].stats;
-      const auto& sum = r.linears[static_cast<std::size_t>(l) * k_num_lin + k];
-      const int y0 = top + row * rowh, y1 = y0 + rowh - 8;
-      s += fmt::format("<text x=\"5\" y=\"{}\">{}</text>\n", y0 + rowh / 2, sum.linear);
-      s += fmt::format("<text x=\"5\" y=\"{}\" fill=\"#666\">max {:.1f} (ch {})</text>\n",
-                       y0 + rowh / 2 + 13, sum.maxabs, sum.max_channel);
-      s += fmt::format(
-          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
-          "stroke=\"#ccc\"/>\n",
-          left, y0, W - left - 10, rowh - 8);
+      const auto& sum = r.linears[l * k_num_lin + k];
       std::vector<float> m = st.maxabs;
       std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
       const double med = std::max(1e-12f, m[m.size() / 2]);
-      const double bw = static_cast<double>(W - left - 10) / std::max(1, st.cols);
+      plot::Series normal{"channels", {}, {}, plot::Style::Impulses, "#1f77b4"};
+      plot::Series outlier{fmt::format(">= {:.0f}x median", r.ratio_threshold),
+                           {},
+                           {},
+                           plot::Style::Impulses,
+                           "#d62728"};
       for (int j = 0; j < st.cols; ++j) {
-        double lv = std::log10(std::max(1e-6f, st.maxabs[j]));
-        double h = (lv - lmin) / (lmax - lmin) * (rowh - 8);
-        if (h <= 0) continue;
-        bool out = st.maxabs[j] / med >= r.ratio_threshold;
-        s += fmt::format(
-            "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
-            "fill=\"{}\"/>\n",
-            left + j * bw, y1 - h, std::max(bw, out ? 2.0 : 0.5), h, out ? "#d62728" : "#1f77b4");
+        auto& series = st.maxabs[j] / med >= r.ratio_threshold ? outlier : normal;
+        series.x.push_back(j);
+        series.y.push_back(st.maxabs[j]);
       }
+      if (!charts.empty()) normal.label.clear(), outlier.label.clear();  // one legend
+      charts.push_back(
+          {fmt::format("{}: max {:.1f} (channel {})", sum.linear, sum.maxabs, sum.max_channel),
+           "input channel",
+           "max |x|",
+           false,
+           true,
+           {normal, outlier}});
     }
-  s += fmt::format(
-      "<text x=\"{}\" y=\"{}\" fill=\"#666\">channels -&gt;  (y axis: log10 max|x| "
-      "from {:.1f} to {:.1f})</text>\n</svg>\n",
-      left, H - 10, lmin, lmax);
-  return s;
+  return charts;
 }
 
 }  // namespace tessera::quant

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/plot/plot.hpp"
 #include "tessera/quant/calibration.hpp"
 
 namespace tessera::quant {
@@ -49,7 +50,9 @@ struct OutlierReport {
 };
 
 OutlierReport analyze_outliers(const Capture& cap, double ratio_threshold = 20.0);
-// A picture: per layer and linear, per-channel max |x| (log scale), outlier channels in red.
-std::string outliers_svg(const OutlierReport& r, const Capture& cap, const std::string& title);
+// The picture of a capture, for plot::draw: a chart per layer and linear (layers in rows, the
+// linears in k_num_lin columns) of each input channel's max |x| on a log scale, outlier channels
+// (>= ratio_threshold x the median) in red.
+std::vector<plot::Chart> outlier_charts(const OutlierReport& r, const Capture& cap);
 
 }  // namespace tessera::quant

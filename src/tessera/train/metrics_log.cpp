@@ -1,17 +1,12 @@
 #include "tessera/train/metrics_log.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <string>
-#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/timer.hpp"
 
 namespace tessera::train {
 
@@ -34,19 +29,18 @@ std::string rows_up_to(const std::string& text, std::int64_t step) {
 
 }  // namespace
 
-MetricsLog MetricsLog::open_append(const std::filesystem::path& path) {
+MetricsLog MetricsLog::open_append(const std::filesystem::path& path, std::int64_t step,
+                                   std::int64_t tensorboard_start) {
   MetricsLog log;
-  log.path_ = path;
-  log.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log.fd_ < 0)
-    throw Error(fmt::format("cannot write {}: {}", path.string(), std::strerror(errno)),
-                "check that train.out_dir is writable");
+  log.file_ = AppendFile(path, "check that train.out_dir is writable");
+  log.tensorboard_ = TensorBoardLog::open(path.parent_path() / "tb", tensorboard_start);
+  log.step_ = step;
   return log;
 }
 
 MetricsLog MetricsLog::start(const std::filesystem::path& path) {
   write_file_atomic(path, "");
-  return open_append(path);
+  return open_append(path, 0, 0);
 }
 
 MetricsLog MetricsLog::resume(const std::filesystem::path& path, std::int64_t step) {
@@ -54,37 +48,19 @@ MetricsLog MetricsLog::resume(const std::filesystem::path& path, std::int64_t st
   if (input_kind(path, "metrics file") != InputKind::Missing)
     text = read_file(path, "metrics file");
   write_file_atomic(path, rows_up_to(text, step));
-  return open_append(path);
-}
-
-MetricsLog::MetricsLog(MetricsLog&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
-
-MetricsLog& MetricsLog::operator=(MetricsLog&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(o.fd_, -1);
-    path_ = std::move(o.path_);
-  }
-  return *this;
-}
-
-MetricsLog::~MetricsLog() {
-  if (fd_ >= 0) ::close(fd_);
+  return open_append(path, step, step + 1);
 }
 
 void MetricsLog::write(const nlohmann::json& row) {
-  if (fd_ < 0) return;
-  const std::string line = row.dump() + "\n";
-  std::size_t off = 0;
-  while (off < line.size()) {
-    ssize_t n = ::write(fd_, line.data() + off, line.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw Error(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)),
-                  "is the disk full?");
-    off += static_cast<std::size_t>(n);
-  }
+  if (!file_.is_open()) return;
+  TESSERA_CHECK(row.contains("event"));
+  nlohmann::json timed = row;
+  const double now = unix_seconds();
+  timed["time"] = now;
+  file_.append(timed.dump() + "\n");
+  const auto step = row.find("step");
+  if (step != row.end() && step->is_number_integer()) step_ = step->get<std::int64_t>();
+  tensorboard_.write(step_, now, row_scalars(row));
 }
 
 }  // namespace tessera::train

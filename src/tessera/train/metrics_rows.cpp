@@ -93,27 +93,35 @@ StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_s
 }
 
 Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
+  const bool bf16 = cfg.train.precision == "bf16";
   if (cfg.hardware.device == "cuda") {  // one process: nothing to agree on
-    if (cfg.hardware.peak_tflops > 0)
-      return {cfg.hardware.peak_tflops * 1e12, "configured hardware.peak_tflops"};
-    const double bf16 = kernels::cuda::dense_bf16_peak_tflops();
-    if (cfg.train.precision == "bf16" && bf16 > 0)
-      return {bf16 * 1e12, "dense bf16 tensor-core peak of the " + kernels::cuda::device_name()};
-    return {0, "unknown (set hardware.peak_tflops)"};
+    Peak peak;
+    const double bf16_tflops = kernels::cuda::dense_bf16_peak_tflops();
+    if (cfg.hardware.peak_tflops > 0) {
+      peak.flops = cfg.hardware.peak_tflops * 1e12;
+      peak.source = "configured hardware.peak_tflops";
+    } else if (bf16 && bf16_tflops > 0) {
+      peak.flops = bf16_tflops * 1e12;
+      peak.source = "dense bf16 tensor-core peak of the " + kernels::cuda::device_name();
+    } else {
+      peak.source = "unknown (set hardware.peak_tflops)";
+    }
+    return peak;
   }
-  Peak peak;
-  if (lead && cfg.hardware.peak_tflops == 0 && cfg.train.precision == "bf16")
-    // bf16 on the CPU: MFU against the bf16 GEMM rate (on CPUs with native bf16 several times
-    // the fp32 rate)
-    peak = {kernels::measure_gemm_bf16_gflops(false, 1024, 1024, 1024, 1, 0.3) * 1e9,
-            "measured bf16 GEMM 1024^3 on this machine"};
-  else if (lead || cfg.hardware.peak_tflops > 0)
-    peak = resolve_peak(cfg.hardware.peak_tflops, kernels::GemmLibrary::OneDnn);
-  double f = peak.flops;
-  rt.world().broadcast_bytes(&f, sizeof f, 0);
-  if (!lead)
-    peak = {f, cfg.train.precision == "bf16" ? "measured bf16 GEMM on rank 0"
-                                             : "measured fp32 GEMM on rank 0"};
+  // The hardware peak is the same on every rank (same threads); the GEMM rate is measured on
+  // rank 0 only (measuring on all ranks at once would compete), unless the peak is configured.
+  Peak peak = cpu_hardware_peak(cfg.hardware.peak_tflops, omp_get_max_threads(), bf16);
+  if (cfg.hardware.peak_tflops > 0) return peak;
+  double gemm = 0;
+  if (lead)
+    gemm = bf16 ? kernels::measure_gemm_bf16_gflops(false, 1024, 1024, 1024, 1, 0.3) * 1e9
+                : kernels::measure_gemm_gflops(kernels::GemmLibrary::OneDnn, false, 1024, 1024,
+                                               1024, 1, 0.3) *
+                      1e9;
+  rt.world().broadcast_bytes(&gemm, sizeof gemm, 0);
+  peak.gemm_flops = gemm;
+  peak.gemm_source = fmt::format("{} GEMM 1024^3 measured on {} at start-up",
+                                 bf16 ? "bf16" : "fp32", lead ? "this machine" : "rank 0");
   return peak;
 }
 
@@ -148,8 +156,10 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
       "GFLOP/step/rank, {} threads",
       tc.steps, plan.accum(), plan.B(), plan.T, model.dp->dp_size(), cost.tokens,
       cost.flops_per_rank / 1e9, omp_get_max_threads());
-  log_info("data: {} ({} tokens), MFU against {}", cfg.data.train, loader.num_tokens(),
-           peak.describe());
+  log_info("data: {} ({} tokens)", cfg.data.train, loader.num_tokens());
+  log_info("MFU against the hardware peak {}", peak.describe());
+  if (peak.gemm_flops > 0)
+    log_info("GEMM rate (the step's fraction of it): {}", peak.describe_gemm());
 }
 
 void log_goldfish(const GoldfishConfig& goldfish) {
@@ -159,28 +169,32 @@ void log_goldfish(const GoldfishConfig& goldfish) {
                                            : std::string());
 }
 
-double step_mfu(Peak& peak, bool peak_measured, double flops_per_step, double step_s,
-                std::int64_t step, bool quiet) {
-  if (peak_measured && peak.flops > 0 && flops_per_step / step_s > peak.flops) {
-    // The start-up measurement ran on a busy machine: a step cannot beat the peak, so the
-    // peak is at least this step's rate. Say so once instead of printing MFU > 100%.
-    if (peak.source.find("raised") == std::string::npos) {
-      peak.source += ", raised to the best step rate seen";
+StepEfficiency step_efficiency(Peak& peak, double flops_per_step, double step_s, std::int64_t step,
+                               bool quiet) {
+  const double rate = flops_per_step / step_s;
+  if (peak.gemm_flops > 0 && rate > peak.gemm_flops) {
+    // The start-up measurement ran on a busy machine: the GEMM rate is at least this step's.
+    // Say so once instead of printing a fraction > 100%.
+    if (peak.gemm_source.find("raised") == std::string::npos) {
+      peak.gemm_source += ", raised to the best step rate seen";
       if (!quiet)
         log_info(
-            "note: step {} ran at {:.1f} GFLOP/s, above the measured GEMM peak; using it as the "
-            "peak",
-            step, flops_per_step / step_s / 1e9);
+            "note: step {} ran at {:.1f} GFLOP/s, above the measured GEMM rate; using it as the "
+            "GEMM rate",
+            step, rate / 1e9);
     }
-    peak.flops = flops_per_step / step_s;
+    peak.gemm_flops = rate;
   }
-  return peak.flops > 0 ? flops_per_step / step_s / peak.flops : -1;
+  return {peak.flops > 0 ? rate / peak.flops : -1,
+          peak.gemm_flops > 0 ? rate / peak.gemm_flops : -1};
 }
 
 nlohmann::json step_row(const StepReport& report, const StepResult& result, const RunModel& model,
                         const Peak& peak, const RunPrediction& prediction, bool goldfish) {
-  const double sec = report.step_s, mfu = report.mfu;
-  nlohmann::json row{{"step", report.step},
+  const double sec = report.step_s;
+  auto known = [](double v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  nlohmann::json row{{"event", "step"},
+                     {"step", report.step},
                      {"loss", result.loss},
                      {"lr", result.lr},
                      {"grad_norm", result.grad_norm},
@@ -188,8 +202,9 @@ nlohmann::json step_row(const StepReport& report, const StepResult& result, cons
                      {"tokens_per_s", report.tokens_per_s},
                      {"tokens", report.tokens_seen}};
   if (prediction.step_s > 0) row["predicted_step_ms"] = prediction.step_s * 1e3;
-  row["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr);
+  row["mfu"] = known(report.efficiency.mfu);  // against the hardware peak
   row["mfu_peak"] = peak.describe();
+  row["gemm_fraction"] = known(report.efficiency.gemm_fraction);  // of the measured GEMM rate
   if (goldfish)
     row["goldfish_kept"] =
         static_cast<std::int64_t>(result.kept_targets);  // targets in the loss, all dp ranks
@@ -209,6 +224,14 @@ nlohmann::json step_row(const StepReport& report, const StepResult& result, cons
   return row;
 }
 
+namespace {
+
+std::string percent(double fraction) {
+  return fraction >= 0 ? fmt::format("{:5.1f}%", 100 * fraction) : std::string("unknown");
+}
+
+}  // namespace
+
 bool logs_step(const TrainSection& tc, std::int64_t step, std::int64_t start_step) {
   return step % std::max(1, tc.log_every) == 0 || step == tc.steps || step == start_step + 1;
 }
@@ -220,15 +243,18 @@ void log_step(const TrainSection& tc, const StepReport& report, const StepResult
       elapsed_s / static_cast<double>(step - start_step) * static_cast<double>(tc.steps - step);
   log_info(
       "step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:6.3f} | {:7.1f} ms | {:7.0f} tok/s | "
-      "MFU {} | ETA {}",
+      "MFU {}{} | ETA {}",
       step, tc.steps, result.loss, result.lr, result.grad_norm, report.step_s * 1e3,
-      report.tokens_per_s,
-      report.mfu >= 0 ? fmt::format("{:5.1f}%", 100 * report.mfu) : std::string("unknown"),
+      report.tokens_per_s, percent(report.efficiency.mfu),
+      report.efficiency.gemm_fraction >= 0
+          ? fmt::format(" ({} of GEMM rate)", percent(report.efficiency.gemm_fraction))
+          : std::string(),
       fmt_duration(eta));
 }
 
 void report_validation(MetricsLog& metrics, std::int64_t step, const eval::EvalResult& result) {
-  metrics.write({{"step", step}, {"val_loss", result.loss}, {"val_tokens", result.tokens}});
+  metrics.write(
+      {{"event", "val"}, {"step", step}, {"val_loss", result.loss}, {"val_tokens", result.tokens}});
   log_info("step {:>6} | val loss {:.4f} (ppl {:.1f}, {} tokens)", step, result.loss,
            result.perplexity, result.tokens);
 }

@@ -53,8 +53,9 @@ struct StepCost {
 };
 StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_size);
 
-// The peak FLOP/s of MFU on every rank: rank 0's measurement (measuring on all ranks at once
-// would compete), or the configured value. Collective.
+// The peaks of every rank: the hardware's (hardware.peak_tflops, the GPU's table, or this
+// CPU's cores x clock x FLOPs per cycle) and on the CPU, unless the peak is configured, rank 0's
+// measured GEMM rate. Collective.
 Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead);
 
 // The lines that describe the run before its first step: model, grid, pipeline, batch, data.
@@ -63,19 +64,25 @@ void log_run_plan(const RunConfig& cfg, const model::ModelConfig& mcfg, const Ru
                   const Peak& peak, int world_size);
 void log_goldfish(const GoldfishConfig& goldfish);
 
+// A step's FLOP rate against the peaks (< 0: unknown).
+struct StepEfficiency {
+  double mfu = -1;            // of the hardware peak
+  double gemm_fraction = -1;  // of the measured GEMM rate
+};
+
 // One finished step, as measured around train_step.
 struct StepReport {
   std::int64_t step = 0;         // optimizer steps completed
   std::int64_t tokens_seen = 0;  // all dp ranks, up to this step
   double step_s = 0;
   double tokens_per_s = 0;
-  double mfu = -1;  // < 0: unknown
+  StepEfficiency efficiency = {};
 };
 
-// The step's MFU against `peak`. A step faster than a measured peak raises it (the start-up
-// measurement ran on a busy machine), said once.
-double step_mfu(Peak& peak, bool peak_measured, double flops_per_step, double step_s,
-                std::int64_t step, bool quiet);
+// The step's MFU and GEMM fraction. A step faster than the measured GEMM rate raises it (the
+// start-up measurement ran on a busy machine), said once; the hardware peak is never raised.
+StepEfficiency step_efficiency(Peak& peak, double flops_per_step, double step_s, std::int64_t step,
+                               bool quiet);
 
 // The step's row of metrics.jsonl.
 nlohmann::json step_row(const StepReport& report, const StepResult& result, const RunModel& model,

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr const char* k_lock_file = ".tessera.lock";
-constexpr const char* k_run_files[] = {"config.toml", "metrics.jsonl", "checkpoints"};
+constexpr const char* k_run_files[] = {"config.toml", "metrics.jsonl", "tb", "checkpoints"};
 }  // namespace
 
 void check_out_dir(const fs::path& out_dir) {

@@ -76,7 +76,6 @@ struct StepReference {
   StepCost cost;
   RunPrediction prediction;
   Peak peak;
-  bool peak_measured = false;
 };
 
 // The evaluation forward of the training model itself, on the rank's own slices: the GPU model,
@@ -126,8 +125,8 @@ void report_step(TrainingRun& run, StepReference& ref, const StepResult& result,
                     static_cast<double>(ref.cost.tokens) / step_s};
   run.tok_rates.push_back(report.tokens_per_s);
   run.summary.losses.push_back(static_cast<float>(result.loss));
-  report.mfu = step_mfu(ref.peak, ref.peak_measured, ref.cost.flops_per_rank, step_s, report.step,
-                        run.opt.quiet);
+  report.efficiency =
+      step_efficiency(ref.peak, ref.cost.flops_per_rank, step_s, report.step, run.opt.quiet);
   const auto row =
       step_row(report, result, run.model, ref.peak, ref.prediction, run.cfg.goldfish.k > 0);
   if (run.lead) run.metrics.write(row);
@@ -359,7 +358,6 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
   ref.prediction = report_prediction(metrics, cfg, mcfg, plan, cluster, lead, opt.quiet);
   ref.cost = step_cost(mcfg, plan, ndp);
   ref.peak = agree_peak(cfg, rt, lead);
-  ref.peak_measured = cfg.hardware.peak_tflops <= 0;
   if (!opt.quiet)
     log_run_plan(cfg, mcfg, plan, model, ref.cost, *data.train, ref.peak, rt.world_size());
   if (cfg.goldfish.k > 0 && !opt.quiet) log_goldfish(cfg.goldfish);
