@@ -14,6 +14,7 @@
 #include "tessera/plot/plot.hpp"
 #include "tessera/train/metrics_file.hpp"
 #include "tessera/train/metrics_log.hpp"
+#include "tessera/train/metrics_rows.hpp"
 #include "tessera/train/tensorboard.hpp"
 #include "tessera/train/tensorboard_event.pb.h"
 
@@ -255,4 +256,15 @@ TEST(MetricsFile, CurvesOfAMetric) {
   EXPECT_EQ(loss.values, (std::vector<double>{3.0, 2.0}));
   EXPECT_EQ(train::metric_names(rows), (std::vector<std::string>{"loss", "val_loss"}));
   test::expect_error([&] { train::read_metrics_rows(dir / "nope"); }, "is not a run folder");
+}
+
+// Durations in the step lines: rounded before they are split, so a minute never reads 60 s.
+TEST(MetricsRows, DurationsRollOverAtWholeMinutes) {
+  using tessera::train::fmt_duration;
+  EXPECT_EQ(fmt_duration(42.2), "42s");
+  EXPECT_EQ(fmt_duration(59.6), "1m00s");
+  EXPECT_EQ(fmt_duration(179.6), "3m00s");
+  EXPECT_EQ(fmt_duration(187.0), "3m07s");
+  EXPECT_EQ(fmt_duration(7500.0), "2h05m");
+  EXPECT_EQ(fmt_duration(3599.7), "1h00m");
 }

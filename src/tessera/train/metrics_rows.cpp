@@ -19,9 +19,12 @@
 namespace tessera::train {
 
 std::string fmt_duration(double s) {
-  if (s < 60) return fmt::format("{:.0f}s", s);
-  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
-  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+  // Whole seconds (or minutes) first, so that 179.6 s reads 3m00s, not 2m60s.
+  const long sec = std::lround(s);
+  if (sec < 60) return fmt::format("{}s", sec);
+  if (sec < 3600) return fmt::format("{}m{:02}s", sec / 60, sec % 60);
+  const long min = std::lround(s / 60);
+  return fmt::format("{}h{:02}m", min / 60, min % 60);
 }
 
 void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& model, int world_rank,
