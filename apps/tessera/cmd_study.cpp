@@ -72,7 +72,8 @@ void add_study_command(CLI::App& root) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer of the calibration text: a .gguf, a tokenizer.json or a directory "
                   "(default: the model's own, else GPT-2's)");
-  cmd->add_option("--out,-o", a->out, "folder for study.md and study.csv")->capture_default_str();
+  cmd->add_option("--out,-o", a->out, "folder for study.md, study.csv, study.svg and outliers.json")
+      ->capture_default_str();
   cmd->add_flag("--verbose,-v", a->verbose, "a line per run");
   cmd->callback([a] {
     namespace fs = std::filesystem;
@@ -110,10 +111,12 @@ void add_study_command(CLI::App& root) {
     write_file_atomic(fs::path(a->out) / "study.md", md);
     write_file_atomic(fs::path(a->out) / "study.csv", res.csv());
     write_file_atomic(fs::path(a->out) / "outliers.json", res.outliers.dump(2) + "\n");
+    const auto charts = quant::study_charts(res);
+    if (!charts.empty())
+      plot::draw(charts, fs::path(a->out) / "study.svg",
+                 {900, 450 * static_cast<int>(charts.size()), 1});
     std::fputs(md.c_str(), stdout);
-    std::printf("wrote %s, %s and %s\n", (fs::path(a->out) / "study.md").string().c_str(),
-                (fs::path(a->out) / "study.csv").string().c_str(),
-                (fs::path(a->out) / "outliers.json").string().c_str());
+    std::printf("wrote study.md, study.csv, study.svg and outliers.json in %s\n", a->out.c_str());
   });
 }
 

@@ -70,6 +70,7 @@ TEST(QuantCli, QuantizeThenEvalOutliersStudy) {
   auto csv = cli::slurp(dir / "study" / "study.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 1 + 1 + 2 * 2 * 2);
   EXPECT_NE(cli::slurp(dir / "study" / "study.md").find("| gptq |"), std::string::npos);
+  EXPECT_NE(cli::slurp(dir / "study" / "study.svg").find("<svg"), std::string::npos);
   // a method with its own weight format; the rows carry the paired ratio's interval
   auto s2 = cli::run("study calibration -m " + k_fixture +
                      " --methods rtn:w4g16,gptq:w3g16 --calib random --seeds 1 --nsamples 2 "

@@ -230,6 +230,9 @@ TEST(Plot, WritesPngAndSvg) {
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   plot::draw({chart, chart}, dir / "two.svg", {800, 900, 1});
   EXPECT_NE(slurp(dir / "two.svg").find("<svg"), std::string::npos);
+  plot::Chart named{"by set", "", "KL", false, false, {a}, {"corpus", "random", "punct", "code"}};
+  plot::draw(named, dir / "named.svg");  // categories under the x axis
+  EXPECT_NE(slurp(dir / "named.svg").find("<svg"), std::string::npos);
   for (const auto& e : fs::directory_iterator(dir))  // no temporary left behind
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
   test::expect_error([&] { plot::draw(chart, dir / "loss.jpg"); }, "unknown picture format");

@@ -110,7 +110,7 @@ void draw_series(const Points& p, Style style, double y_bottom) {
   std::vector<double> zx, zy;  // impulses: one zigzag line up and down each bar (one SVG path)
   for (std::size_t i = 0; i < n; ++i) {
     if (!finite(i)) continue;
-    if (style == Style::Points) plpoin(1, &p.x[i], &p.y[i], 1);
+    if (style == Style::Points) plpoin(1, &p.x[i], &p.y[i], 17);  // a filled circle (plssym)
     if (style != Style::Impulses) continue;
     zx.insert(zx.end(), {p.x[i], p.x[i], p.x[i]});
     zy.insert(zy.end(), {y_bottom, p.y[i], y_bottom});
@@ -173,7 +173,9 @@ void draw_chart(const Chart& chart) {
       if (std::isfinite(points.back().x[i]) && std::isfinite(points.back().y[i]))
         xr.add(points.back().x[i]), yr.add(points.back().y[i]);
   }
-  const auto [x0, x1] = xr.padded();
+  const bool categories = !chart.x_categories.empty();
+  const double n_categories = static_cast<double>(chart.x_categories.size());
+  const auto [x0, x1] = categories ? std::pair{-0.5, n_categories - 0.5} : xr.padded();
   const auto [y0, y1] = yr.padded();
   pladv(0);
   plvsta();
@@ -184,10 +186,13 @@ void draw_chart(const Chart& chart) {
   plbox(("g" + xopt).c_str(), 0, 0, ("g" + yopt).c_str(), 0, 0);
   plcol0(k_ink);
   plwidth(1.0);
-  plbox(("bcnst" + xopt).c_str(), 0, 0, ("bcnstv" + yopt).c_str(), 0, 0);
+  plbox(categories ? "bc" : ("bcnst" + xopt).c_str(), 0, 0, ("bcnstv" + yopt).c_str(), 0, 0);
+  for (std::size_t i = 0; i < chart.x_categories.size(); ++i)
+    plmtex("b", 1.5, (static_cast<double>(i) - x0) / (x1 - x0), 0.5, chart.x_categories[i].c_str());
   if (chart.log_x) label_log_axis("b", x0, x1);
   if (chart.log_y) label_log_axis("l", y0, y1);
-  pllab(chart.x_label.c_str(), chart.y_label.c_str(), chart.title.c_str());
+  pllab(chart.x_label.c_str(), "", chart.title.c_str());
+  plmtex("l", 6.2, 0.5, 0.5, chart.y_label.c_str());  // clear of the horizontal tick numbers
   std::vector<int> colors;
   int next = 0;
   for (std::size_t i = 0; i < chart.series.size(); ++i) {
@@ -198,8 +203,10 @@ void draw_chart(const Chart& chart) {
     colors.push_back(index);
     plcol0(index);
     plwidth(s.style == Style::Points ? 1.0 : s.style == Style::Line ? 2.0 : 1.5);
+    plssym(0, 1.6);
     draw_series(points[i], s.style, y0);
   }
+  plssym(0, 1.0);
   plwidth(1.0);
   draw_legend(chart, colors);
 }

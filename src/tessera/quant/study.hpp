@@ -12,6 +12,7 @@
 
 #include "tessera/eval/perplexity.hpp"
 #include "tessera/model/layout.hpp"
+#include "tessera/plot/plot.hpp"
 #include "tessera/quant/calibration.hpp"
 #include "tessera/quant/quantize.hpp"
 
@@ -80,5 +81,10 @@ struct StudyResult {
 
 StudyResult run_study(const model::ParamLayout& layout, const float* params,
                       const StudyOptions& opt);
+
+// The study's figure, for plot::draw: KL divergence and perplexity ratio to the unquantized model
+// per method and calibration set (each seed a point with its 95% interval), then the largest
+// activation of each block's output per calibration set.
+std::vector<plot::Chart> study_charts(const StudyResult& r);
 
 }  // namespace tessera::quant

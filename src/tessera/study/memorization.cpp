@@ -310,7 +310,7 @@ MemorizationStudyResult run_memorization_study(const MemorizationStudyOptions& o
   res.seconds = total.seconds();
   write_file_atomic(opt.out / "summary.md", memorization_summary_markdown(res));
   write_file_atomic(opt.out / "summary.csv", memorization_summary_csv(res));
-  write_file_atomic(opt.out / "summary.svg", memorization_summary_svg(res));
+  plot::draw(memorization_summary_charts(res), opt.out / "summary.svg", {900, 900, 1});
   return res;
 }
 

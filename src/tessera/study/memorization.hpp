@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessera/eval/memorization.hpp"
+#include "tessera/plot/plot.hpp"
 
 namespace tessera::comm {
 class Runtime;
@@ -107,7 +108,7 @@ MemorizationStudyResult run_memorization_study(const MemorizationStudyOptions& o
 // model, held-out perplexity per model).
 std::string memorization_summary_markdown(const MemorizationStudyResult& r);
 std::string memorization_summary_csv(const MemorizationStudyResult& r);
-std::string memorization_summary_svg(const MemorizationStudyResult& r);
+std::vector<plot::Chart> memorization_summary_charts(const MemorizationStudyResult& r);
 
 // The 95% Wilson score interval of a binomial rate: `successes` of `n` (n > 0).
 struct RateInterval {

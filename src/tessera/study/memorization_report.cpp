@@ -1,4 +1,4 @@
-// The memorization study's summary: the Markdown table, its CSV and the SVG figure.
+// The memorization study's summary: the Markdown table, its CSV and the charts of its figure.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -35,52 +35,6 @@ ExactMatches exact_matches(const MemorizationArm& a) {
   e.count = std::llround(a.memorization.exact_rate * static_cast<double>(e.documents));
   if (e.documents > 0) e.ci = wilson_interval(e.count, e.documents);
   return e;
-}
-
-std::string svg_escape(const std::string& s) {
-  std::string r;
-  for (char c : s)
-    r += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : std::string(1, c);
-  return r;
-}
-
-// One panel of horizontal bars: a row per model, `series` bars per row (value in [0, vmax]).
-struct Series {
-  const char* name;
-  const char* color;
-  double (*value)(const MemorizationArm&);
-  const char* format;  // of the value written after the bar
-};
-
-std::string bar_panel(const MemorizationStudyResult& r, int x0, int y0, const std::string& title,
-                      const std::vector<Series>& series, double vmax) {
-  const int label_w = 250, bar_w = 260, bar_h = 12,
-            row_h = 8 + bar_h * static_cast<int>(series.size());
-  std::string s = fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\">{}</text>\n", x0, y0,
-                              svg_escape(title));
-  for (std::size_t i = 0; i < series.size(); ++i)
-    s += fmt::format(
-        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">"
-        "{}</text>\n",
-        x0 + label_w + 120 * static_cast<int>(i), y0 + 8, series[i].color,
-        x0 + label_w + 14 + 120 * static_cast<int>(i), y0 + 17, series[i].name);
-  int y = y0 + 28;
-  for (const auto& a : r.arms) {
-    s += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", x0, y + row_h / 2 + 2,
-                     svg_escape(label(a, r.options)));
-    for (std::size_t i = 0; i < series.size(); ++i) {
-      const double v = series[i].value(a);
-      const double w = vmax > 0 ? std::clamp(v / vmax, 0.0, 1.0) * bar_w : 0;
-      const int yb = y + static_cast<int>(i) * bar_h;
-      s += fmt::format(
-          "<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1f}\" "
-          "y=\"{}\" fill=\"#333\">{}</text>\n",
-          x0 + label_w, yb, w, bar_h - 2, series[i].color, x0 + label_w + w + 4, yb + bar_h - 3,
-          fmt::format(fmt::runtime(series[i].format), v));
-    }
-    y += row_h;
-  }
-  return s;
 }
 
 }  // namespace
@@ -142,31 +96,62 @@ std::string memorization_summary_csv(const MemorizationStudyResult& r) {
   return s;
 }
 
-std::string memorization_summary_svg(const MemorizationStudyResult& r) {
-  const int rows = static_cast<int>(r.arms.size());
-  const int top_h = 40 + rows * 32, bottom_h = 40 + rows * 20;
-  const int W = 640, H = 50 + top_h + bottom_h;
-  double ppl_max = 0;
-  for (const auto& a : r.arms) ppl_max = std::max(ppl_max, std::exp(a.val_loss));
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">Memorization of {} documents "
-      "({} epochs, suffix {} tokens)</text>\n",
-      W, H, r.options.docs, r.options.epochs, r.options.suffix);
-  s += bar_panel(
-      r, 10, 45, "Reproduction of the target documents' suffixes",
-      {{"exact match", "#1f77b4",
-        [](const MemorizationArm& a) { return 100 * a.memorization.exact_rate; }, "{:.1f}%"},
-       {"ROUGE-L words x100", "#ff7f0e",
-        [](const MemorizationArm& a) { return 100 * a.memorization.mean_rouge_l_words; },
-        "{:.1f}"}},
-      100);
-  s += bar_panel(r, 10, 45 + top_h + 20, "Held-out perplexity (lower is better)",
-                 {{"perplexity", "#2ca02c",
-                   [](const MemorizationArm& a) { return std::exp(a.val_loss); }, "{:.2f}"}},
-                 ppl_max);
-  return s + "</svg>\n";
+namespace {
+
+// A model's short name under the charts' x axis.
+std::string short_label(const MemorizationArm& a) {
+  if (a.name == "before" || a.name == "control" || a.goldfish_k == 0) return a.name;
+  if (a.strategy == "hash") return fmt::format("Goldfish k={}", a.goldfish_k);
+  return fmt::format("Goldfish {} k={}", a.strategy, a.goldfish_k);
+}
+
+// Each model's values at its category (x = its index), in one series.
+plot::Series per_model(const MemorizationStudyResult& r, const std::string& label,
+                       plot::Style style, const std::string& color,
+                       double (*value)(const MemorizationArm&), double offset = 0) {
+  plot::Series s{label, {}, {}, style, color};
+  for (std::size_t i = 0; i < r.arms.size(); ++i) {
+    s.x.push_back(static_cast<double>(i) + offset);
+    s.y.push_back(value(r.arms[i]));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<plot::Chart> memorization_summary_charts(const MemorizationStudyResult& r) {
+  std::vector<std::string> names;
+  for (const auto& a : r.arms) names.push_back(short_label(a));
+  plot::Chart exact{fmt::format("Suffixes reproduced ({} documents, {} epochs, {} tokens greedy)",
+                                r.options.docs, r.options.epochs, r.options.suffix),
+                    "",
+                    "percent",
+                    false,
+                    false,
+                    {},
+                    names};
+  exact.series.push_back(
+      per_model(r, "exact match", plot::Style::Points, "#1f77b4",
+                [](const MemorizationArm& a) { return 100 * a.memorization.exact_rate; }));
+  plot::Series ci{"95% interval (Wilson)", {}, {}, plot::Style::Line, "#1f77b4"};
+  for (std::size_t i = 0; i < r.arms.size(); ++i) {  // a vertical bar per model, NaN between
+    const auto e = exact_matches(r.arms[i]);
+    const double x = static_cast<double>(i);
+    ci.x.insert(ci.x.end(), {x, x, x});
+    ci.y.insert(ci.y.end(), {100 * e.ci.low, 100 * e.ci.high, std::nan("")});
+  }
+  exact.series.push_back(ci);
+  exact.series.push_back(per_model(
+      r, "ROUGE-L words x100", plot::Style::Points, "#ff7f0e",
+      [](const MemorizationArm& a) { return 100 * a.memorization.mean_rouge_l_words; }, 0.12));
+  exact.series.push_back(per_model(
+      r, "token match", plot::Style::Points, "#2ca02c",
+      [](const MemorizationArm& a) { return 100 * a.memorization.mean_token_match; }, 0.24));
+  plot::Chart ppl{
+      "Held-out perplexity (lower is better)", "", "perplexity", false, false, {}, names};
+  ppl.series.push_back(per_model(r, "", plot::Style::Points, "#2ca02c",
+                                 [](const MemorizationArm& a) { return std::exp(a.val_loss); }));
+  return {exact, ppl};
 }
 
 }  // namespace tessera::study
