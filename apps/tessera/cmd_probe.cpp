@@ -9,6 +9,7 @@
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/perf/probe.hpp"
 #include "tessera/perf/report.hpp"
 
@@ -46,6 +47,11 @@ void add_probe_command(CLI::App& root) {
                   r.spec.peak_tflops_fp32 * 1e3 * perf::gemm_efficiency(r.spec, g.M, g.N, g.K));
     std::printf("  fit: peak %.1f GFLOP/s, max_efficiency %.3f, half_dim %.0f\n",
                 r.spec.peak_tflops_fp32 * 1e3, r.spec.gemm_max_efficiency, r.spec.gemm_half_dim);
+    for (const auto& g : r.gemm_bf16)
+      std::printf("  bf16 %ldx%ldx%ld: %.1f GFLOP/s\n", g.M, g.N, g.K, g.gflops);
+    std::printf("  bf16 peak %.1f GFLOP/s (%s)\n", r.spec.peak_tflops_bf16 * 1e3,
+                kernels::cpu_has_native_bf16() ? "native bf16 dot products"
+                                               : "emulated: this CPU has no bf16 dot products");
     std::printf("memory bandwidth (triad): %.1f GB/s per rank\n", r.memory_bw_gbps);
     if (!r.collectives.empty()) {
       std::printf("collectives over %d ranks:\n  %-15s %12s %10s %10s\n", rt->world_size(), "op",

@@ -32,7 +32,11 @@
 // the order of the fp32 sums (and, in training, which values fall on the other side of a bf16
 // rounding boundary, one ulp each).
 #include <gtest/gtest.h>
+
+#include <array>
+
 #include <unistd.h>
+#include <array>
 
 #include <bit>
 #include <cmath>
@@ -96,8 +100,12 @@ TEST(Bf16Cpu, RoundingToNearestEven) {
 
 // Every transpose combination, alpha and beta, against a double reference on the rounded
 // operands: only the fp32 accumulation differs (K 2^-24 relative to sum |a b|, bounded by 1e-5).
-TEST(Bf16Cpu, GemmMatchesDoubleReferenceOnRoundedOperands) {
-  const std::int64_t M = 37, N = 29, K = 70;
+// The second shape spans several of the emulation's 1024 x 1024 blocks of C, the third several
+// blocks of K, the last ones partial (on CPUs without native bf16; natively each is one oneDNN
+// call).
+class Bf16Gemm : public ::testing::TestWithParam<std::array<std::int64_t, 3>> {};
+TEST_P(Bf16Gemm, MatchesDoubleReferenceOnRoundedOperands) {
+  const auto [M, N, K] = GetParam();
   Rng rng(11);
   std::vector<std::uint16_t> a(M * K), b(K * N);
   std::vector<float> c0(M * N);
@@ -131,6 +139,10 @@ TEST(Bf16Cpu, GemmMatchesDoubleReferenceOnRoundedOperands) {
           }
       }
 }
+INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Gemm,
+                         ::testing::Values(std::array<std::int64_t, 3>{37, 29, 70},
+                                           std::array<std::int64_t, 3>{1100, 2100, 9},
+                                           std::array<std::int64_t, 3>{5, 7, 2500}));
 
 // The fixtures in bf16 against PyTorch's fp32 logits, loss and every gradient.
 class Bf16Fixture : public ::testing::TestWithParam<const char*> {};

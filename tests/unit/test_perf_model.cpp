@@ -463,6 +463,34 @@ TEST(PerfModel, PredictStepForTheTrainer) {
   EXPECT_FALSE(bad.reason.empty());
 }
 
+// bf16 as the CPU trainer keeps it (fp32 storage): the same memory as fp32 plus the weights' bf16
+// copy (2 bytes per parameter of the rank, ZeRO or not), the rounded operands of the widest linear
+// (input and output gradient, 2 x 2 bytes x n x 4h) and the logits' gradient rounded for the head
+// (2 bytes x n x V); with ZeRO-1 over 2 ranks the optimizer shard halves in both precisions.
+TEST(PerfModel, Bf16WithFp32StorageAddsTheBf16CopiesOnly) {
+  auto m = gpt(6, 12, 768, 50257);
+  m.cfg.block_size = 128;  // the positions the layout holds: the sequence the model is given
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  const double n = 4 * 128, h = 768, V = m.cfg.padded_vocab();
+  for (int dp : {1, 2}) {
+    PlanPoint plan;
+    plan.grid = GridShape{dp, 1, 1, 1, 1};
+    plan.micro_batch = 4;
+    plan.micro_batches = 1;
+    plan.zero = dp > 1 ? 1 : 0;
+    ModelOptions o;
+    o.fp32_storage = true;
+    o.dtype = DType::FP32;
+    const auto fp32 = predict_step(m.cfg, plan, c, 128, o);
+    o.dtype = DType::BF16;
+    const auto bf16 = predict_step(m.cfg, plan, c, 128, o);
+    const double P = static_cast<double>(tessera::model::ParamLayout(m.cfg).total());
+    EXPECT_NEAR(bf16.peak_bytes - fp32.peak_bytes, 2 * P + 2 * 2 * n * 4 * h + 2 * n * V, 1e3)
+        << "dp " << dp;
+    EXPECT_LT(bf16.step_s, fp32.step_s);  // the H100's bf16 rate is far above its fp32 rate
+  }
+}
+
 TEST(PerfModel, ModelStatesMatchTheTrainersLayoutAndZeroStages) {
   // fp32 (tessera's CPU path): 4 bytes each of parameters, gradients, and 8 of AdamW moments, per
   // element of the real parameter layout; ZeRO shards them over dp like DataParallel does.

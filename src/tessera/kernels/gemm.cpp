@@ -81,16 +81,58 @@ double measure_gemm_gflops(GemmLibrary lib, bool trans_b, std::int64_t M, std::i
 
 namespace {
 
-// A stored bf16 matrix (rows, ld) widened to fp32: exact (bf16 is the upper half of an fp32).
-Buffer<float> widen(const std::uint16_t* x, std::int64_t rows, std::int64_t ld) {
-  Buffer<float> out(static_cast<std::size_t>(rows * ld));
+// The block (rows, cols) of a stored bf16 matrix (leading dimension ld) widened to fp32 into
+// `out` (rows, cols), contiguous: exact (bf16 is the upper half of an fp32).
+void widen(const std::uint16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+           Buffer<float>& out) {
+  if (out.size() < static_cast<std::size_t>(rows * cols))
+    out = Buffer<float>(static_cast<std::size_t>(rows * cols));
   float* o = out.data();
-#pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < rows * ld; ++i) {
-    const std::uint32_t u = static_cast<std::uint32_t>(x[i]) << 16;
-    std::memcpy(o + i, &u, 4);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::uint32_t u = static_cast<std::uint32_t>(x[r * ld + c]) << 16;
+      std::memcpy(o + r * cols + c, &u, 4);
+    }
+}
+
+// The emulated bf16 GEMM, blocked: C in blocks of at most k_block x k_block, each the sum over
+// K-blocks of products of its operands' blocks widened to fp32 by the fp32 GEMM (into C with
+// beta, then accumulated); the widened copies stay a few MB whatever the shape (an LM head's
+// weights widened whole would be as large as their fp32 copy).
+constexpr std::int64_t k_block = 1024;
+void gemm_bf16_emulated(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                        float alpha, const std::uint16_t* A, std::int64_t lda,
+                        const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+                        std::int64_t ldc) {
+  Buffer<float> a, b;
+  // op(A) (M, K) block at (m0, k0) and op(B) (K, N) block at (k0, n0), stored as the caller's
+  auto widen_a = [&](std::int64_t m0, std::int64_t mb, std::int64_t k0, std::int64_t kb) {
+    if (trans_a)
+      widen(A + k0 * lda + m0, kb, mb, lda, a);  // stored (K, M)
+    else
+      widen(A + m0 * lda + k0, mb, kb, lda, a);
+  };
+  auto widen_b = [&](std::int64_t k0, std::int64_t kb, std::int64_t n0, std::int64_t nb) {
+    if (trans_b)
+      widen(B + n0 * ldb + k0, nb, kb, ldb, b);  // stored (N, K)
+    else
+      widen(B + k0 * ldb + n0, kb, nb, ldb, b);
+  };
+  const bool one_a = M <= k_block && K <= k_block;  // A is one block: widened once
+  for (std::int64_t n0 = 0; n0 < N; n0 += k_block) {
+    const std::int64_t nb = std::min(k_block, N - n0);
+    for (std::int64_t k0 = 0; k0 < K; k0 += k_block) {
+      const std::int64_t kb = std::min(k_block, K - k0);
+      widen_b(k0, kb, n0, nb);
+      for (std::int64_t m0 = 0; m0 < M; m0 += k_block) {
+        const std::int64_t mb = std::min(k_block, M - m0);
+        if (!one_a || n0 == 0) widen_a(m0, mb, k0, kb);
+        gemm(GemmLibrary::OneDnn, trans_a, trans_b, mb, nb, kb, alpha, a.data(), trans_a ? mb : kb,
+             b.data(), trans_b ? kb : nb, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
+      }
+    }
   }
-  return out;
 }
 
 }  // namespace
@@ -105,9 +147,7 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   // fp32, so the two paths differ only in the order of the sums.
   const auto avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
   if ((static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & avx512) != avx512) {
-    const Buffer<float> a = widen(A, trans_a ? K : M, lda), b = widen(B, trans_b ? N : K, ldb);
-    gemm(GemmLibrary::OneDnn, trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta,
-         C, ldc);
+    gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   using dt = dnnl::memory::data_type;

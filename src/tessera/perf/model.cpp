@@ -33,6 +33,10 @@ constexpr double k_norm_bytes = 4;  // the global gradient norm reads the fp32 g
 double elt_bytes(DType d) {
   return d == DType::FP32 ? 4 : 2;
 }
+// The dtype tensors are kept and sent in (the compute dtype's unless fp32_storage).
+DType storage_dtype(const ModelOptions& o) {
+  return o.fp32_storage ? DType::FP32 : o.dtype;
+}
 
 std::size_t ax(Axis a) {
   return static_cast<std::size_t>(a);
@@ -105,7 +109,7 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   const double h = w.cfg.n_embd, a = w.cfg.n_head, s = w.seq, d = h / a;
   const double tx = g.tx, ty = g.ty, tz = g.tz;
   const double n = static_cast<double>(p.micro_batch) * s / tz;  // local rows
-  const double e = elt_bytes(o.dtype);
+  const double e = elt_bytes(storage_dtype(o));
   const double peak = c.peak_tflops(o.dtype) * 1e12;
   const double bw = c.memory_bw_gbps * 1e9;
   const Strides st = strides_of(g);
@@ -313,7 +317,7 @@ PredictContext make_context(const Workload& w, const PlanPoint& p, const Cluster
                         static_cast<double>(cfg.n_embd),
                         static_cast<double>(w.seq),
                         static_cast<double>(cfg.padded_vocab()),
-                        elt_bytes(o.dtype),
+                        elt_bytes(storage_dtype(o)),
                         peak,
                         c.memory_bw_gbps * 1e9,
                         static_cast<double>(g.tx),
@@ -481,7 +485,7 @@ void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
   const GroupLink ld = group_link(x.c, x.st.s[ax(Axis::DP)], g.dp);
   r.dp_s.assign(g.pp, 0);
   double dp_exposed = 0, opt_s = 0;
-  const bool mixed = x.o.dtype != DType::FP32;
+  const bool mixed = storage_dtype(x.o) != DType::FP32;
   const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
   for (int stg = 0; stg < g.pp; ++stg) {
     const double P = stage_params(x, stg);
@@ -515,10 +519,11 @@ void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
     // AdamW and the gradient norm before it; a model-parallel rank also reads one owner byte
     // per element (each element counted once over the replicas, parallel/tensor_model.hpp)
     const double model_parallel = g.pp * x.t * x.tz > 1 ? 1 : 0;
-    const double t_opt =
-        opt_params *
-        ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + k_norm_bytes + model_parallel) /
-        x.membw;
+    const double bf16_copy = x.o.fp32_storage && x.o.dtype != DType::FP32 ? 2 : 0;  // written
+    const double t_opt = opt_params *
+                         ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + bf16_copy +
+                          k_norm_bytes + model_parallel) /
+                         x.membw;
     if (exposed + t_opt > dp_exposed + opt_s) {
       dp_exposed = exposed;
       opt_s = t_opt;
@@ -547,19 +552,19 @@ Memory step_memory(const PredictContext& x) {
   const auto& g = x.g;
   const auto& p = x.p;
   const double n = x.n, h = x.h, e = x.e, t = x.t, tx = x.tx, tz = x.tz;
-  const bool mixed = x.o.dtype != DType::FP32;
+  const bool mixed = storage_dtype(x.o) != DType::FP32;
   const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
   const parallel::ScheduleSpec spec{p.schedule, g.pp, x.m, x.v};
   const double act_layer =
       layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, p.recompute, p.sequence_parallel,
-                             x.o.flash_attention, x.o.dtype);
+                             x.o.flash_attention, storage_dtype(x.o));
   const double act_full =
       layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, Recompute::None, p.sequence_parallel,
-                             x.o.flash_attention, x.o.dtype);
+                             x.o.flash_attention, storage_dtype(x.o));
   Memory best;
   for (int stg = 0; stg < g.pp; ++stg) {
     Memory mem;
-    const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, x.o.dtype);
+    const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, storage_dtype(x.o));
     mem.params = ms[0];
     mem.grads = ms[1];
     mem.optimizer = ms[2];
@@ -576,6 +581,13 @@ Memory step_memory(const PredictContext& x) {
     // mixed precision: the fp32 copy of the gradient the optimizer updates from (Megatron's
     // main_grad; tessera accumulates gradients in fp32), over the optimizer's shard
     if (mixed) mem.buffers += 4 * stage_params(x, stg) / (p.zero >= 1 ? g.dp : 1);
+    // fp32 storage with a bf16 GEMM: the weights' bf16 copy (whole: made of gathered blocks under
+    // ZeRO-3), the rounded GEMM operands of the widest linear (its input and output gradient)
+    // and, on the last stage, the logits' gradient rounded for the head's GEMMs
+    if (x.o.fp32_storage && x.o.dtype != DType::FP32) {
+      mem.buffers += 2 * stage_params(x, stg) + 2 * 2 * n * 4 * h / t;
+      if (stg == g.pp - 1) mem.logits += 2 * n * x.V / t;
+    }
     if (g.tz > 1) mem.buffers += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
     // ZeRO-2/3 staging over dp (parallel/data_parallel.hpp): the embedding block whole, and a
     // pool of two layers, for gradients (2, 3) and gathered parameters (3)

@@ -37,6 +37,12 @@ struct ModelOptions {
   bool tp_overlap = true;         // dx all-reduce hidden behind the dW GEMM; tz gathers prefetched
   bool dp_overlap = true;         // data-parallel reduction overlapped with the last backward
   bool pp_scatter_gather = true;  // pipeline p2p sends 1/(tx*ty) of the activation + all-gather
+  // Mixed precision as the CPU trainer keeps it: the dtype sets the GEMM rate only; parameters
+  // (AdamW updates them in place: they are the master), gradients, optimizer state, activations
+  // and every message stay fp32, plus a bf16 copy of the weights for the GEMMs. false: Megatron's
+  // layout (bf16 parameters, gradients, activations and messages; the fp32 master in the
+  // optimizer state).
+  bool fp32_storage = false;
 };
 
 // One configuration of a training step: the trainer's plan (parallel/plan.hpp). Its micro-batches

@@ -170,6 +170,31 @@ std::vector<GemmSample> probe_gemms(const ProbeOptions& o, int reps, bool show) 
   return gemm;
 }
 
+// bf16 GEMMs at a few of the fp32 shapes (GPT-2 layers' forward and weight gradient).
+std::vector<GemmSample> probe_bf16_gemms(const ProbeOptions& o, int reps) {
+  const std::vector<std::array<long, 3>> shapes =
+      o.quick ? std::vector<std::array<long, 3>>{{512, 512, 512}}
+              : std::vector<std::array<long, 3>>{
+                    {1024, 3072, 768}, {1024, 768, 3072}, {2048, 2048, 2048}, {512, 2304, 768}};
+  std::vector<GemmSample> out;
+  for (const auto& sh : shapes)
+    out.push_back({sh[0], sh[1], sh[2],
+                   kernels::measure_gemm_bf16_gflops(true, sh[0], sh[1], sh[2], reps, 0.0)});
+  return out;
+}
+
+// The bf16 peak: the fp32 peak times the median bf16 / fp32 rate ratio over the shared shapes.
+double bf16_peak_tflops(const ProbeResult& r) {
+  std::vector<double> ratios;
+  for (const auto& b : r.gemm_bf16)
+    for (const auto& f : r.gemm)
+      if (f.M == b.M && f.N == b.N && f.K == b.K && f.gflops > 0)
+        ratios.push_back(b.gflops / f.gflops);
+  if (ratios.empty()) return 0;
+  std::sort(ratios.begin(), ratios.end());
+  return r.spec.peak_tflops_fp32 * ratios[ratios.size() / 2];
+}
+
 // All-reduce over every rank at several sizes, and (full probe) as inside a training step.
 void probe_all_reduce(comm::Communicator& world, const ProbeOptions& o, int reps, ProbeResult& r) {
   const int p = world.size();
@@ -342,6 +367,7 @@ void fill_spec(ProbeResult& r, const ProbeOptions& o, int p, double baseline_gib
                               omp_get_max_threads());
   c.device = fmt::format("cpu-rank ({} threads)", omp_get_max_threads());
   fit_gemm_curve(r.gemm, c);
+  c.peak_tflops_bf16 = c.peak_tflops_fp16 = bf16_peak_tflops(r);
   c.memory_gib = total_memory_gib() / p;
   c.memory_bw_gbps = r.memory_bw_gbps;
   c.reserved_gib = std::min(std::max(baseline_gib, 0.01), c.memory_gib / 4);
@@ -370,6 +396,7 @@ ProbeResult probe_machine(comm::Runtime& rt, const ProbeOptions& o) {
   auto& world = rt.world();
   const bool lead = world.rank() == 0;
   r.gemm = probe_gemms(o, reps, lead);
+  r.gemm_bf16 = probe_bf16_gemms(o, reps);
   r.memory_bw_gbps = stream_triad_gbps(reps);
   const int p = world.size();
   if (p > 1) {

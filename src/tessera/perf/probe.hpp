@@ -31,6 +31,10 @@ struct ProbeOptions {
 
 struct ProbeResult {
   std::vector<GemmSample> gemm;
+  // bf16 GEMMs (kernels::gemm_bf16: native where the CPU has bf16 dot products, emulated
+  // otherwise) at shapes also in `gemm`; the spec's bf16 peak is the fp32 peak times their
+  // median rate ratio (the efficiency curve's shape taken as the fp32 one)
+  std::vector<GemmSample> gemm_bf16;
   std::vector<CollectiveSample> collectives;
   double memory_bw_gbps = 0;
   // GEMM alone, all-reduce alone, both at once (seconds), and the overlap fraction they give

@@ -51,9 +51,11 @@ void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& mo
 namespace {
 
 perf::StepEstimate predict(const model::ModelConfig& mcfg, const RunPlan& plan,
-                           const perf::ClusterSpec& spec) {
+                           const perf::ClusterSpec& spec, bool bf16) {
   perf::ModelOptions options;
-  options.dtype = perf::DType::FP32;
+  // bf16: the GEMMs at the cluster's bf16 rate, everything else kept as the CPU trainer keeps it
+  options.dtype = bf16 ? perf::DType::BF16 : perf::DType::FP32;
+  options.fp32_storage = true;
   options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
   return perf::predict_step(mcfg, plan.par, spec, plan.T, options);
 }
@@ -66,7 +68,7 @@ RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
   RunPrediction prediction;
   if (!cluster.spec) return prediction;
   try {
-    const auto est = predict(mcfg, plan, *cluster.spec);
+    const auto est = predict(mcfg, plan, *cluster.spec, cfg.train.precision == "bf16");
     prediction.step_s = est.step_s;
     prediction.peak_bytes = est.peak_bytes;
     if (lead)
