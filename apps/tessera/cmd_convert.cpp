@@ -17,6 +17,7 @@
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/gguf_model.hpp"
 #include "tessera/io/tokenizer_files.hpp"
+#include "tessera/quant/gguf_export.hpp"
 
 namespace tessera::app {
 
@@ -44,9 +45,9 @@ void add_convert_command(CLI::App& root) {
                   "the tokenizer to write with the model (default: the model's own; hf: none "
                   "for GPT-2's)");
   cmd->add_option("--dtype", a->dtype,
-                  "the weights' type in the file: fp32, bf16 or fp16 (gguf: also q8_0)")
+                  "the weights' type in the file: fp32, bf16 or fp16 (gguf: also q8_0, q4_0, q4_1)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "q8_0"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "q8_0", "q4_0", "q4_1"}));
   auto* shard_opt =
       cmd->add_option("--max-shard-size", a->max_shard_size,
                       "hf: the largest weight file (500MB, 2GB, 1.5GiB, bytes); larger models "
@@ -62,12 +63,14 @@ void add_convert_command(CLI::App& root) {
       if (std::filesystem::exists(target) && !a->overwrite)
         throw Error(fmt::format("{} already exists", target.string()),
                     "choose another --out, or add --overwrite");
-    if (a->dtype == "q8_0" && !gguf)
-      throw Error("--dtype q8_0 is a GGUF type", "add --format gguf");
+    const bool ggml_quant = a->dtype == "q8_0" || a->dtype == "q4_0" || a->dtype == "q4_1";
+    if (ggml_quant && !gguf)
+      throw Error(fmt::format("--dtype {} is a GGUF type", a->dtype), "add --format gguf");
     if (gguf && shard_opt->count() > 0)
       throw Error("--max-shard-size applies to Hugging Face output", "a GGUF model is one file");
     const std::uint64_t max_shard = io::parse_byte_size(a->max_shard_size);
-    const auto loaded = io::load_model(resolve_model_path(a->model));
+    const auto any = quant::load_any_model(resolve_model_path(a->model));
+    const io::LoadedModel& loaded = any.model;
     const model::ParamLayout layout(loaded.config);
     if (gguf) {
       const auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
@@ -75,12 +78,26 @@ void add_convert_command(CLI::App& root) {
       const io::GgmlType type = a->dtype == "bf16"   ? io::GgmlType::BF16
                                 : a->dtype == "fp16" ? io::GgmlType::F16
                                 : a->dtype == "q8_0" ? io::GgmlType::Q8_0
+                                : a->dtype == "q4_0" ? io::GgmlType::Q4_0
+                                : a->dtype == "q4_1" ? io::GgmlType::Q4_1
                                                      : io::GgmlType::F32;
+      if (any.quantized) {
+        if (!ggml_quant)
+          throw Error(fmt::format("{} is a quantized model ({})", a->model, any.description),
+                      "write it as --dtype q4_0, q4_1 or q8_0 (or convert the original)");
+        const auto report = quant::save_quantized_gguf(out, any, type, &tok.vocab());
+        log_info("wrote {} ({}, {}): GGUF, linears {}\n{}", out.string(),
+                 model::describe(loaded.config), any.description, a->dtype, report.summary());
+        return;
+      }
       io::save_gguf_model(out, layout, loaded.params.data(), type, &tok.vocab());
       log_info("wrote {} ({}): GGUF, {} matrices, with its tokenizer", out.string(),
                model::describe(loaded.config), a->dtype);
       return;
     }
+    if (any.quantized)
+      log_info("{} is a quantized model ({}): its dequantized weights are written", a->model,
+               any.description);
     const io::DType dtype = a->dtype == "bf16"   ? io::DType::BF16
                             : a->dtype == "fp16" ? io::DType::F16
                                                  : io::DType::F32;

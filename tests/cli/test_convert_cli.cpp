@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,8 +13,12 @@
 
 #include "cli_util.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/io/gguf.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/quant/packed_model.hpp"
+#include "tessera/quant/quantize.hpp"
+#include "tessera/quant/runner.hpp"
 
 namespace fs = std::filesystem;
 
@@ -125,4 +130,75 @@ TEST(ConvertCli, Gpt2ThroughGgufAndBack) {
                (dir / "no_tok").string()),
       "carries no tokenizer");
   EXPECT_FALSE(fs::exists(dir / "no_tok" / "model.safetensors"));
+}
+
+// A tessera-quantized GPT-2 (RTN W4 g32 symmetric) written as Q4_0 GGUF and decoded by gguf-py
+// (the reference decoder llama.cpp's Python tools use): each linear equals, bit for bit, what
+// tessera's packed kernels compute with (the codes carried over, scale (q - zero) with the scale
+// in fp16, which is Q4_0's d (n - 8)); the norms, biases and positions are the fp32 values; the
+// embedding (Q8_0) is within Q8_0's half step of the fp32 weights (|w| < 0.1 here: 4e-4, bound
+// 1e-3). The metadata names the quantization. Skipped without .venv-oracle's gguf package.
+TEST(ConvertCli, QuantizedModelAsGgufDecodesToTesserasValues) {
+  const std::string python = TESSERA_SOURCE_DIR "/.venv-oracle/bin/python";
+  if (std::system(("'" + python + "' -c 'import gguf' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no gguf package in .venv-oracle (scripts/setup --with-oracle installs it)";
+  if (!cli::have_tokenizer()) GTEST_SKIP() << "data/gpt2 (GPT-2's tokenizer) is absent";
+  const auto dir = cli::scratch("convert_quant_gguf");
+  tessera::model::ModelConfig cfg{1, 4, 32, 16, 50257};  // layers, heads, C, positions, vocab
+  const tessera::model::ParamLayout layout(cfg);
+  std::vector<float> params(layout.total());
+  tessera::model::init_params(layout, params.data(), 9);
+  tessera::io::save_model(dir / "hf", layout, params.data());
+  auto q = cli::run("quantize -m " + (dir / "hf").string() + " --method rtn --bits 4 --group 32 " +
+                    "--sym -o " + (dir / "q").string());
+  ASSERT_EQ(q.code, 0) << q.err;
+  auto c = cli::run("convert --model " + (dir / "q").string() + " --format gguf --dtype q4_0 " +
+                    "--out " + (dir / "q.gguf").string());
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE((c.out + c.err).find("4 of 4 linears carried onto the GGUF grid exactly"),
+            std::string::npos)
+      << c.out << c.err;
+  // a quantized model in a type that would hide its grid: one error line, exit 2
+  cli::expect_clean_error(
+      cli::run("convert --model " + (dir / "q").string() + " --format gguf --dtype fp16 --out " +
+               (dir / "f16.gguf").string()),
+      "quantized model");
+  const fs::path deq = dir / "deq.safetensors", meta = dir / "meta.json";
+  ASSERT_EQ(
+      std::system(("'" + python + "' '" TESSERA_SOURCE_DIR "/tools/gguf_dequantize.py' '" +
+                   (dir / "q.gguf").string() + "' '" + deq.string() + "' > '" + meta.string() + "'")
+                      .c_str()),
+      0);
+  const auto m = nlohmann::json::parse(cli::slurp(meta));
+  EXPECT_EQ(m.value("tessera.quantization.description", ""), "rtn W4 g32 sym act none");
+  EXPECT_EQ(m["tensor_types"].value("blk.0.ffn_up.weight", ""), "Q4_0");
+  EXPECT_EQ(m["tensor_types"].value("token_embd.weight", ""), "Q8_0");
+
+  const auto any = tessera::quant::load_any_model(dir / "q");
+  const auto packed = tessera::quant::pack_model(any, tessera::quant::ScaleType::F16,
+                                                 tessera::quant::Isa::Portable);
+  std::vector<std::vector<float>> linears;  // what the packed kernels compute with
+  for (const auto& pl : packed.linears) {
+    linears.emplace_back(static_cast<std::size_t>(pl.rows) * pl.cols);
+    pl.dequantize(linears.back().data());
+  }
+  const auto file = tessera::io::SafetensorsFile::open(deq);
+  for (const auto& t : layout.tensors()) {
+    const auto name = tessera::io::gpt2_hf_to_gguf_name(t.name);
+    ASSERT_TRUE(name) << t.name;
+    const std::vector<float> got = file.read_f32(*name);
+    const std::size_t n =
+        t.vocab_rows ? static_cast<std::size_t>(cfg.vocab_size) * t.shape[1] : t.numel;
+    ASSERT_EQ(got.size(), n) << *name;
+    const float* want = any.model.params.data() + t.offset;
+    for (int k = 0; k < tessera::quant::k_num_lin; ++k)
+      if (t.offset == tessera::quant::lin_weight_offset(layout, 0, tessera::quant::Lin(k)))
+        want = linears[static_cast<std::size_t>(k)].data();
+    for (std::size_t e = 0; e < n; ++e) {
+      if (t.vocab_rows)
+        ASSERT_NEAR(got[e], want[e], 1e-3) << *name << " element " << e;
+      else
+        ASSERT_EQ(got[e], want[e]) << *name << " element " << e;
+    }
+  }
 }

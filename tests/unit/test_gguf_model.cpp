@@ -759,8 +759,20 @@ TEST(GgufModelWrite, LlamaRoundTripsWithItsTokenizer) {
         ASSERT_EQ(a, b) << t.name << " (norms stay F32)";
     }
   }
+  // Q4_0: the linears in 4 bits (within half a step, max|block| / 8, of 0.1 at most: 7e-3 plus
+  // the scale's fp16 rounding; bound 1e-2), the embedding and head in Q8_0 (bound as above).
+  io::save_gguf_model(dir / "q4.gguf", layout, src.params.data(), GgmlType::Q4_0, nullptr);
+  const auto q4 = io::load_model(dir / "q4.gguf");
+  for (const auto& t : layout.tensors())
+    for (std::size_t i = 0; i < t.numel; ++i) {
+      const float a = src.params[t.offset + i], b = q4.params[t.offset + i];
+      if (t.shape.size() == 1)
+        ASSERT_EQ(a, b) << t.name;
+      else
+        ASSERT_LE(std::abs(a - b), t.vocab_rows ? 1e-3f : 1e-2f) << t.name;
+    }
   EXPECT_THROW(
-      io::save_gguf_model(dir / "q4.gguf", layout, src.params.data(), GgmlType::Q4_0, nullptr),
+      io::save_gguf_model(dir / "q5.gguf", layout, src.params.data(), GgmlType::Q5_0, nullptr),
       Error);
   fs::remove_all(dir);
 }

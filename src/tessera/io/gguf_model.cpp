@@ -443,6 +443,10 @@ std::uint32_t file_type_of(GgmlType type) {
       return 1;  // MOSTLY_F16
     case GgmlType::BF16:
       return 32;  // MOSTLY_BF16
+    case GgmlType::Q4_0:
+      return 2;  // MOSTLY_Q4_0
+    case GgmlType::Q4_1:
+      return 3;  // MOSTLY_Q4_1
     default:
       return 7;  // MOSTLY_Q8_0
   }
@@ -475,20 +479,27 @@ void add_gpt2_metadata(GgufWriter& w, const model::ModelConfig& c) {
 }
 
 // The tensor types llama.cpp's converter gives: 1-D tensors (norms, biases) and the position
-// embedding F32, the other matrices `type`.
+// embedding F32, the other matrices by gguf_matrix_type.
 GgmlType tensor_type(const model::ParamTensor& t, const model::ParamLayout& layout, GgmlType type) {
   const bool positions = !layout.config().llama() && t.offset == layout.wpe;
-  return t.shape.size() == 1 || positions ? GgmlType::F32 : type;
+  if (t.shape.size() == 1 || positions) return GgmlType::F32;
+  return gguf_matrix_type(type, t.shape.back(), t.vocab_rows);
 }
 
 }  // namespace
 
+GgmlType gguf_matrix_type(GgmlType type, std::int64_t cols, bool table) {
+  if (table && (type == GgmlType::Q4_0 || type == GgmlType::Q4_1)) type = GgmlType::Q8_0;
+  return cols % ggml_type_info(type).block_size == 0 ? type : GgmlType::F16;
+}
+
 GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
-                             const data::BpeVocab* vocab, const std::string& name) {
+                             const data::BpeVocab* vocab, const std::string& name,
+                             const RowEncoder& encode) {
   const model::ModelConfig& c = layout.config();
   if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
-      type != GgmlType::Q8_0)
-    throw Error("GGUF models are written as F32, F16, BF16 or Q8_0");
+      type != GgmlType::Q8_0 && type != GgmlType::Q4_0 && type != GgmlType::Q4_1)
+    throw Error("GGUF models are written as F32, F16, BF16, Q8_0, Q4_0 or Q4_1");
   if (vocab && vocab->tokens.size() != static_cast<std::size_t>(c.vocab_size))
     throw Error(fmt::format("the tokenizer has {} tokens and the model's vocabulary {}: a GGUF "
                             "model needs them equal",
@@ -510,13 +521,26 @@ GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* para
     if (t.vocab_rows) shape[0] = c.vocab_size;
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
-    std::vector<float> v(params + t.offset, params + t.offset + n);
-    if (t.name.ends_with("q_proj.weight")) v = permute_qk_to_gguf(v, c.n_head, shape[0], shape[1]);
-    if (t.name.ends_with("k_proj.weight"))
-      v = permute_qk_to_gguf(v, c.kv_heads(), shape[0], shape[1]);
+    const GgmlType tt = tensor_type(t, layout, type);
+    const std::int64_t qk_heads = t.name.ends_with("q_proj.weight")   ? c.n_head
+                                  : t.name.ends_with("k_proj.weight") ? c.kv_heads()
+                                                                      : 0;
     // tessera stores GPT-2's Conv1D weights (out, in), as llama.cpp's converter transposes them.
-    w.add_f32(gguf_name_of(c, t.name), tensor_type(t, layout, type), {shape.rbegin(), shape.rend()},
-              v);
+    const std::vector<std::int64_t> dims{shape.rbegin(), shape.rend()};
+    if (auto rows = encode && shape.size() == 2 && tt != GgmlType::F32
+                        ? encode(static_cast<std::int64_t>(t.offset), shape[0], shape[1], tt)
+                        : std::nullopt) {
+      if (qk_heads) {
+        std::vector<std::byte> permuted(rows->size());
+        permute_qk_rows(*rows, permuted, qk_heads, shape[0], false);
+        rows = std::move(permuted);
+      }
+      w.add_encoded(gguf_name_of(c, t.name), tt, dims, *rows);
+      continue;
+    }
+    std::vector<float> v(params + t.offset, params + t.offset + n);
+    if (qk_heads) v = permute_qk_to_gguf(v, qk_heads, shape[0], shape[1]);
+    w.add_f32(gguf_name_of(c, t.name), tt, dims, v);
   }
   return w;
 }

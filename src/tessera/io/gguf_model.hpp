@@ -25,7 +25,11 @@
 // weights.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <vector>
 
 #include "tessera/data/bpe.hpp"
 #include "tessera/io/checkpoint.hpp"
@@ -41,15 +45,29 @@ model::ModelConfig gguf_model_config(const GgufFile& f);
 LoadedModel load_gguf_model(const GgufFile& f);
 LoadedModel load_gguf_model(const std::filesystem::path& file);
 
+// Rows of a matrix already encoded for the file (a quantized model's linears carried onto GGUF's
+// grid): given the matrix's offset in the layout, its rows and columns and its type in the file,
+// the blocks of its rows in the layout's row order (the writer puts llama's q/k rows in GGUF's
+// order), or nullopt to encode the fp32 values.
+using RowEncoder = std::function<std::optional<std::vector<std::byte>>(
+    std::int64_t offset, std::int64_t rows, std::int64_t cols, GgmlType type)>;
+
 // Writes a model as llama.cpp's converter does (llama.* or gpt2.* metadata, GGUF names, llama's
-// q/k rows in GGUF's order, 1-D tensors and GPT-2's position embedding in F32 and the other
-// matrices in `type`: F32, F16, BF16 or Q8_0), with the tokenizer's tokenizer.ggml.* metadata
-// when `vocab` is given (its size must be the model's vocabulary). Throws tessera::Error for
-// another type.
+// q/k rows in GGUF's order, 1-D tensors and GPT-2's position embedding in F32, the other
+// matrices in `type`: F32, F16, BF16, Q8_0, Q4_0 or Q4_1), with the tokenizer's
+// tokenizer.ggml.* metadata when `vocab` is given (its size must be the model's vocabulary).
+// With a 4-bit type the embedding and the head are Q8_0 (8 bits where a 4-bit table costs the
+// most quality); a matrix whose rows are not a whole number of the type's blocks is F16, as
+// llama.cpp's quantizer falls back. Throws tessera::Error for another type.
 void save_gguf_model(const std::filesystem::path& file, const model::ParamLayout& layout,
                      const float* params, GgmlType type, const data::BpeVocab* vocab);
-// The same file as a writer (general.name = name), to write or take the bytes of.
+// The same file as a writer (general.name = name), to write or take the bytes of; `encode`
+// (optional) supplies encoded rows.
 GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* params, GgmlType type,
-                             const data::BpeVocab* vocab, const std::string& name);
+                             const data::BpeVocab* vocab, const std::string& name,
+                             const RowEncoder& encode = {});
+// The type a matrix of `cols` columns gets in a file of `type` (the rules above); `table`: the
+// embedding or the head.
+GgmlType gguf_matrix_type(GgmlType type, std::int64_t cols, bool table);
 
 }  // namespace tessera::io
