@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Reference point for make bench: PyTorch (Debian's python3-torch, CPU, fp32) training steps of
-the same GPT-2 model shape tessera's bench_train_step runs, on the same machine in the same session.
-Run with /usr/bin/python3 (the Debian interpreter that has torch). Not part of the product.
+"""Reference point for make bench: PyTorch (Debian's python3-torch, CPU) training steps of the
+same GPT-2 model shape tessera's bench_train_step runs, on the same machine in the same session:
+fp32, or bf16 autocast (torch.autocast("cpu", torch.bfloat16) around the forward and the loss:
+PyTorch's mixed precision on the CPU, fp32 master weights and optimizer). Run with /usr/bin/python3
+(the Debian interpreter that has torch). Not part of the product.
 
     /usr/bin/python3 bench/pytorch_gpt2_step.py [--B 4] [--T 256] [--steps 3] [--threads 2]
+                                                [--precision fp32|bf16]
 """
+import contextlib
 import argparse
 import math
 import time
@@ -55,6 +59,7 @@ def main():
     ap.add_argument("--T", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -62,11 +67,17 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     x = torch.randint(0, 50257, (a.B, a.T))
     y = torch.randint(0, 50257, (a.B, a.T))
+    def autocast():
+        if a.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     times = []
     for s in range(a.steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast():
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -75,7 +86,7 @@ def main():
             times.append(dt)
         print(f"  step {s}: {dt * 1e3:.0f} ms{' (warm-up)' if s == 0 else ''}", flush=True)
     med = sorted(times)[len(times) // 2]
-    print(f"PyTorch {torch.__version__} fp32, {a.threads} threads: median {med * 1e3:.0f} ms/step, "
+    print(f"PyTorch {torch.__version__} {a.precision}, {a.threads} threads: median {med * 1e3:.0f} ms/step, "
           f"{a.B * a.T / med:.0f} tokens/s")
 
 

@@ -78,6 +78,12 @@ class Communicator {
   // in[displs[i], displs[i] + counts[i]) into out (counts[rank()] floats). counts may be 0.
   virtual Request ireduce_scatter_sum(const float* in, float* out,
                                       const std::vector<std::size_t>& counts) = 0;
+  // The same two in bf16 (bit patterns, the upper halves of fp32 values), half the bytes: every
+  // addition in fp32 rounded to bf16 (to nearest even), so a sum over p ranks is rounded p - 1
+  // times in an order the library picks.
+  virtual Request iall_reduce_sum_bf16(std::uint16_t* buf, std::size_t n) = 0;
+  virtual Request ireduce_scatter_sum_bf16(const std::uint16_t* in, std::uint16_t* out,
+                                           const std::vector<std::size_t>& counts) = 0;
   // Variable-count all-gather: rank i contributes counts[i] floats (its `in`) placed at
   // out + sum(counts[0..i)).
   virtual Request iall_gather(const float* in, float* out,

@@ -24,6 +24,12 @@ Request LocalCommunicator::ireduce_scatter_sum(const float* in, float* out,
   if (in != out) std::copy(in, in + counts[0], out);
   return {};
 }
+Request LocalCommunicator::ireduce_scatter_sum_bf16(const std::uint16_t* in, std::uint16_t* out,
+                                                    const std::vector<std::size_t>& counts) {
+  TESSERA_CHECK(counts.size() == 1);
+  if (in != out) std::copy(in, in + counts[0], out);
+  return {};
+}
 Request LocalCommunicator::iall_gather(const float* in, float* out,
                                        const std::vector<std::size_t>& counts) {
   TESSERA_CHECK(counts.size() == 1);

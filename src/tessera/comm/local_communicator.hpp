@@ -24,6 +24,9 @@ class LocalCommunicator final : public Communicator {
   Request iall_reduce_sum(float*, std::size_t) override { return {}; }
   Request ireduce_scatter_sum(const float* in, float* out,
                               const std::vector<std::size_t>& counts) override;
+  Request iall_reduce_sum_bf16(std::uint16_t*, std::size_t) override { return {}; }
+  Request ireduce_scatter_sum_bf16(const std::uint16_t* in, std::uint16_t* out,
+                                   const std::vector<std::size_t>& counts) override;
   Request iall_gather(const float* in, float* out, const std::vector<std::size_t>& counts) override;
   Request isend(const float*, std::size_t, int, int) override;
   Request irecv(float*, std::size_t, int, int) override;

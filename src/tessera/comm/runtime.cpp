@@ -2,7 +2,9 @@
 #include "tessera/comm/runtime.hpp"
 
 #include <mpi.h>
+
 #include <unistd.h>
+#include <cstring>
 
 #include <climits>
 #include <cstdio>
@@ -51,6 +53,32 @@ class MpiRequest final : public Request::Impl {
   std::vector<int> keep1_, keep2_;  // counts/displacements must outlive the operation
 };
 
+// bf16 <-> fp32 for the bf16 sum (comm depends on nothing above it): widening is exact, rounding
+// to nearest even (NaN kept a NaN).
+float bf16_value(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint16_t bf16_round(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// MPI's user reduction: inout[i] = bf16(in[i] + inout[i]).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16_round(bf16_value(a[i]) + bf16_value(b[i]));
+}
+MPI_Op make_bf16_sum() {
+  MPI_Op op;
+  MPI_Op_create(&bf16_sum, 1, &op);  // commutative
+  return op;
+}
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, CollectiveLog* log, bool owned)
@@ -61,6 +89,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized) MPI_Op_free(&bf16_sum_);
     if (owned_ && !finalized) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -137,6 +166,24 @@ class MpiCommunicator final : public Communicator {
     MPI_Ireduce_scatter(send, out, c.data(), MPI_FLOAT, MPI_SUM, comm_, &r);
     return Request(std::make_unique<MpiRequest>(r, log_, seq, std::move(c)));
   }
+  Request iall_reduce_sum_bf16(std::uint16_t* buf, std::size_t n) override {
+    auto seq = log_->begin("all_reduce_bf16", name_, size_, n * 2);
+    MPI_Request r;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(n), MPI_UINT16_T, bf16_sum_, comm_, &r);
+    return Request(std::make_unique<MpiRequest>(r, log_, seq));
+  }
+  Request ireduce_scatter_sum_bf16(const std::uint16_t* in, std::uint16_t* out,
+                                   const std::vector<std::size_t>& counts) override {
+    TESSERA_CHECK(static_cast<int>(counts.size()) == size_);
+    std::vector<int> c(counts.size());
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) c[i] = to_int(counts[i]), total += counts[i];
+    auto seq = log_->begin("reduce_scatter_bf16", name_, size_, total * 2);
+    MPI_Request r;
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    MPI_Ireduce_scatter(send, out, c.data(), MPI_UINT16_T, bf16_sum_, comm_, &r);
+    return Request(std::make_unique<MpiRequest>(r, log_, seq, std::move(c)));
+  }
   Request iall_gather(const float* in, float* out,
                       const std::vector<std::size_t>& counts) override {
     TESSERA_CHECK(static_cast<int>(counts.size()) == size_);
@@ -167,6 +214,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm_;
+  MPI_Op bf16_sum_ = make_bf16_sum();  // freed with the communicator
   std::string name_;
   CollectiveLog* log_;
   bool owned_;

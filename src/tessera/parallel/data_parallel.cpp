@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/parallel/sharding.hpp"
 
 namespace tessera::parallel {
@@ -133,8 +134,16 @@ void DataParallel::begin_micro_batch(bool last) {
 void DataParallel::issue_reduction(int block, float* data) {
   const std::size_t bb = model::block_begin(layout_, block), be = model::block_end(layout_, block);
   covered_ += be - bb;
-  Pending p{comm::Request(), block, stage_ >= 2 ? data : nullptr};
-  if (comm_.size() > 1) {
+  Pending p{comm::Request(), block, stage_ >= 2 ? data : nullptr, data, {}};
+  if (comm_.size() > 1 && bf16_reduce_) {
+    p.half.resize(be - bb);
+    kernels::cpu::to_bf16(p.half.data(), data, static_cast<std::int64_t>(be - bb));
+    if (stage_ == 0)
+      p.req = comm_.iall_reduce_sum_bf16(p.half.data(), be - bb);
+    else  // in place: this rank's sum lands at half[0..)
+      p.req = comm_.ireduce_scatter_sum_bf16(p.half.data(), p.half.data(), counts_in(bb, be));
+    issued_ += be - bb;
+  } else if (comm_.size() > 1) {
     if (stage_ == 0)
       p.req = comm_.iall_reduce_sum(data, be - bb);
     else  // in place: this rank's sum lands at data[0..)
@@ -149,6 +158,11 @@ void DataParallel::complete(Pending& p) {
   const std::size_t bb = model::block_begin(layout_, p.block),
                     be = model::block_end(layout_, p.block);
   const std::size_t mine = counts_in(bb, be)[comm_.rank()];
+  if (!p.half.empty()) {  // bf16: the reduced values back where the fp32 reduction leaves them
+    const std::size_t n = stage_ == 0 ? be - bb : mine;
+    for (std::size_t i = 0; i < n; ++i) p.data[i] = kernels::cpu::bf16_to_fp32(p.half[i]);
+    std::vector<std::uint16_t>().swap(p.half);
+  }
   const std::size_t at = std::max(bb, shard_begin_);  // where this rank's part starts (flat index)
   if (stage_ == 1 && comm_.size() > 1 && mine) {
     std::memmove(grads_.data() + at, grads_.data() + bb, mine * sizeof(float));

@@ -78,6 +78,11 @@ class DataParallel final : public model::ParamStore {
   // optim::clip_scale), then the parameter gathers of ZeRO 1 and 2.
   void step(const optim::AdamWConfig& cfg, float lr, std::int64_t step, float grad_scale = 1.0f);
   double mean(double x);  // average of a scalar over the dp group
+  // Gradient reductions in bf16 (false: fp32, the default): each block is rounded to bf16, summed
+  // as bf16 over the group (comm::Communicator's bf16 collectives, half the bytes) and widened
+  // back into the fp32 gradients. The sum is rounded at every addition, so the reduced gradient
+  // differs from the fp32 one by a few bf16 ulps; the optimizer and its state stay fp32.
+  void set_bf16_reduction(bool on) { bf16_reduce_ = on; }
   double overlap_fraction() const { return overlapped_fraction_; }
 
   // ---- model::ParamStore ----
@@ -93,7 +98,9 @@ class DataParallel final : public model::ParamStore {
   struct Pending {
     comm::Request req;
     int block;
-    float* staging;  // stages 2-3: the transient buffer being reduce-scattered
+    float* staging;                   // stages 2-3: the transient buffer being reduce-scattered
+    float* data = nullptr;            // the block's gradient being reduced
+    std::vector<std::uint16_t> half;  // bf16 reduction: the block rounded, reduced in place
   };
   std::vector<std::size_t> counts_in(std::size_t b, std::size_t e) const;
   void issue_reduction(int block, float* data);
@@ -107,6 +114,7 @@ class DataParallel final : public model::ParamStore {
   const model::ParamLayout& layout_;
   int stage_;
   bool overlap_;
+  bool bf16_reduce_ = false;
   int nblocks_;
   std::size_t shard_begin_ = 0, shard_end_ = 0, max_block_ = 0;
 

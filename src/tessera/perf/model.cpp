@@ -486,7 +486,7 @@ void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
   r.dp_s.assign(g.pp, 0);
   double dp_exposed = 0, opt_s = 0;
   const bool mixed = storage_dtype(x.o) != DType::FP32;
-  const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
+  const double gbytes = mixed || x.o.bf16_grad_reduce ? 2 : 4, pbytes = mixed ? 2 : 4;
   for (int stg = 0; stg < g.pp; ++stg) {
     const double P = stage_params(x, stg);
     double t_dp = 0, bytes = 0;
@@ -598,6 +598,9 @@ Memory step_memory(const PredictContext& x) {
     // the data-parallel reduction in flight: a staging copy of the largest reduction block (the
     // embedding on the first stage, a layer elsewhere; MPI's non-blocking collectives copy it)
     if (g.dp > 1) mem.buffers += std::max(embed_block, layer_params(x)) * gbytes;
+    // a bf16 reduction of fp32 gradients: each block's bf16 copy, all in flight at the end of
+    // the backward
+    if (g.dp > 1 && x.o.bf16_grad_reduce && !mixed) mem.buffers += 2 * stage_params(x, stg);
     mem.reserved = x.c.reserved_gib * 1073741824.0;
     if (mem.total() > best.total()) best = mem;
   }

@@ -43,6 +43,8 @@ struct ModelOptions {
   // layout (bf16 parameters, gradients, activations and messages; the fp32 master in the
   // optimizer state).
   bool fp32_storage = false;
+  // The data-parallel gradient reduction in bf16 (2 bytes per element) whatever the storage.
+  bool bf16_grad_reduce = false;
 };
 
 // One configuration of a training step: the trainer's plan (parallel/plan.hpp). Its micro-batches

@@ -51,11 +51,12 @@ void report_memory(MetricsLog& metrics, const RunConfig& cfg, const RunModel& mo
 namespace {
 
 perf::StepEstimate predict(const model::ModelConfig& mcfg, const RunPlan& plan,
-                           const perf::ClusterSpec& spec, bool bf16) {
+                           const perf::ClusterSpec& spec, const RunConfig& cfg) {
   perf::ModelOptions options;
   // bf16: the GEMMs at the cluster's bf16 rate, everything else kept as the CPU trainer keeps it
-  options.dtype = bf16 ? perf::DType::BF16 : perf::DType::FP32;
+  options.dtype = cfg.train.precision == "bf16" ? perf::DType::BF16 : perf::DType::FP32;
   options.fp32_storage = true;
+  options.bf16_grad_reduce = cfg.parallel.grad_reduce == "bf16";
   options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
   return perf::predict_step(mcfg, plan.par, spec, plan.T, options);
 }
@@ -68,7 +69,7 @@ RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
   RunPrediction prediction;
   if (!cluster.spec) return prediction;
   try {
-    const auto est = predict(mcfg, plan, *cluster.spec, cfg.train.precision == "bf16");
+    const auto est = predict(mcfg, plan, *cluster.spec, cfg);
     prediction.step_s = est.step_s;
     prediction.peak_bytes = est.peak_bytes;
     if (lead)

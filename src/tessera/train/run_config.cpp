@@ -96,6 +96,7 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "tz", c.parallel.tz);
   f("parallel", "zero", c.parallel.zero);
   f("parallel", "overlap", c.parallel.overlap);
+  f("parallel", "grad_reduce", c.parallel.grad_reduce);
   f("parallel", "recompute", c.parallel.recompute);
   f("parallel", "sequence_parallel", c.parallel.sequence_parallel);
   f("parallel", "overlap_dx", c.parallel.overlap_dx);
@@ -620,6 +621,9 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.train.precision != "fp32" && c.train.precision != "bf16")
     v.fail("train.precision", c.train.precision, "must be \"fp32\" or \"bf16\"",
            "fp32 everywhere, or bf16 mixed precision (fp32 master weights)");
+  if (c.parallel.grad_reduce != "fp32" && c.parallel.grad_reduce != "bf16")
+    v.fail("parallel.grad_reduce", c.parallel.grad_reduce, "must be \"fp32\" or \"bf16\"",
+           "bf16 halves the bytes of the data-parallel gradient reduction");
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");

@@ -122,6 +122,9 @@ struct ParallelSection {
   int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
   int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
   bool overlap = true;  // reduce gradient buckets during backward (false: after it, to measure)
+  // the data-parallel gradient reduction's dtype: "fp32", or "bf16" (half the bytes; the sum
+  // rounded to bf16 at every addition)
+  std::string grad_reduce = "fp32";
   // tensor parallelism (tx, ty, tz):
   bool recompute = false;          // recompute each layer's activations in backward
   bool sequence_parallel = false;  // 1D (tx only): split the replicated regions by sequences

@@ -45,6 +45,7 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
   model.dp_comm = &rt.group(topo, {comm::Axis::DP});
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
                                                       plan.par.zero, plan.par.overlap_dp);
+  model.dp->set_bf16_reduction(cfg.parallel.grad_reduce == "bf16");
   if (cfg.hardware.device == "cuda")
     model.device = std::make_unique<model::DeviceGpt>(
         mcfg,
