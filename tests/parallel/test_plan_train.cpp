@@ -1,6 +1,6 @@
 // The planner driving the trainer: tessera plan --emit-set's line accepted by train and run on the
 // grid it names, train with parallel.auto = true choosing and logging its plan, the prediction
-// check of every run.
+// check of every run, and tessera tune ranking measured candidates and resuming.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -133,4 +133,46 @@ TEST(PlanTrain, PredictionFarOffWarnsOnce) {
   const auto at = run.output.find(warning);
   ASSERT_NE(at, std::string::npos) << run.output;
   EXPECT_EQ(run.output.find(warning, at + 1), std::string::npos) << "once, from rank 0";
+}
+
+// tessera tune on 4 ranks: 4 candidates measured and ranked, the winner no slower than the
+// planner's first choice beyond the noise it reports, a fragment train accepts, and a second
+// tuning in the same directory reuses every measurement.
+TEST(PlanTrain, TuneRanksMeasuredCandidatesAndResumes) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
+  const auto data = data_dir();
+  const auto dir = scratch("tune");
+  const std::string tune = mpirun(4) +
+                           "'" TESSERA_BIN
+                           "' tune configs/runs/tiny.toml --top 4 "
+                           "--steps 3 --dir " +
+                           (dir / "t").string() + " --set 'data.train=\"" +
+                           (data / "train.bin").string() + "\"' 'data.val=\"" +
+                           (data / "val.bin").string() + "\"'";
+  auto first = sh(tune);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto results = nlohmann::json::parse(slurp(dir / "t" / "results.json"))["results"];
+  ASSERT_EQ(results.size(), 4u);
+  double fastest = 1e30, first_choice = 0, first_noise = 0;
+  for (const auto& r : results) {
+    EXPECT_GT(r["step_s"].get<double>(), 0);
+    EXPECT_GT(r["peak_bytes"].get<double>(), 0);
+    fastest = std::min(fastest, r["step_s"].get<double>());
+    if (r["predicted_rank"] == 1)
+      first_choice = r["step_s"].get<double>(), first_noise = r["noise_s"].get<double>();
+  }
+  EXPECT_LE(fastest, first_choice + first_noise);
+  EXPECT_NE(first.output.find("measured predicted"), std::string::npos) << first.output;
+  ASSERT_TRUE(fs::exists(dir / "t" / "best.toml"));
+  auto train = sh(mpirun(4) + train_args(data, dir / "winner", 4, 1, 2) + " --set-file " +
+                  (dir / "t" / "best.toml").string());
+  EXPECT_EQ(train.code, 0) << train.output;
+
+  auto again = sh(tune);
+  ASSERT_EQ(again.code, 0) << again.output;
+  std::size_t reused = 0;
+  for (auto at = again.output.find("not run again"); at != std::string::npos;
+       at = again.output.find("not run again", at + 1))
+    ++reused;
+  EXPECT_EQ(reused, 4u) << again.output;
 }
