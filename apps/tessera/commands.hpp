@@ -21,5 +21,6 @@ void add_plot_command(CLI::App& root);
 void add_tune_command(CLI::App& root);
 void add_study_command(CLI::App& root);
 void add_study_memorization_command(CLI::App& study);  // under `study`
+void add_study_scaling_command(CLI::App& study);       // under `study`
 
 }  // namespace tessera::app
