@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -70,6 +71,26 @@ TEST(PerfCli, PlanEmitSet) {
                               "--emit-set"),
                      "no selective recomputation");
   expect_clean_error(cli::run(plan + " --emit-set 100000"), "configurations fit");
+}
+
+// Bad input to tune, the scaling study and train's --set-file: one clean line, exit code 2,
+// before any work.
+TEST(PerfCli, TuneScalingAndFragmentErrors) {
+  expect_clean_error(cli::run("tune configs/runs/tiny.toml --steps 1"), "--steps must be >= 2");
+  expect_clean_error(cli::run("tune configs/runs/tiny.toml --top 0"), "--top must be >= 1");
+  expect_clean_error(cli::run("train configs/runs/tiny.toml --set-file nope.toml"),
+                     "config fragment not found");
+  const auto dir = cli::scratch("fragment");
+  std::ofstream(dir / "loose.toml") << "dp = 2\n";
+  expect_clean_error(
+      cli::run("train configs/runs/tiny.toml --set-file " + (dir / "loose.toml").string()),
+      "'dp' is not in a section");
+  std::ofstream(dir / "typo.toml") << "[parallel]\ndq = 2\n";
+  expect_clean_error(
+      cli::run("train configs/runs/tiny.toml --set-file " + (dir / "typo.toml").string()),
+      "parallel.dq");
+  expect_clean_error(cli::run("study scaling --grids foo"), "unknown grid 'foo'");
+  expect_clean_error(cli::run("study scaling --ranks 2,4"), "must start at 1");
 }
 
 TEST(PerfCli, SimulateWithTrace) {
