@@ -1,7 +1,10 @@
 // tessera plan --model M --cluster C --gpus N --global-batch B [--seq S] [--top K] [--json] ...
 // Ranks the configurations of a training step by predicted step time (docs/plan.md).
+// tessera plan ... --emit-set [N]
+// Prints the `--set parallel.* train.*` line of the Nth plan, for `tessera train CONFIG`.
 // tessera plan --show-schedule KIND --pp P --micro-batches M [--chunks V] [--json]
 // Draws one pipeline schedule as a text timeline and checks it (docs/plan.md).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "tessera/perf/model_spec.hpp"
 #include "tessera/perf/planner.hpp"
 #include "tessera/perf/report.hpp"
+#include "tessera/train/auto_plan.hpp"
 
 namespace tessera::app {
 
@@ -101,6 +105,35 @@ void show_schedule(const std::string& kind, int pp, int m, int chunks, bool chun
   }
 }
 
+// --emit-set [N]: N (default 1), checked with the flags it cannot go with; 0 when not given.
+int emit_index(const CLI::Option* emit, const std::string& text, bool json,
+               const std::string& recompute) {
+  if (emit->count() == 0) return 0;
+  if (json) throw Error("--emit-set prints a line of run-config keys, not JSON", "drop --json");
+  if (recompute == "selective")
+    throw Error("--emit-set: the trainer has no selective recomputation",
+                "use --recompute none, full or all");
+  if (text.empty()) return 1;
+  if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 6 ||
+      std::stoi(text) < 1)
+    throw Error(fmt::format("--emit-set {} is not a plan number", text),
+                "give the rank of a plan in the table, 1 for the fastest");
+  return std::stoi(text);
+}
+
+// --emit-set: the run-config keys of plan `n` (1-based) on stdout, what it is on stderr.
+void emit_set(const perf::PlanResult& res, int n, int seq) {
+  if (static_cast<std::size_t>(n) > res.best.size())
+    throw Error(fmt::format("--emit-set {}: only {} configuration{} fit", n, res.best.size(),
+                            res.best.size() == 1 ? "" : "s"),
+                "choose a plan of the table (tessera plan without --emit-set lists them)");
+  const auto& p = res.best[static_cast<std::size_t>(n - 1)];
+  std::fprintf(stderr, "plan %d of the %ld that fit: %s, predicted %s per step, %s per device\n", n,
+               res.feasible, p.point.describe().c_str(), perf::format_seconds(p.step_s).c_str(),
+               perf::format_bytes(p.memory.total()).c_str());
+  std::printf("%s\n", train::plan_set_line(p.point, seq).c_str());
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& root) {
@@ -116,6 +149,7 @@ void add_plan_command(CLI::App& root) {
     std::vector<int> zero = {0, 1, 2, 3};
     bool json = false, no_flash = false, no_overlap = false, one_d = false;
     std::string show_schedule;  // --show-schedule: draw this schedule instead of planning
+    std::string emit;           // --emit-set [N]: "" = 1
     int pp = 0, micro_batches = 0, chunks = 0;
   };
   auto a = std::make_shared<Args>();
@@ -127,7 +161,7 @@ void add_plan_command(CLI::App& root) {
                       "cluster file, or a name in configs/clusters (e.g. frontier)"),
       cmd->add_option("--gpus,-n", a->gpus, "devices"),
       cmd->add_option("--global-batch,-b", a->global_batch, "sequences per step")};
-  const std::vector<CLI::Option*> planning = {
+  std::vector<CLI::Option*> planning = {
       cmd->add_option("--seq", a->seq, "sequence length (default: the model file's seq_len)"),
       cmd->add_option("--top", a->top, "configurations to show")->capture_default_str(),
       cmd->add_option("--dtype", a->dtype, "compute dtype: bf16, fp16 (mixed precision) or fp32")
@@ -150,6 +184,12 @@ void add_plan_command(CLI::App& root) {
                     "one tensor axis at most: tx alone (1D, with sequence parallelism) or ty alone "
                     "(Megatron), no tz")};
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
+  auto* emit = cmd->add_option("--emit-set", a->emit,
+                               "print only the --set parallel.* train.* line of plan N (default "
+                               "1, the fastest) to paste after 'tessera train CONFIG'; searches "
+                               "only what the trainer runs (no selective recomputation)")
+                   ->expected(0, 1)
+                   ->type_name("[N]");
   auto* show = cmd->add_option("--show-schedule", a->show_schedule,
                                "instead of planning, draw the pipeline schedule gpipe, 1f1b or "
                                "interleaved as a text timeline (with --pp, --micro-batches)")
@@ -161,7 +201,8 @@ void add_plan_command(CLI::App& root) {
       cmd->add_option("--chunks", a->chunks,
                       "with --show-schedule: chunks per stage (default 2 for interleaved, "
                       "1 otherwise)")};
-  cmd->callback([a, needed, planning, drawing, show] {
+  planning.push_back(emit);
+  cmd->callback([a, needed, planning, drawing, show, emit] {
     if (show->count() > 0) {
       auto unused = given(needed);
       for (auto& n : given(planning)) unused.push_back(n);
@@ -198,6 +239,7 @@ void add_plan_command(CLI::App& root) {
     auto setup = load_perf_setup(a->model, a->cluster, a->gpus, a->global_batch, a->seq, a->dtype,
                                  a->no_flash, a->no_overlap);
     if (a->top < 1) throw Error("--top must be >= 1");
+    const int emit_n = emit_index(emit, a->emit, a->json, a->recompute);
     const auto& ms = setup.ms;
     const auto& cl = setup.cl;
     const auto& w = setup.w;
@@ -206,15 +248,18 @@ void add_plan_command(CLI::App& root) {
     s.devices = a->gpus;
     if (!a->grid.empty()) s.grid = perf::parse_grid(a->grid);
     if (a->recompute != "all") s.recompute = {perf::parse_recompute(a->recompute)};
+    if (emit_n > 0 && a->recompute == "all")  // what the trainer runs
+      s.recompute = train::trainer_plan_search(a->gpus, a->top).recompute;
     for (int z : a->zero)
       if (z < 0 || z > 3) throw Error(fmt::format("--zero: stage {} is not in 0-3", z));
     s.zero_stages = a->zero;
     s.max_micro_batch = a->max_micro_batch;
     s.max_chunks = a->max_chunks;
     s.tensor_3d = !a->one_d;
-    s.top = a->top;
+    s.top = std::max(a->top, emit_n);
     auto res = perf::plan(w, cl, s, o);
     const double secs = timer.seconds();
+    if (emit_n > 0 && !res.best.empty()) return emit_set(res, emit_n, w.seq);
     if (a->json) {
       nlohmann::json j;
       j["model"] = ms.name;

@@ -29,9 +29,11 @@ std::vector<std::string> split_list(const std::string& s) {
 void add_study_command(CLI::App& root) {
   auto* study = root.add_subcommand(
       "study",
-      "experiments: calibration sets x quantization methods; memorization and the Goldfish loss");
+      "experiments: calibration sets x quantization methods; memorization and the Goldfish loss; "
+      "weak and strong scaling");
   study->require_subcommand(1);
   add_study_memorization_command(*study);  // cmd_study_memorization.cpp
+  add_study_scaling_command(*study);       // cmd_study_scaling.cpp
   auto* cmd =
       study->add_subcommand("calibration",
                             "perplexity per quantization method x calibration set x seed, with the "

@@ -1,10 +1,11 @@
-// tessera train --config FILE [--set key=value ...] [--resume]
+// tessera train --config FILE [--set-file FRAGMENT] [--set key=value ...] [--resume]
 #include <cmath>
 
 #include "commands.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/train/config_fragment.hpp"
 #include "tessera/train/run_config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -39,6 +40,7 @@ void add_train_command(CLI::App& root) {
   struct Args {
     std::string config = "configs/runs/demo.toml";
     std::vector<std::string> sets;
+    std::vector<std::string> set_files;
     bool resume = false;
     bool overwrite = false;
     bool override_schedule = false;
@@ -53,6 +55,9 @@ void add_train_command(CLI::App& root) {
   cmd->add_option("--set,-s", args->sets,
                   "override a config key, e.g. --set train.lr=3e-4 (repeatable)")
       ->take_all();
+  cmd->add_option("--set-file", args->set_files,
+                  "apply the keys of a run-config fragment (e.g. tessera tune's best.toml) on "
+                  "top of the config, before --set (repeatable)");
   cmd->add_flag("--resume", args->resume,
                 "continue from the newest complete checkpoint in train.out_dir");
   cmd->add_flag("--overwrite", args->overwrite,
@@ -84,7 +89,11 @@ void add_train_command(CLI::App& root) {
     };
     train::RunConfig cfg;
     try {
-      cfg = train::load_run_config(args->config, args->sets);
+      std::vector<std::string> sets;
+      for (const auto& f : args->set_files)
+        for (auto& k : train::fragment_overrides(f)) sets.push_back(std::move(k));
+      sets.insert(sets.end(), args->sets.begin(), args->sets.end());
+      cfg = train::load_run_config(args->config, sets);
     } catch (const Error& e) {
       fail_once(e);
     }

@@ -18,7 +18,9 @@ void add_probe_command(CLI::App& root);
 void add_quantize_command(CLI::App& root);
 void add_outliers_command(CLI::App& root);
 void add_plot_command(CLI::App& root);
+void add_tune_command(CLI::App& root);
 void add_study_command(CLI::App& root);
 void add_study_memorization_command(CLI::App& study);  // under `study`
+void add_study_scaling_command(CLI::App& study);       // under `study`
 
 }  // namespace tessera::app

@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   tessera::app::add_quantize_command(app);
   tessera::app::add_outliers_command(app);
   tessera::app::add_plot_command(app);
+  tessera::app::add_tune_command(app);
   tessera::app::add_study_command(app);
   if (argc == 1) {  // bare tessera: what it can do
     std::fputs(app.help().c_str(), stdout);

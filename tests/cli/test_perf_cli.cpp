@@ -1,6 +1,10 @@
 // End-to-end tests of tessera plan, simulate and probe: outputs, JSON, traces, clean errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
@@ -34,6 +38,59 @@ TEST(PerfCli, PlanErrors) {
   expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --grid 1,2,3"), "--grid");
   expect_clean_error(cli::run("plan -m gpt-1t -c frontier -n 8 -b 8"), "no configuration");
   expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --dtype fp8"), "dtype");
+}
+
+// --emit-set: one line of run-config keys on stdout (the plan it is on stderr), the Nth plan's
+// (as the JSON's Nth with the same search), and clean errors.
+TEST(PerfCli, PlanEmitSet) {
+  const std::string plan = "plan -m gpt2-124m -c dgx-h100 -n 8 -b 64 --seq 1024 --recompute none";
+  auto r = cli::run(plan + " --emit-set");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("--set parallel.dp=", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find(" train.global_batch=64 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" train.seq_len=1024"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("plan 1 of the"), std::string::npos) << r.err;
+  auto third = cli::run(plan + " --emit-set 3");
+  ASSERT_EQ(third.code, 0) << third.err;
+  auto j = cli::run(plan + " --top 3 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto p3 = nlohmann::json::parse(j.out)["plans"][2];
+  for (const char* axis : {"dp", "pp", "tx", "ty", "tz"})
+    EXPECT_NE(third.out.find(fmt::format("parallel.{}={} ", axis, p3["grid"][axis].get<int>())),
+              std::string::npos)
+        << axis << ": " << third.out;
+  EXPECT_NE(third.out.find(fmt::format("parallel.zero={} ", p3["zero"].get<int>())),
+            std::string::npos)
+      << third.out;
+
+  expect_clean_error(cli::run(plan + " --emit-set 0"), "--emit-set 0 is not a plan number");
+  expect_clean_error(cli::run(plan + " --emit-set x"), "--emit-set x is not a plan number");
+  expect_clean_error(cli::run(plan + " --emit-set --json"), "not JSON");
+  expect_clean_error(cli::run("plan -m gpt2-124m -c dgx-h100 -n 8 -b 64 --recompute selective "
+                              "--emit-set"),
+                     "no selective recomputation");
+  expect_clean_error(cli::run(plan + " --emit-set 100000"), "configurations fit");
+}
+
+// Bad input to tune, the scaling study and train's --set-file: one clean line, exit code 2,
+// before any work.
+TEST(PerfCli, TuneScalingAndFragmentErrors) {
+  expect_clean_error(cli::run("tune configs/runs/tiny.toml --steps 1"), "--steps must be >= 2");
+  expect_clean_error(cli::run("tune configs/runs/tiny.toml --top 0"), "--top must be >= 1");
+  expect_clean_error(cli::run("train configs/runs/tiny.toml --set-file nope.toml"),
+                     "config fragment not found");
+  const auto dir = cli::scratch("fragment");
+  std::ofstream(dir / "loose.toml") << "dp = 2\n";
+  expect_clean_error(
+      cli::run("train configs/runs/tiny.toml --set-file " + (dir / "loose.toml").string()),
+      "'dp' is not in a section");
+  std::ofstream(dir / "typo.toml") << "[parallel]\ndq = 2\n";
+  expect_clean_error(
+      cli::run("train configs/runs/tiny.toml --set-file " + (dir / "typo.toml").string()),
+      "parallel.dq");
+  expect_clean_error(cli::run("study scaling --grids foo"), "unknown grid 'foo'");
+  expect_clean_error(cli::run("study scaling --ranks 2,4"), "must start at 1");
 }
 
 TEST(PerfCli, SimulateWithTrace) {

@@ -15,6 +15,7 @@
 #include "tessera/parallel/pipeline.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/perf/model.hpp"
+#include "tessera/train/auto_plan.hpp"
 
 namespace tessera::train {
 
@@ -52,13 +53,7 @@ namespace {
 
 perf::StepEstimate predict(const model::ModelConfig& mcfg, const RunPlan& plan,
                            const perf::ClusterSpec& spec, const RunConfig& cfg) {
-  perf::ModelOptions options;
-  // bf16: the GEMMs at the cluster's bf16 rate, everything else kept as the CPU trainer keeps it
-  options.dtype = cfg.train.precision == "bf16" ? perf::DType::BF16 : perf::DType::FP32;
-  options.fp32_storage = true;
-  options.bf16_grad_reduce = cfg.parallel.grad_reduce == "bf16";
-  options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
-  return perf::predict_step(mcfg, plan.par, spec, plan.T, options);
+  return perf::predict_step(mcfg, plan.par, spec, plan.T, trainer_model_options(cfg));
 }
 
 }  // namespace
@@ -315,6 +310,41 @@ void write_summary_row(MetricsLog& metrics, std::vector<double> tok_rates,
     row["predicted_peak_bytes"] = prediction.peak_bytes;
   }
   metrics.write(row);
+}
+
+void check_prediction(MetricsLog& metrics, const RunPrediction& prediction,
+                      const std::vector<double>& step_s, double peak_bytes, bool lead, bool quiet) {
+  if (prediction.step_s <= 0 || step_s.size() < 2 || !lead) return;
+  // steps 2-4: the first one warms up (allocations, first touches, the GEMM tuner)
+  std::vector<double> measured(step_s.begin() + 1,
+                               step_s.begin() + static_cast<long>(std::min<std::size_t>(
+                                                    step_s.size(), k_prediction_check_steps)));
+  std::sort(measured.begin(), measured.end());
+  const double median = measured[measured.size() / 2];
+  const double time_off = median / prediction.step_s - 1;
+  const double memory_off = peak_bytes / prediction.peak_bytes - 1;
+  const bool warn = std::fabs(time_off) > k_prediction_tolerance ||
+                    std::fabs(memory_off) > k_prediction_tolerance;
+  metrics.write({{"event", "prediction_check"},
+                 {"steps", measured.size()},
+                 {"median_step_ms", median * 1e3},
+                 {"predicted_step_ms", prediction.step_s * 1e3},
+                 {"peak_rss_bytes", peak_bytes},
+                 {"predicted_peak_bytes", prediction.peak_bytes},
+                 {"within_tolerance", !warn}});
+  const std::string figures = fmt::format(
+      "steps 2-{} took {:.1f} ms (median; predicted {:.1f} ms, {:+.0f}%), peak memory {:.1f} MB "
+      "per rank (predicted {:.1f} MB, {:+.0f}%)",
+      measured.size() + 1, median * 1e3, prediction.step_s * 1e3, 100 * time_off, peak_bytes / 1e6,
+      prediction.peak_bytes / 1e6, 100 * memory_off);
+  if (warn)
+    log_info(
+        "warning: the performance model is off by more than {:.0f}%: {}; its plans may not "
+        "be this machine's best (re-run tessera probe under the same launcher, or tessera "
+        "tune to measure them)",
+        100 * k_prediction_tolerance, figures);
+  else if (!quiet)
+    log_info("prediction check: {}", figures);
 }
 
 }  // namespace tessera::train

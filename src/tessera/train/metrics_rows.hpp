@@ -45,6 +45,15 @@ RunPrediction report_prediction(MetricsLog& metrics, const RunConfig& cfg,
                                 const model::ModelConfig& mcfg, const RunPlan& plan,
                                 const PredictionCluster& cluster, bool lead, bool quiet);
 
+// The prediction against the run's first measured steps: the median of steps 2-4 (`step_s` holds
+// the run's steps so far; step 1 warms up) and `peak_bytes`, the busiest rank's peak resident
+// memory over them. The lead rank writes a "prediction_check" row and one line: a warning (even
+// when quiet) when either differs from the prediction by more than k_prediction_tolerance.
+inline constexpr double k_prediction_tolerance = 0.25;
+inline constexpr std::size_t k_prediction_check_steps = 4;
+void check_prediction(MetricsLog& metrics, const RunPrediction& prediction,
+                      const std::vector<double>& step_s, double peak_bytes, bool lead, bool quiet);
+
 // The work of one optimizer step. Per rank: MFU is per device (a tensor group shares its
 // micro-batch's FLOPs, the pipeline stages its layers).
 struct StepCost {

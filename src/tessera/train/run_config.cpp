@@ -89,6 +89,7 @@ void for_each_field(Config& c, F&& f) {
   f("hardware", "gemm_tuning_file", c.hardware.gemm_tuning_file);
   f("hardware", "cluster", c.hardware.cluster);
 
+  f("parallel", "auto", c.parallel.automatic);
   f("parallel", "dp", c.parallel.dp);
   f("parallel", "pp", c.parallel.pp);
   f("parallel", "tx", c.parallel.tx);

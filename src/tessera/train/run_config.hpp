@@ -119,6 +119,9 @@ struct HardwareSection {
 
 // The parallel grid (dp x pp x tx x ty x tz must equal the number of ranks) and ZeRO stage.
 struct ParallelSection {
+  // true: the run plans its own grid, ZeRO stage, micro-batch, schedule and recomputation for the
+  // ranks it is launched with (train/auto_plan.hpp); the keys below that a plan sets are replaced
+  bool automatic = false;  // key "auto"
   int dp = 1, pp = 1, tx = 1, ty = 1, tz = 1;
   int zero = 0;  // 0: replicated; 1: AdamW moments sharded over dp; 2: + gradients; 3: + parameters
   bool overlap = true;  // reduce gradient buckets during backward (false: after it, to measure)

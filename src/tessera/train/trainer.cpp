@@ -20,6 +20,7 @@
 #include "tessera/eval/evaluate.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
+#include "tessera/train/auto_plan.hpp"
 #include "tessera/train/metrics_log.hpp"
 #include "tessera/train/metrics_rows.hpp"
 #include "tessera/train/run_dir.hpp"
@@ -69,6 +70,7 @@ struct TrainingRun {
   std::optional<SpikeGuard> spike;
   std::map<std::int64_t, int> skip_windows;  // step -> data windows skipped before it
   int rollbacks = 0;
+  bool prediction_checked = false;  // the prediction against the first measured steps
 };
 
 // What the step rows report against, fixed over the run (a fast step raises a measured peak).
@@ -124,6 +126,7 @@ void report_step(TrainingRun& run, StepReference& ref, const StepResult& result,
   StepReport report{run.progress.step, run.progress.tokens_seen, step_s,
                     static_cast<double>(ref.cost.tokens) / step_s};
   run.tok_rates.push_back(report.tokens_per_s);
+  run.summary.step_s.push_back(step_s);
   run.summary.losses.push_back(static_cast<float>(result.loss));
   report.efficiency =
       step_efficiency(ref.peak, ref.cost.flops_per_rank, step_s, report.step, run.opt.quiet);
@@ -171,6 +174,7 @@ void roll_back(TrainingRun& run, const std::string& why, std::int64_t step) {
       static_cast<std::size_t>(std::max<std::int64_t>(run.progress.step - run.start_step, 0));
   run.summary.losses.resize(std::min(run.summary.losses.size(), kept));
   run.tok_rates.resize(std::min(run.tok_rates.size(), kept));
+  run.summary.step_s.resize(std::min(run.summary.step_s.size(), kept));
   std::erase_if(run.summary.val, [&](const auto& v) { return v.first > run.progress.step; });
   if (!run.lead) return;
   log_info(
@@ -218,6 +222,19 @@ void write_step_trace(TrainingRun& run) {
   if (run.lead) log_info("trace of step {}: {}", run.progress.step + 1, path.string());
 }
 
+// The prediction against the run's first measured steps, after its 4th step (or its last when it
+// runs 2 or 3). Collective: the busiest rank's peak memory.
+void check_prediction_once(TrainingRun& run, const StepReference& ref, std::int64_t end_step) {
+  const std::size_t n = run.summary.step_s.size();
+  const bool due = n == k_prediction_check_steps || (run.progress.step == end_step && n >= 2);
+  if (!run.opt.check_prediction || run.prediction_checked || !due || ref.prediction.step_s <= 0)
+    return;
+  run.prediction_checked = true;
+  double peak = static_cast<double>(peak_resident_bytes());
+  run.rt.world().all_reduce_max(&peak, 1);
+  check_prediction(run.metrics, ref.prediction, run.summary.step_s, peak, run.lead, run.opt.quiet);
+}
+
 void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
   StepWorkspace work = make_step_workspace(run.cfg, run.plan);
   while (run.progress.step < end_step) {
@@ -242,6 +259,7 @@ void train_steps(TrainingRun& run, StepReference& ref, std::int64_t end_step) {
     // The steps' peak resident memory starts after the first step (its one-time allocations
     // and first touches); validation and checkpoints inside the loop count.
     if (run.progress.step == run.start_step + 1) reset_peak_resident();
+    check_prediction_once(run, ref, end_step);
     run_scheduled(run, end_step);
     if (run.progress.step == end_step) break;
     if (std::string why = stop_reason(run); !why.empty()) {
@@ -262,6 +280,9 @@ void finish_run(TrainingRun& run, const StepReference& ref, const comm::Topology
     write_pipeline_row(run.metrics, run.cfg, run.plan, run.model, topo, run.rt, run.lead);
   if (ran || !run.progress.resumed) checkpoint(run);
   run.summary.last_step = step;
+  run.summary.peak_rss_steps_bytes = steps_rss;
+  run.summary.predicted_step_s = ref.prediction.step_s;
+  run.summary.predicted_peak_bytes = ref.prediction.peak_bytes;
   if (run.model.tensor && run.lead) run.model.tensor->save_gemm_choices();
   if (run.lead && ran)
     write_summary_row(run.metrics, run.tok_rates, ref.cost.tokens, steps_rss, ref.prediction);
@@ -299,13 +320,17 @@ void announce_start(const RunConfig& cfg, const TrainOptions& opt, const fs::pat
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm::Runtime& rt,
+TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, comm::Runtime& rt,
                           bool* started) {
   const Timer since_start;
+  if (cfg_in.train.threads > 0) omp_set_num_threads(cfg_in.train.threads);
+  const model::ModelConfig mcfg = model_config(cfg_in);
+  // parallel.auto: the planner's fastest configuration for these ranks, and its cluster
+  std::optional<AutoPlan> chosen;
+  if (cfg_in.parallel.automatic) chosen = resolve_auto_plan(cfg_in, mcfg, rt);
+  const RunConfig& cfg = chosen ? chosen->cfg : cfg_in;
   const auto& tc = cfg.train;
   const auto& pc = cfg.parallel;
-  if (tc.threads > 0) omp_set_num_threads(tc.threads);
-  const model::ModelConfig mcfg = model_config(cfg);
   if (tc.seq_len > mcfg.block_size)  // [model] was checked in validation; init_from's is here
     throw Error(fmt::format("train.seq_len = {} is longer than the context of train.init_from's "
                             "model ({})",
@@ -316,7 +341,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& opt_in, comm
 
   // The grid and the options, validated before anything else happens.
   const RunPlan plan = plan_run(cfg, mcfg, rt.world_size());
-  const PredictionCluster cluster = find_prediction_cluster(cfg);
+  const PredictionCluster cluster = chosen ? chosen->cluster : find_prediction_cluster(cfg);
   comm::Topology topo(plan.grid(), rt.world_rank());
   check_device_options(cfg, plan, rt.world_size());
   // The run directory: checked and locked before any output; the old run's files (with

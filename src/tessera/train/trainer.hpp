@@ -26,6 +26,9 @@ struct TrainOptions {
   // refused before any step.
   bool override_schedule = false;
   bool quiet = false;  // no per-step terminal lines (metrics are still written)
+  // Compare the prediction with the first measured steps (metrics_rows.hpp, check_prediction);
+  // off for callers that report both themselves (tessera tune).
+  bool check_prediction = true;
   // Stop (with a checkpoint) once this optimizer step is reached, although the schedule runs to
   // train.steps: for preemptible jobs and time limits. 0 = run to train.steps.
   std::int64_t stop_at = 0;
@@ -47,6 +50,10 @@ struct TrainSummary {
   std::vector<std::pair<std::int64_t, float>> val;  // (step, validation loss)
   std::int64_t first_step = 0, last_step = 0;       // steps run: (first_step, last_step]
   double tokens_per_s = 0;                          // median over the steps run
+  std::vector<double> step_s;                       // wall time of each step run here
+  double peak_rss_steps_bytes = 0;  // busiest rank's peak resident bytes over the steps
+  double predicted_step_s = 0;      // the performance model's, 0: no prediction
+  double predicted_peak_bytes = 0;  // per rank
   std::filesystem::path last_checkpoint;
   std::string stopped_by;  // "SIGTERM", "SIGUSR1" or "--time-limit" when stopped early; else ""
 };
