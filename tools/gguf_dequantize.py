@@ -10,34 +10,17 @@ Usage: .venv-oracle/bin/python tools/gguf_dequantize.py FILE.gguf OUT.safetensor
 Exit status 0: written; 2: bad input.
 """
 import json
-import struct
 import sys
 
-import numpy as np
 import gguf
+
+from gguf_fixture import write_safetensors  # F32 tensors, written by hand
 
 
 def field_value(field):
     if field.types and field.types[0] == gguf.GGUFValueType.STRING:
         return bytes(field.parts[field.data[0]]).decode("utf-8")
     return field.parts[field.data[0]].tolist()[0]
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        data = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * ((-len(text)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 def main(argv):
@@ -50,7 +33,7 @@ def main(argv):
         print(f"gguf_dequantize: cannot read {argv[1]}: {e}", file=sys.stderr)
         return 2
     tensors = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
-    write_safetensors(argv[2], tensors)
+    write_safetensors(argv[2], tensors, generator="tools/gguf_dequantize.py")
     meta = {k: field_value(f) for k, f in reader.fields.items() if k.startswith("tessera.")}
     meta["tensor_types"] = {t.name: t.tensor_type.name for t in reader.tensors}
     print(json.dumps(meta))

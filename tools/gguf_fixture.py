@@ -177,7 +177,7 @@ def write_gguf(path, tensors, alignment=None, metadata=True, arch="llama"):
     w.close()
 
 
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, generator="tools/gguf_fixture.py"):
     """F32 tensors {name: array}, keys sorted, written by hand (no safetensors package needed)."""
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
@@ -186,7 +186,7 @@ def write_safetensors(path, tensors):
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
-    header["__metadata__"] = {"generator": "tools/gguf_fixture.py", "gguf": gguf_version()}
+    header["__metadata__"] = {"generator": generator, "gguf": gguf_version()}
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((-len(h)) % 8)
     with open(path, "wb") as f:

@@ -134,6 +134,46 @@ void emit_set(const perf::PlanResult& res, int n, int seq) {
   std::printf("%s\n", train::plan_set_line(p.point, seq).c_str());
 }
 
+// The planner's result as JSON or as the table, with what was searched and rejected.
+void print_plans(const perf::PlanResult& res, const PerfSetup& setup, int gpus, long global_batch,
+                 const std::string& dtype, bool json, double secs) {
+  const auto& ms = setup.ms;
+  const auto& cl = setup.cl;
+  const auto& w = setup.w;
+  const auto& o = setup.o;
+  if (json) {
+    nlohmann::json j;
+    j["model"] = ms.name;
+    j["cluster"] = cl.name;
+    j["devices"] = gpus;
+    j["global_batch"] = global_batch;
+    j["seq"] = w.seq;
+    j["dtype"] = dtype;
+    j["considered"] = res.considered;
+    j["feasible"] = res.feasible;
+    j["rejected"] = res.rejected;
+    j["plans"] = nlohmann::json::array();
+    for (const auto& p : res.best) j["plans"].push_back(perf::to_json(p, cl));
+    j["seconds"] = secs;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%s on %d x %s (%s), global batch %ld x %d tokens, %s\n", ms.name.c_str(), gpus,
+              cl.device.c_str(), cl.name.c_str(), global_batch, w.seq, dtype.c_str());
+  std::printf("%ld configurations, %ld fit, searched in %.2f s\n", res.considered, res.feasible,
+              secs);
+  if (!res.rejected.empty()) {
+    std::printf("rejected:");
+    for (const auto& [why, n] : res.rejected) std::printf("  %ld %s;", n, why.c_str());
+    std::printf("\n");
+  }
+  if (res.best.empty())
+    throw Error(fmt::format("no configuration of {} fits on {} x {}", ms.name, gpus, cl.device),
+                "use more devices, a smaller global batch or sequence, or allow more ZeRO "
+                "stages and recomputation");
+  std::printf("\n%s", perf::format_plan_table(res.best, cl, o.dtype).c_str());
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& root) {
@@ -240,10 +280,6 @@ void add_plan_command(CLI::App& root) {
                                  a->no_flash, a->no_overlap);
     if (a->top < 1) throw Error("--top must be >= 1");
     const int emit_n = emit_index(emit, a->emit, a->json, a->recompute);
-    const auto& ms = setup.ms;
-    const auto& cl = setup.cl;
-    const auto& w = setup.w;
-    const auto& o = setup.o;
     perf::PlanSearch s;
     s.devices = a->gpus;
     if (!a->grid.empty()) s.grid = perf::parse_grid(a->grid);
@@ -257,41 +293,10 @@ void add_plan_command(CLI::App& root) {
     s.max_chunks = a->max_chunks;
     s.tensor_3d = !a->one_d;
     s.top = std::max(a->top, emit_n);
-    auto res = perf::plan(w, cl, s, o);
+    auto res = perf::plan(setup.w, setup.cl, s, setup.o);
     const double secs = timer.seconds();
-    if (emit_n > 0 && !res.best.empty()) return emit_set(res, emit_n, w.seq);
-    if (a->json) {
-      nlohmann::json j;
-      j["model"] = ms.name;
-      j["cluster"] = cl.name;
-      j["devices"] = a->gpus;
-      j["global_batch"] = a->global_batch;
-      j["seq"] = w.seq;
-      j["dtype"] = a->dtype;
-      j["considered"] = res.considered;
-      j["feasible"] = res.feasible;
-      j["rejected"] = res.rejected;
-      j["plans"] = nlohmann::json::array();
-      for (const auto& p : res.best) j["plans"].push_back(perf::to_json(p, cl));
-      j["seconds"] = secs;
-      std::printf("%s\n", j.dump(2).c_str());
-      return;
-    }
-    std::printf("%s on %d x %s (%s), global batch %ld x %d tokens, %s\n", ms.name.c_str(), a->gpus,
-                cl.device.c_str(), cl.name.c_str(), a->global_batch, w.seq, a->dtype.c_str());
-    std::printf("%ld configurations, %ld fit, searched in %.2f s\n", res.considered, res.feasible,
-                secs);
-    if (!res.rejected.empty()) {
-      std::printf("rejected:");
-      for (const auto& [why, n] : res.rejected) std::printf("  %ld %s;", n, why.c_str());
-      std::printf("\n");
-    }
-    if (res.best.empty())
-      throw Error(
-          fmt::format("no configuration of {} fits on {} x {}", ms.name, a->gpus, cl.device),
-          "use more devices, a smaller global batch or sequence, or allow more ZeRO "
-          "stages and recomputation");
-    std::printf("\n%s", perf::format_plan_table(res.best, cl, o.dtype).c_str());
+    if (emit_n > 0 && !res.best.empty()) return emit_set(res, emit_n, setup.w.seq);
+    print_plans(res, setup, a->gpus, a->global_batch, a->dtype, a->json, secs);
   });
 }
 
