@@ -105,7 +105,8 @@ TEST(Bf16Cpu, RoundingToNearestEven) {
 // call).
 class Bf16Gemm : public ::testing::TestWithParam<std::array<std::int64_t, 3>> {};
 TEST_P(Bf16Gemm, MatchesDoubleReferenceOnRoundedOperands) {
-  const auto [M, N, K] = GetParam();
+  // not a structured binding: the lambdas below capture the sizes (clang 14 cannot capture one)
+  const std::int64_t M = GetParam()[0], N = GetParam()[1], K = GetParam()[2];
   Rng rng(11);
   std::vector<std::uint16_t> a(M * K), b(K * N);
   std::vector<float> c0(M * N);
