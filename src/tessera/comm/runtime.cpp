@@ -2,9 +2,7 @@
 #include "tessera/comm/runtime.hpp"
 
 #include <mpi.h>
-
 #include <unistd.h>
-#include <cstring>
 
 #include <climits>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include <numeric>
 
 #include "tessera/comm/local_communicator.hpp"
+#include "tessera/core/bf16.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::comm {
@@ -53,25 +52,11 @@ class MpiRequest final : public Request::Impl {
   std::vector<int> keep1_, keep2_;  // counts/displacements must outlive the operation
 };
 
-// bf16 <-> fp32 for the bf16 sum (comm depends on nothing above it): widening is exact, rounding
-// to nearest even (NaN kept a NaN).
-float bf16_value(std::uint16_t b) {
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-std::uint16_t bf16_round(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 // MPI's user reduction: inout[i] = bf16(in[i] + inout[i]).
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = bf16_round(bf16_value(a[i]) + bf16_value(b[i]));
+  for (int i = 0; i < *len; ++i) b[i] = fp32_to_bf16(bf16_to_fp32(a[i]) + bf16_to_fp32(b[i]));
 }
 MPI_Op make_bf16_sum() {
   MPI_Op op;

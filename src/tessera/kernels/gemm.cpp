@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tessera/core/bf16.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/cpu.hpp"
 #include "tessera/core/error.hpp"
@@ -90,10 +91,7 @@ void widen(const std::uint16_t* x, std::int64_t rows, std::int64_t cols, std::in
   float* o = out.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const std::uint32_t u = static_cast<std::uint32_t>(x[r * ld + c]) << 16;
-      std::memcpy(o + r * cols + c, &u, 4);
-    }
+    for (std::int64_t c = 0; c < cols; ++c) o[r * cols + c] = bf16_to_fp32(x[r * ld + c]);
 }
 
 // The emulated bf16 GEMM, blocked: C in blocks of at most k_block x k_block, each the sum over

@@ -4,23 +4,16 @@
 // their gradients summed in fp32.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 
+#include "tessera/core/bf16.hpp"
 #include "tessera/core/buffer.hpp"
 
 namespace tessera::kernels::cpu {
 
-// Round to nearest even; NaN stays a (quiet) NaN.
-inline std::uint16_t fp32_to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-inline float bf16_to_fp32(std::uint16_t h) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
-}
+// The conversions (core/bf16.hpp), also by these names here.
+using tessera::bf16_to_fp32;
+using tessera::fp32_to_bf16;
 
 // out (n) = bf16(in (n))
 void to_bf16(std::uint16_t* out, const float* in, std::int64_t n);
