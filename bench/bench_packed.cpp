@@ -112,8 +112,9 @@ Result bench_fp32(const Shape& s, const std::vector<float>& W, int ring_mib, int
   return r;
 }
 
+// a8: decode with int8 activations (packed_matvec_q8), else fp32 activations (packed_matvec).
 Result bench_packed(const Shape& s, const std::vector<float>& W, quant::WeightQuant wq,
-                    int ring_mib, int N, quant::Isa isa) {
+                    int ring_mib, int N, quant::Isa isa, bool a8) {
   const quant::PackedLinear p = quant::pack(quant::rtn(W.data(), s.oc, s.ic, wq));
   Result r;
   r.bytes = static_cast<double>(p.bytes());
@@ -121,8 +122,13 @@ Result bench_packed(const Shape& s, const std::vector<float>& W, quant::WeightQu
   std::vector<float> x(s.ic, 0.1f), y(s.oc), X(std::size_t(N) * s.ic, 0.1f),
       Y(std::size_t(N) * s.oc);
   std::size_t k = 0;
-  r.decode_s = time_median(
-      [&] { quant::packed_matvec(ring[k++ % ring.size()], y.data(), x.data(), nullptr, isa); });
+  r.decode_s = time_median([&] {
+    const auto& w = ring[k++ % ring.size()];
+    if (a8)
+      quant::packed_matvec_q8(w, y.data(), x.data(), nullptr, isa);
+    else
+      quant::packed_matvec(w, y.data(), x.data(), nullptr, isa);
+  });
   const double t =
       time_median([&] { quant::packed_matmul(p, Y.data(), X.data(), nullptr, N, isa); });
   r.prefill_gflops = 2.0 * N * s.oc * s.ic / t / 1e9;
@@ -152,35 +158,41 @@ int main(int argc, char** argv) {
   const double bw = stream_read_gbs(stream_mib);
   std::printf(
       "packed kernels: %s, %d threads; memory read bandwidth %.1f GB/s (%d MiB, best of 5); "
-      "decode weights cycled over %d MiB; prefill N = %d\n",
-      quant::isa_name(isa), threads, bw, stream_mib, ring_mib, prefill);
+      "decode weights cycled over %d MiB; prefill N = %d; int8 activations: %s\n",
+      quant::isa_name(isa), threads, bw, stream_mib, ring_mib, prefill, quant::q8_dot_name(isa));
   const Shape shapes[] = {{"q/o 576x576", 576, 576, 60},
                           {"k/v 192x576", 192, 576, 60},
                           {"gate_up 3072x576", 3072, 576, 30},
                           {"down 576x1536", 576, 1536, 30},
                           {"head 49152x576", 49152, 576, 1}};
-  const char* fmts[] = {"fp32", "W8 pc", "W4 g128"};
-  double token_s[3] = {0, 0, 0};
-  std::printf("\n%-18s %-8s %9s %10s %8s %7s %12s %9s\n", "shape", "format", "MB", "decode us",
+  // a16: fp32 activations; a8: int8 activations per block of 32 (decode only: the prefill
+  // column of an a8 row is the same product as its a16 row's).
+  const char* fmts[] = {"fp32", "W8A16 pc", "W4A16 g128", "W8A8 pc", "W4A8 g128"};
+  constexpr int kF = 5;
+  double token_s[kF] = {0, 0, 0, 0, 0};
+  std::printf("\n%-18s %-10s %9s %10s %8s %7s %12s %9s\n", "shape", "format", "MB", "decode us",
               "GB/s", "of bw", "prefill GF/s", "vs fp32");
   std::mt19937 rng(0);
   for (const Shape& s : shapes) {
     const std::vector<float> W = random_weight(s.oc, s.ic, rng);
-    Result res[3] = {bench_fp32(s, W, ring_mib, prefill),
-                     bench_packed(s, W, quant::WeightQuant{8, -1, true}, ring_mib, prefill, isa),
-                     bench_packed(s, W, quant::WeightQuant{4, 128, false}, ring_mib, prefill, isa)};
-    for (int f = 0; f < 3; ++f) {
+    const quant::WeightQuant w8{8, -1, true}, w4{4, 128, false};
+    Result res[kF] = {bench_fp32(s, W, ring_mib, prefill),
+                      bench_packed(s, W, w8, ring_mib, prefill, isa, false),
+                      bench_packed(s, W, w4, ring_mib, prefill, isa, false),
+                      bench_packed(s, W, w8, ring_mib, prefill, isa, true),
+                      bench_packed(s, W, w4, ring_mib, prefill, isa, true)};
+    for (int f = 0; f < kF; ++f) {
       const Result& r = res[f];
       const double gbs = r.bytes / r.decode_s / 1e9;
       token_s[f] += r.decode_s * s.per_token;
-      std::printf("%-18s %-8s %9.2f %10.1f %8.1f %6.0f%% %12.1f %8.2fx\n", s.name, fmts[f],
+      std::printf("%-18s %-10s %9.2f %10.1f %8.1f %6.0f%% %12.1f %8.2fx\n", s.name, fmts[f],
                   r.bytes / 1e6, r.decode_s * 1e6, gbs, 100 * gbs / bw, r.prefill_gflops,
                   r.prefill_gflops / res[0].prefill_gflops);
     }
   }
   std::printf("\none token of SmolLM2-135M (30 layers + head, linears only):\n");
-  for (int f = 0; f < 3; ++f)
-    std::printf("  %-8s %8.2f ms  %7.1f tok/s  (%.2fx fp32)\n", fmts[f], token_s[f] * 1e3,
+  for (int f = 0; f < kF; ++f)
+    std::printf("  %-10s %8.2f ms  %7.1f tok/s  (%.2fx fp32)\n", fmts[f], token_s[f] * 1e3,
                 1.0 / token_s[f], token_s[0] / token_s[f]);
   return 0;
 }

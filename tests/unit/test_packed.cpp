@@ -95,6 +95,38 @@ void reference(const QuantizedLinear& ql, const float* X, std::int64_t N, std::v
     }
 }
 
+// The int8-activation product packed_matvec_q8 computes, exactly, W' x^ with x^ the input (in
+// packed order, after in_scale) quantized per block of 32 to d * xq (quantize_q8_input gives both),
+// and |x^ - x'| <= d / 2 (d rounded in fp32 and the division by it: d / 2 (1 + 1e-5)).
+// Its own rounding: the fp32 products d * (integer dot), their sums and the zero term, at most
+// gamma(IC + 8) times the sum of every term's absolute value, each at most
+// |s| (|q - shift| + |z - shift|) max|x^| per column (shift: 128 for 8-bit storage).
+// Two checks per output: against W' x^ computed in double (the rounding bound only: a tight check
+// of the integer dot products), and against the fp32 reference W x (plus sum_c |s (q - z)| d / 2
+// and the reference's own rounding).
+struct Q8Ref {
+  double exact = 0, quant = 0, round = 0;  // W' x^, the quantization bound, the rounding bound
+};
+Q8Ref q8_reference(const PackedLinear& p, const QuantizedLinear& ref, int r, const float* x) {
+  std::vector<std::int8_t> xq(p.colsp);
+  std::vector<float> d(p.colsp / 32);
+  quantize_q8_input(p, x, xq.data(), d.data());
+  const int shift = p.storage_bits == 8 ? 128 : 0, ng = ref.ngroups();
+  const double u = std::ldexp(1.0, -24), n = p.cols + 8, gamma = n * u / (1 - n * u);
+  Q8Ref o;
+  for (int j = 0; j < p.cols; ++j) {
+    const int c = p.perm.empty() ? j : p.perm[j];  // packed column j holds original column c
+    const int g = ref.g_idx[c];
+    const double s = ref.scales[std::size_t(r) * ng + g];
+    const double q = ref.q[std::size_t(r) * p.cols + c], z = ref.zeros[std::size_t(r) * ng + g];
+    o.exact += s * (q - z) * double(d[j / 32]) * xq[j];
+    o.quant += std::fabs(s * (q - z)) * d[j / 32] / 2 * (1 + 1e-5);
+    o.round += std::fabs(s) * (std::fabs(q - shift) + std::fabs(z - shift)) * 127.0 * d[j / 32];
+  }
+  o.round *= gamma;
+  return o;
+}
+
 std::vector<Isa> isas() {
   std::vector<Isa> out;
   for (Isa i : {Isa::Portable, Isa::Avx2, Isa::Avx512})
@@ -130,6 +162,13 @@ void check_case(const Case& k) {
         const std::size_t i = m * k.rows + r;
         ASSERT_NEAR(y[r], yref[i], bound[i]) << "matvec row " << m << " out " << r;
         ASSERT_NEAR(Y[i], yref[i], bound[i]) << "matmul row " << m << " out " << r;
+      }
+      packed_matvec_q8(p, y.data(), X.data() + m * k.cols, nullptr, isa);
+      for (int r = 0; r < k.rows; ++r) {
+        const std::size_t i = m * k.rows + r;
+        const Q8Ref q8 = q8_reference(p, ref, r, X.data() + m * k.cols);
+        ASSERT_NEAR(y[r], q8.exact, q8.round) << "int8 matvec row " << m << " out " << r;
+        ASSERT_NEAR(y[r], yref[i], bound[i] + q8.quant + q8.round) << "int8 matvec, to fp32";
       }
     }
   }

@@ -226,18 +226,20 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   return p;
 }
 
-void PackedLinear::dequantize(float* w) const {
-  for (int r = 0; r < rows; ++r) {
-    const std::uint8_t* row = codes.data() + static_cast<std::size_t>(r) * row_bytes();
-    for (int j = 0; j < cols; ++j) {
-      const std::size_t gi = static_cast<std::size_t>(r) * ngroups + j / group;
-      const float s = decode_scale(scales[gi], scale_type);
-      const float z = sym ? static_cast<float>(zero_code()) : static_cast<float>(zeros[gi]);
-      float v = s * (static_cast<float>(code_at(row, storage_bits, j)) - z);
-      if (!in_scale.empty()) v /= in_scale[j];
-      w[static_cast<std::size_t>(r) * cols + (perm.empty() ? j : perm[j])] = v;
-    }
+void PackedLinear::dequantize_row(int r, float* w) const {
+  const std::uint8_t* row = codes.data() + static_cast<std::size_t>(r) * row_bytes();
+  for (int j = 0; j < cols; ++j) {
+    const std::size_t gi = static_cast<std::size_t>(r) * ngroups + j / group;
+    const float s = decode_scale(scales[gi], scale_type);
+    const float z = sym ? static_cast<float>(zero_code()) : static_cast<float>(zeros[gi]);
+    float v = s * (static_cast<float>(code_at(row, storage_bits, j)) - z);
+    if (!in_scale.empty()) v /= in_scale[j];
+    w[perm.empty() ? j : perm[j]] = v;
   }
+}
+
+void PackedLinear::dequantize(float* w) const {
+  for (int r = 0; r < rows; ++r) dequantize_row(r, w + static_cast<std::size_t>(r) * cols);
 }
 
 QuantizedLinear with_rounded_scales(const QuantizedLinear& ql, ScaleType scale_type) {

@@ -1,0 +1,226 @@
+// The decoding matrix-vector product with int8 activations (packed_matvec_q8, see packed.hpp):
+// the input, prepared as for packed_matvec (gathered, divided by in_scale, zero-padded), is
+// quantized to int8 per block of 32 columns (d[b] = max |x| / 127, xq = round(x / d[b])), as
+// llama.cpp quantizes activations for its integer dot products. Each block of a row is then one
+// integer dot product of its codes with xq (32 products summed in int32), scaled by d[b] in fp32:
+//
+//   y[r] = sum_g s[g] * (sum_{b in g} d[b] * sum_{c in b} q[c] xq[c] - z[g] * xs[g]),
+//   xs[g] = sum_{b in g} d[b] * sum_{c in b} xq[c]   (the quantized input's group sum).
+//
+// 4-bit codes (0..15) are unsigned bytes: AVX2's maddubs (u8 x s8 pairs summed in int16) cannot
+// overflow (2 x 15 x 127). 8-bit storage holds codes up to 255, whose pairs would: the codes are
+// shifted to signed (q - 128, the zero with them) and multiplied as |q - 128| x (xq with the sign
+// of q - 128), at most 2 x 128 x 127 = 32512 per pair. With AVX-512 VNNI the pairs and the
+// int16 step become one dpbusd (u8 x s8 sums of four into int32).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/quant/packed.hpp"
+
+namespace tessera::quant {
+namespace {
+
+// The input of one product: xq (colsp) int8 codes in column order, d (colsp / 32) block scales,
+// xs (ngroups) group sums of the quantized input; for the 4-bit SIMD path also xpair, xq in pair
+// order (see pair_order), and dd, d as 8 lanes per pair of blocks (d[b] x 4, d[b + 1] x 4).
+struct Q8Input {
+  std::vector<std::int8_t> xq, xpair;
+  std::vector<float> d, xs, dd;
+};
+
+// Whether the 4-bit SIMD path reads two blocks at a time: the blocks 2k, 2k + 1 of a row are 32
+// contiguous bytes whose low nibbles are the first 16 columns of each block and the high nibbles
+// the last 16. Pair order puts the input the same way: per pair, block 2k's columns 0..15, block
+// 2k + 1's 0..15, block 2k's 16..31, block 2k + 1's 16..31 (a last unpaired block stays in column
+// order). It needs every pair inside one group, or one group per block (groups of 32).
+bool pair_order(const PackedLinear& w) {
+  const int bpg = w.group / 32;
+  return w.storage_bits == 4 && (bpg % 2 == 0 || bpg == 1 || w.ngroups == 1);
+}
+
+// Rounds to the nearest integer, ties to even (the default rounding mode), in one instruction.
+inline int round_even(float v) {
+  return _mm_cvtss_si32(_mm_set_ss(v));
+}
+
+Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs) {
+  const int cp = w.colsp, nb = cp / 32;
+  Q8Input in{
+      std::vector<std::int8_t>(cp), {}, std::vector<float>(nb), std::vector<float>(w.ngroups), {}};
+  float xp[32];
+  for (int b = 0; b < nb; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      const int j = b * 32 + i;
+      const float v = j < w.cols ? x[w.perm.empty() ? j : w.perm[j]] : 0.0f;
+      xp[i] = w.in_scale.empty() ? v : v / w.in_scale[j];
+      amax = std::max(amax, std::fabs(xp[i]));
+    }
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {  // |xp * inv| <= 127 up to rounding: the clamp is a guard
+      const int q = std::clamp(round_even(xp[i] * inv), -127, 127);
+      in.xq[b * 32 + i] = static_cast<std::int8_t>(q);
+      sum += q;
+    }
+    in.d[b] = d;
+    in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
+  }
+  if (!pairs) return in;
+  in.xpair = in.xq;
+  in.dd.assign(static_cast<std::size_t>(nb / 2) * 8, 0.0f);
+  for (int b = 0; b + 1 < nb; b += 2) {
+    const std::int8_t* src = in.xq.data() + b * 32;
+    std::int8_t* dst = in.xpair.data() + b * 32;
+    for (int i = 0; i < 16; ++i) {
+      dst[i] = src[i];            // block b, columns 0..15
+      dst[16 + i] = src[32 + i];  // block b + 1, columns 0..15
+      dst[32 + i] = src[16 + i];  // block b, columns 16..31
+      dst[48 + i] = src[48 + i];  // block b + 1, columns 16..31
+    }
+    for (int i = 0; i < 8; ++i) in.dd[b * 4 + i] = in.d[b + i / 4];
+  }
+  return in;
+}
+
+inline float bf16_bits_to_float(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace avx2 {
+struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands above), then int32
+  static __m256i dot(__m256i acc, __m256i u, __m256i s) {
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, p);
+  }
+  static __m256i dot2(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+};
+#include "tessera/quant/packed_q8_simd.inc"
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                      \
+    __attribute__((target("avx512vnni,avx512vl,avx512f,avx512bw,avx2,fma,f16c"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512vnni,avx512vl,avx512f,avx512bw,avx2,fma,f16c")
+#endif
+namespace vnni {
+struct D {  // dpbusd: u8 x s8 sums of four straight into int32
+  static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+  static __m256i dot2(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
+  }
+};
+#include "tessera/quant/packed_q8_simd.inc"
+}  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, float* y,
+                   const float* bias, float* s) {
+  const int sb = w.storage_bits, shift = sb == 8 ? 128 : 0;
+  for (int r = r0; r < r1; ++r) {
+    const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
+    float total = 0.0f, zterm = 0.0f;
+    for (int g = 0; g < w.ngroups; ++g) {
+      const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
+      s[g] = decode_scale(w.scales[i], w.scale_type);
+      const int z = (w.sym ? w.zero_code() : w.zeros[i]) - shift;
+      zterm += s[g] * static_cast<float>(z) * in.xs[g];
+      float acc = 0.0f;
+      for (int b = g * w.group / 32; b < std::min((g + 1) * w.group, w.colsp) / 32; ++b) {
+        std::int32_t dot = 0;
+        for (int c = b * 32; c < b * 32 + 32; ++c) {
+          const std::uint8_t byte = sb == 8 ? row[c] : row[b * 16 + c % 16];
+          const int q = sb == 8 ? byte - 128 : ((c % 32) < 16 ? byte & 15 : byte >> 4);
+          dot += q * in.xq[c];
+        }
+        acc += in.d[b] * static_cast<float>(dot);
+      }
+      total += s[g] * acc;
+    }
+    const float v = total - zterm;
+    y[r] = bias ? v + bias[r] : v;
+  }
+}
+
+bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
+}  // namespace
+
+const char* q8_dot_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512:
+      return cpu_has_vnni() ? "avx512-vnni dpbusd" : "avx2 maddubs";
+    case Isa::Avx2:
+      return "avx2 maddubs";
+    case Isa::Portable:
+      break;
+  }
+  return "portable";
+}
+
+void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
+  if (!isa_supported(isa))
+    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
+                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
+  const Q8Input in = quantize_input(w, x, isa != Isa::Portable && pair_order(w));
+  const bool vnni = isa == Isa::Avx512 && cpu_has_vnni();
+  constexpr int kChunk = 16;  // rows per scheduling unit
+  const int nchunks = (w.rows + kChunk - 1) / kChunk;
+#pragma omp parallel
+  {
+    std::vector<float> s(w.ngroups);
+#pragma omp for schedule(static)
+    for (int t = 0; t < nchunks; ++t) {
+      const int r0 = t * kChunk, r1 = std::min(w.rows, r0 + kChunk);
+      if (vnni)
+        vnni::rows(w, in, r0, r1, y, bias, s.data());
+      else if (isa != Isa::Portable)
+        avx2::rows(w, in, r0, r1, y, bias, s.data());
+      else
+        portable_rows(w, in, r0, r1, y, bias, s.data());
+    }
+  }
+}
+
+void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d) {
+  const Q8Input in = quantize_input(w, x, false);
+  std::copy(in.xq.begin(), in.xq.end(), xq);
+  std::copy(in.d.begin(), in.d.end(), d);
+}
+
+}  // namespace tessera::quant
