@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -15,6 +16,16 @@
 
 namespace tessera::app {
 
+namespace {
+// The quantized file's size, in bits per parameter and against the fp32 model's size.
+void print_file_size(const std::filesystem::path& file, const model::ParamLayout& layout) {
+  const double bytes = static_cast<double>(std::filesystem::file_size(file)),
+               n = static_cast<double>(layout.count_unpadded());
+  std::printf("file %.1f MB: %.2f bits per parameter, %.2fx the fp32 model's %.1f MB\n",
+              bytes / 1e6, 8.0 * bytes / n, bytes / (4.0 * n), 4.0 * n / 1e6);
+}
+}  // namespace
+
 void add_quantize_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "quantize", "post-training quantization (RTN, GPTQ, AWQ, SmoothQuant, W8A8, LLM.int8())");
@@ -26,7 +37,7 @@ void add_quantize_command(CLI::App& root) {
       return f;
     }();
     std::string eval_data;
-    int bits = 4, group = 128, blocksize = 128, eval_windows = 32;
+    int bits = 4, group = 128, blocksize = 128, eval_windows = 32, vocab_bits = 0;
     bool sym = false, act_order = false, static_groups = false, no_clip = false, verbose = false;
     bool recon = false, min_offset = false;
     double damp = 0.01, alpha = 0.5, threshold = 6.0;
@@ -46,6 +57,11 @@ void add_quantize_command(CLI::App& root) {
   cmd->add_flag("--min-offset", a->min_offset,
                 "asymmetric with each group's minimum as a float offset (llama.cpp's Q4_1 form) "
                 "instead of a zero point on the grid");
+  cmd->add_option("--vocab-bits", a->vocab_bits,
+                  "the token embedding and an untied LM head: 0 keeps them fp32, 8 rounds them "
+                  "to 8 bits per row (symmetric); the packed decoder reads them quantized")
+      ->check(CLI::IsMember({0, 8}))
+      ->capture_default_str();
   add_calibration_options(cmd, a->cf);
   cmd->add_option("--damp", a->damp, "GPTQ relative damping")->capture_default_str();
   cmd->add_option("--blocksize", a->blocksize, "GPTQ lazy batch width")->capture_default_str();
@@ -97,6 +113,7 @@ void add_quantize_command(CLI::App& root) {
                   "LLM.int8() uses 6.0");
     qo.int8_threshold = static_cast<float>(a->threshold);
     qo.verbose = a->verbose;
+    qo.vocab_bits = a->vocab_bits;
     auto path = resolve_model_path(a->model);
     auto any = quant::load_any_model(path);
     if (any.quantized)
@@ -118,6 +135,7 @@ void add_quantize_command(CLI::App& root) {
     std::printf("quantized %s (%s) with %s%s in %.1f s -> %s/model.safetensors\n",
                 path.string().c_str(), model::describe(cfg).c_str(), a->method.c_str(),
                 needs ? (" on " + calib.describe()).c_str() : "", secs, a->out.c_str());
+    print_file_size(std::filesystem::path(a->out) / "model.safetensors", layout);
     if (a->recon) {
       if (!needs) throw Error("--recon needs a method with calibration (gptq, awq, smoothquant)");
       auto cap = quant::capture(layout, any.model.params.data(), calib, true);

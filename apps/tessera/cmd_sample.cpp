@@ -1,12 +1,17 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
-//                [--device cpu|cuda] [--precision fp32|bf16] [--kernels packed|fp32]
+//                [--device cpu|cuda] [--precision fp32|bf16] [--kernels packed|packed-a16|fp32]
+#include <chrono>
 #include <cmath>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cstdio>
 
 #include "commands.hpp"
 #include "model_paths.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/eval/generate.hpp"
@@ -20,6 +25,47 @@
 namespace tessera::app {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Hands the allocator's free memory back to the system (glibc keeps freed blocks of its heap
+// otherwise: the unpacked codes, freed after packing, would stay resident).
+void release_free_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
+std::string describe_packed(const quant::PackedModel& pm) {
+  std::string s = fmt::format(
+      "packed {} ({:.2f} bits per weight), {}", pm.linears.empty() ? "" : pm.linears[0].describe(),
+      pm.bits_per_weight(),
+      pm.int8_activations ? fmt::format("int8 activations ({})", quant::q8_dot_name(pm.isa))
+                          : fmt::format("fp32 activations ({})", quant::isa_name(pm.isa)));
+  if (pm.embed.rows) s += fmt::format(", embedding {}", pm.embed.describe());
+  return s;
+}
+
+// One line on stderr after the text, as llama.cpp prints its timings: the prompt's tokens (fed
+// one by one through the KV-cache decoder, the first generated token's sampling included), the
+// generated tokens' rate after the first, and this process's resident memory at the last token
+// (while decoding) and at its peak (loading included).
+void print_timings(int prompt_tokens, int generated, std::chrono::steady_clock::time_point t0,
+                   std::chrono::steady_clock::time_point t_first,
+                   std::chrono::steady_clock::time_point t_end, std::size_t resident,
+                   const std::string& kernels) {
+  const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::string line = fmt::format("prompt {} tokens in {:.2f} s", prompt_tokens, secs(t0, t_first));
+  if (generated > 1) {
+    const double d = secs(t_first, t_end) / (generated - 1);
+    line += fmt::format("; generated {} tokens, {:.1f} tokens/s ({:.1f} ms/token)", generated,
+                        1.0 / d, 1e3 * d);
+  }
+  std::fprintf(stderr, "%s; resident %.0f MB (peak %.0f MB); %s\n", line.c_str(), resident / 1e6,
+               peak_resident_bytes() / 1e6, kernels.c_str());
+}
+
+}  // namespace
 
 void add_sample_command(CLI::App& root) {
   auto* cmd =
@@ -64,10 +110,12 @@ void add_sample_command(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--kernels", a->kernels,
-                  "weight-only quantized files on the CPU: packed (int4/int8 weights, fp16 "
-                  "scales) or fp32 (the dequantized weights)")
+                  "weight-only quantized files on the CPU: packed (int4/int8 weights with fp16 "
+                  "scales, activations rounded to int8 per 32 values for integer dot products), "
+                  "packed-a16 (the packed weights with fp32 activations) or fp32 (the "
+                  "dequantized weights)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"packed", "fp32"}));
+      ->check(CLI::IsMember({"packed", "packed-a16", "fp32"}));
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
     if (!std::isfinite(a->temperature) || a->temperature < 0)
@@ -99,7 +147,13 @@ void add_sample_command(CLI::App& root) {
     Rng rng(a->seed);
     if (!a->ids) std::fputs(a->prompt.c_str(), stdout);
     std::fflush(stdout);
+    using clock = std::chrono::steady_clock;
+    auto t_start = clock::now(), t_first = t_start;  // set again when decoding starts
+    int generated = 0;
+    std::size_t resident = 0;
     auto print = [&](std::int32_t t) {
+      if (generated++ == 0) t_first = clock::now();
+      resident = resident_bytes();  // while decoding: the cache and the weights in use
       if (a->ids) {
         std::printf("%d ", t);
       } else if (t < static_cast<std::int32_t>(tok.vocab_size())) {
@@ -108,6 +162,7 @@ void add_sample_command(CLI::App& root) {
       }
       std::fflush(stdout);
     };
+    std::string kernels_used = any.quantized ? any.description + ", dequantized to fp32" : "fp32";
     // W8A8 / LLM.int8() files: simulate their activation quantization (full recompute per token)
     if (a->device == "cuda") {
       const auto& cfg = loaded.config;
@@ -116,6 +171,7 @@ void add_sample_command(CLI::App& root) {
           1, cfg.block_size);
       dev.upload_params(loaded.params.data());
       std::vector<float> row(cfg.padded_vocab());
+      t_start = clock::now();
       eval::generate_recompute(
           cfg.vocab_size, cfg.block_size, prompt, so, rng,
           [&](const std::int32_t* context, int T) {
@@ -125,21 +181,31 @@ void add_sample_command(CLI::App& root) {
           },
           print);
     } else if (any.act.mode != quant::ActMode::None) {
+      t_start = clock::now();
       quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
     } else {
       quant::PackedModel packed;
-      if (any.quantized && a->kernels == "packed") {  // weight-only: the packed kernels
+      if (any.quantized && a->kernels != "fp32") {  // weight-only: the packed kernels
         try {
           packed = quant::pack_model(any);
-          so.linear = packed.decoder_linear();
-          packed.release_linear_weights(layout, loaded.params.data());
+          packed.int8_activations = a->kernels == "packed";
+          so.kernels = packed.decoder_kernels();
+          packed.release_packed_weights(layout, loaded.params.data());
+          any.linears = {};  // the unpacked codes: only the packed form is read from here on
+          any.vocab = {};
+          release_free_heap();
+          kernels_used = describe_packed(packed);
         } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
           std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
         }
       }
+      t_start = clock::now();
       eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
     }
     std::fputc('\n', stdout);
+    std::fflush(stdout);
+    print_timings(static_cast<int>(prompt.size()), generated, t_start, t_first, clock::now(),
+                  resident, kernels_used);
   });
 }
 

@@ -43,7 +43,11 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
   // Keep the last block_size tokens of the prompt (older context cannot be attended to).
   std::vector<std::int32_t> window(prompt.end() - std::min<std::ptrdiff_t>(prompt.size(), ctx),
                                    prompt.end());
-  model::Decoder dec(layout, params, ctx, opt.gemm, opt.linear);
+  // The cache holds what this call can reach (the window and the generated tokens), at most the
+  // model's context: a long context's cache would be mostly untouched memory.
+  const auto reach = static_cast<std::int64_t>(window.size()) + std::max(opt.max_new_tokens, 1);
+  model::Decoder dec(layout, params, static_cast<int>(std::min<std::int64_t>(ctx, reach)), opt.gemm,
+                     opt.kernels);
   const float* logits = nullptr;
   for (std::size_t i = 0; i < window.size(); ++i)
     logits = dec.step(window[i], i + 1 == window.size());  // logits of the last prompt token only

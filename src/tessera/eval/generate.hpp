@@ -19,7 +19,7 @@ struct SampleOptions {
   int top_k = 40;                // 0 = whole vocabulary
   std::int32_t stop_token = -1;  // stop after generating it (e.g. <|endoftext|>); -1 = never
   kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn;
-  model::DecoderLinear linear;  // generate(): the block linears (e.g. packed); empty = fp32 params
+  model::DecoderKernels kernels;  // generate(): packed weights (see Decoder); empty = fp32 params
 };
 
 // Picks the next token from logits (V real entries). Deterministic for a given rng state.

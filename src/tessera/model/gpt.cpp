@@ -328,8 +328,8 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 
 // ---------------------------------------------------------------- decoding
 Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
-                 kernels::GemmLibrary gemm, DecoderLinear linear)
-    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm), linear_(std::move(linear)) {
+                 kernels::GemmLibrary gemm, DecoderKernels kernels)
+    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm), kernels_(std::move(kernels)) {
   const auto& cfg = layout.config();
   if (max_T > cfg.block_size)
     throw Error(
@@ -361,8 +361,8 @@ void norm_row(const ModelConfig& cfg, float* out, const float* x, const float* w
 
 void Decoder::linear(int layer, int which, float* out, const float* in, const float* weight,
                      const float* bias, int IC, int OC, bool accumulate) {
-  if (linear_)
-    linear_(layer, which, out, in, bias, accumulate);
+  if (kernels_.linear)
+    kernels_.linear(layer, which, out, in, bias, accumulate);
   else
     k::linear_forward(gemm_, out, in, weight, bias, 1, IC, OC, accumulate);
 }
@@ -412,8 +412,12 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   const float* P = params_;
   auto at = [&](std::size_t off) { return off == k_absent ? nullptr : P + off; };
   float* x = x_.data();
-  const float* e = P + layout_.wte + static_cast<std::size_t>(token) * C;
-  std::copy(e, e + C, x);
+  if (kernels_.embed) {
+    kernels_.embed(token, x);
+  } else {
+    const float* e = P + layout_.wte + static_cast<std::size_t>(token) * C;
+    std::copy(e, e + C, x);
+  }
   if (layout_.wpe != k_absent)
     for (int c = 0; c < C; ++c) x[c] += P[layout_.wpe + static_cast<std::size_t>(t) * C + c];
   for (int l = 0; l < cfg.n_layer; ++l) {
@@ -442,8 +446,11 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   ++pos_;
   if (!want_logits) return nullptr;
   norm_row(cfg, ln_.data(), x, at(layout_.lnf_w), at(layout_.lnf_b));
-  k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.head, nullptr, 1, C,
-                    cfg.padded_vocab());
+  if (kernels_.head)
+    kernels_.head(logits_.data(), ln_.data());
+  else
+    k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.head, nullptr, 1, C,
+                      cfg.padded_vocab());
   return logits_.data();
 }
 

@@ -145,12 +145,18 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 using DecoderLinear = std::function<void(int layer, int which, float* out, const float* in,
                                          const float* bias, bool accumulate)>;
 
+// The decoder's weights computed by someone else (a quantized model's packed weights); each
+// empty member means the fp32 parameters, and each set one means they are not read.
+struct DecoderKernels {
+  DecoderLinear linear;                                     // the block linears
+  std::function<void(float* logits, const float* x)> head;  // logits (padded vocab) = head x (C)
+  std::function<void(std::int32_t token, float* x)> embed;  // x (C) = the token's embedding
+};
+
 class Decoder {
  public:
-  // linear (optional) replaces the block linears; params then only need the embeddings, norms,
-  // biases and head (the block linears' weights are not read).
   Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm,
-          DecoderLinear linear = {});
+          DecoderKernels kernels = {});
   // Feeds one token at the next position; returns logits (Vp) for the following token, or
   // nullptr without computing them when `logits` is false (prompt tokens before the last: the
   // LM head is the largest product of a step).
@@ -165,7 +171,7 @@ class Decoder {
   int max_T_;
   int pos_ = 0;
   kernels::GemmLibrary gemm_;
-  DecoderLinear linear_;
+  DecoderKernels kernels_;
   void linear(int layer, int which, float* out, const float* in, const float* weight,
               const float* bias, int IC, int OC, bool accumulate);
   void attend(float* out, const float* q, const float* k_cache, const float* v_cache, int t);

@@ -25,44 +25,74 @@ double PackedModel::bits_per_weight() const {
   return weights > 0 ? 8.0 * static_cast<double>(bytes()) / weights : 0.0;
 }
 
-model::DecoderLinear PackedModel::decoder_linear() const {
+std::int64_t PackedModel::vocab_bytes() const {
+  return (embed.rows ? embed.bytes() : 0) + (head.rows ? head.bytes() : 0);
+}
+
+model::DecoderKernels PackedModel::decoder_kernels() const {
   int max_rows = 0;
   for (const auto& l : linears) max_rows = std::max(max_rows, l.rows);
   auto tmp = std::make_shared<std::vector<float>>(max_rows);  // (OC) for accumulating linears
-  return [this, tmp](int layer, int which, float* out, const float* in, const float* bias,
-                     bool accumulate) {
+  auto matvec = [this](const PackedLinear& w, float* y, const float* x, const float* bias) {
+    if (int8_activations)
+      packed_matvec_q8(w, y, x, bias, isa);
+    else
+      packed_matvec(w, y, x, bias, isa);
+  };
+  model::DecoderKernels k;
+  k.linear = [this, tmp, matvec](int layer, int which, float* out, const float* in,
+                                 const float* bias, bool accumulate) {
     const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + which];
     if (!accumulate) {
-      packed_matvec(w, out, in, bias, isa);
+      matvec(w, out, in, bias);
       return;
     }
-    packed_matvec(w, tmp->data(), in, bias, isa);
+    matvec(w, tmp->data(), in, bias);
     for (int r = 0; r < w.rows; ++r) out[r] += (*tmp)[r];
   };
+  const PackedLinear* h = head_is_embed ? &embed : (head.rows ? &head : nullptr);
+  if (h)
+    k.head = [this, h, matvec](float* logits, const float* x) {
+      matvec(*h, logits, x, nullptr);  // the padding rows (none in the file) give 0
+      std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
+    };
+  if (embed.rows)
+    k.embed = [this](std::int32_t token, float* x) { embed.dequantize_row(token, x); };
+  return k;
 }
+
+namespace {
+// The (rows, C) matrices at their offsets in params that this model holds packed.
+std::vector<std::pair<std::size_t, const PackedLinear*>> packed_matrices(
+    const PackedModel& pm, const model::ParamLayout& layout) {
+  std::vector<std::pair<std::size_t, const PackedLinear*>> out;
+  for (int l = 0; l < pm.config.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k)
+      out.emplace_back(lin_weight_offset(layout, l, static_cast<Lin>(k)),
+                       &pm.linears[static_cast<std::size_t>(l) * k_num_lin + k]);
+  if (pm.embed.rows) out.emplace_back(layout.wte, &pm.embed);
+  if (pm.head.rows) out.emplace_back(layout.head, &pm.head);
+  return out;
+}
+}  // namespace
 
 void PackedModel::dequantize_into(const model::ParamLayout& layout, float* params) const {
-  for (int l = 0; l < config.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k)
-      linears[static_cast<std::size_t>(l) * k_num_lin + k].dequantize(
-          params + lin_weight_offset(layout, l, static_cast<Lin>(k)));
+  for (const auto& [offset, w] : packed_matrices(*this, layout)) w->dequantize(params + offset);
 }
 
-std::int64_t PackedModel::release_linear_weights(const model::ParamLayout& layout,
+std::int64_t PackedModel::release_packed_weights(const model::ParamLayout& layout,
                                                  float* params) const {
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   std::int64_t released = 0;
-  for (int l = 0; l < config.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k) {
-      const PackedLinear& w = linears[static_cast<std::size_t>(l) * k_num_lin + k];
-      const float* p = params + lin_weight_offset(layout, l, static_cast<Lin>(k));
-      const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
-      const auto end =
-          reinterpret_cast<std::uintptr_t>(p + static_cast<std::size_t>(w.rows) * w.cols) / page *
-          page;
-      if (end > begin && madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0)
-        released += static_cast<std::int64_t>(end - begin);
-    }
+  for (const auto& [offset, w] : packed_matrices(*this, layout)) {
+    const float* p = params + offset;
+    const auto begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+    const auto end =
+        reinterpret_cast<std::uintptr_t>(p + static_cast<std::size_t>(w->rows) * w->cols) / page *
+        page;
+    if (end > begin && madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0)
+      released += static_cast<std::int64_t>(end - begin);
+  }
   return released;
 }
 
@@ -80,6 +110,14 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
   pm.isa = isa;
   pm.linears.reserve(any.linears.size());
   for (const auto& q : any.linears) pm.linears.push_back(pack(q, scale_type));
+  const model::ParamLayout layout(cfg);
+  for (const auto& v : any.vocab) {
+    if (v.offset == layout.wte)
+      pm.embed = pack(v.q, scale_type);
+    else if (v.offset == layout.head)
+      pm.head = pack(v.q, scale_type);
+  }
+  pm.head_is_embed = cfg.tie_embeddings && pm.embed.rows > 0;
   return pm;
 }
 

@@ -1,6 +1,8 @@
-// A weight-only quantized model for decoding from its packed linears: the block linears packed
-// (packed.hpp) and computed by the packed matrix-vector kernel inside model::Decoder; the
-// embeddings, norms, biases and head stay the loaded file's fp32 parameters.
+// A weight-only quantized model for decoding from its packed form: the block linears packed
+// (packed.hpp) and computed by the packed matrix-vector kernels inside model::Decoder, with int8
+// activations by default; the token embedding and the head too when the file quantized them
+// (quantize --vocab-bits 8). The norms and biases, and unquantized embeddings and heads, stay the
+// loaded file's fp32 parameters.
 #pragma once
 
 #include <cstdint>
@@ -15,20 +17,31 @@ namespace tessera::quant {
 struct PackedModel {
   model::ModelConfig config;
   std::vector<PackedLinear> linears;  // (n_layer * 4), layer-major, in Lin order
+  // The quantized (vocab_size, C) token embedding and head; rows == 0 where the file keeps them
+  // fp32. A tied head is the embedding (head_is_embed; head itself stays empty).
+  PackedLinear embed, head;
+  bool head_is_embed = false;
   Isa isa = Isa::Portable;
+  // Decode with packed_matvec_q8 (int8 activations, integer dot products; the default, as
+  // llama.cpp does) or packed_matvec (fp32 activations: the dequantized-fp32 path up to
+  // summation order).
+  bool int8_activations = true;
 
-  std::int64_t bytes() const;      // of the packed linears
-  double bits_per_weight() const;  // over the packed linears
-  // The decoder's block linears from the packed weights (model::Decoder's `linear`). Reads
-  // *this, which must outlive it.
-  model::DecoderLinear decoder_linear() const;
-  // Writes every linear's dequantized weight (with the packed, rounded scales) into params:
-  // the fp32 model that the packed one computes, up to summation order.
+  std::int64_t bytes() const;        // of the packed block linears
+  double bits_per_weight() const;    // over the packed block linears
+  std::int64_t vocab_bytes() const;  // of the packed embedding and head (0 when fp32)
+  // The decoder's kernels from the packed weights (model::Decoder). Reads *this, which must
+  // outlive them.
+  model::DecoderKernels decoder_kernels() const;
+  // Writes every packed matrix's dequantized weight (with the packed, rounded scales) into
+  // params: the fp32 model that the packed one computes with fp32 activations, up to
+  // summation order.
   void dequantize_into(const model::ParamLayout& layout, float* params) const;
-  // Gives the memory pages of params that hold only block-linear weights back to the system
-  // (they read as zeros afterwards; decoding with decoder_linear() never reads them), so a
-  // sampled model holds its linears packed only. Returns the bytes released.
-  std::int64_t release_linear_weights(const model::ParamLayout& layout, float* params) const;
+  // Gives the memory pages of params that hold only packed weights (the block linears', and the
+  // embedding's and head's when packed) back to the system (they read as zeros afterwards;
+  // decoding with decoder_kernels() never reads them), so a sampled model holds them packed
+  // only. Returns the bytes released.
+  std::int64_t release_packed_weights(const model::ParamLayout& layout, float* params) const;
 };
 
 // Packs the linears of a loaded quantized file. Throws tessera::Error for a model that is not a

@@ -364,6 +364,25 @@ void quantize_gptq(const QuantContext& x) {
   x.qm.info["act_order"] = x.opt.act_order ? "true" : "false";
 }
 
+// The embedding and an untied head, when opt.vocab_bits: RTN per row, symmetric, over the
+// vocab_size rows the files hold (the padding rows stay zero).
+void quantize_vocab(const QuantContext& x) {
+  if (x.opt.vocab_bits == 0) return;
+  if (x.opt.vocab_bits != 8)
+    throw Error(fmt::format("vocabulary bits {} are not supported", x.opt.vocab_bits),
+                "use 8 (or 0: keep the embedding and head fp32)");
+  const WeightQuant spec{x.opt.vocab_bits, -1, true};
+  for (const auto& t : x.layout.tensors()) {
+    if (!t.vocab_rows) continue;
+    QLinear ql;
+    ql.name = t.name.substr(0, t.name.rfind(".weight"));
+    ql.layer = -1;
+    ql.q = rtn(x.P + t.offset, x.cfg.vocab_size, x.C, spec);
+    ql.q.dequantize(x.P + t.offset);
+    x.qm.vocab.push_back(std::move(ql));
+  }
+}
+
 }  // namespace
 
 QuantizedModel quantize_model(const model::ParamLayout& layout, const float* params,
@@ -406,6 +425,7 @@ QuantizedModel quantize_model(const model::ParamLayout& layout, const float* par
       quantize_gptq(x);
       break;
   }
+  quantize_vocab(x);
   return qm;
 }
 
@@ -446,6 +466,33 @@ bool is_linear_weight(const model::ParamTensor& t) {
   return t.layer >= 0 && t.shape.size() == 2;
 }
 
+// Writes one quantized matrix's tensors (NAME.qweight, .scales, .zeros, .g_idx, .in_scale) and
+// returns its metadata entry.
+json write_qlinear(io::SafetensorsWriter& w, const std::string& name, const QuantizedLinear& q) {
+  auto packed = pack(q);
+  w.add_copy(name + ".qweight", io::DType::U8, {q.rows, packed_cols(q.cols, q.spec.bits)},
+             packed.data(), packed.size());
+  w.add_copy(name + ".scales", io::DType::F32, {q.rows, q.ngroups()}, q.scales.data(),
+             q.scales.size() * 4);
+  if (q.spec.min_offset) {  // zero points that are not codes
+    w.add_copy(name + ".zeros", io::DType::F32, {q.rows, q.ngroups()}, q.zeros.data(),
+               q.zeros.size() * 4);
+  } else {
+    std::vector<std::uint8_t> z(q.zeros.size());
+    for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<std::uint8_t>(q.zeros[i]);
+    w.add_copy(name + ".zeros", io::DType::U8, {q.rows, q.ngroups()}, z.data(), z.size());
+  }
+  w.add_copy(name + ".g_idx", io::DType::I32, {q.cols}, q.g_idx.data(), q.g_idx.size() * 4);
+  if (!q.in_scale.empty())
+    w.add_copy(name + ".in_scale", io::DType::F32, {q.cols}, q.in_scale.data(),
+               q.in_scale.size() * 4);
+  return {{"name", name},
+          {"bits", q.spec.bits},
+          {"group", q.spec.group},
+          {"sym", q.spec.sym},
+          {"min_offset", q.spec.min_offset}};
+}
+
 }  // namespace
 
 void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
@@ -453,43 +500,21 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
   model::ParamLayout layout(qm.config);
   io::SafetensorsWriter w;
   const float* P = qm.params.data();
+  json lin = json::array(), vocab = json::array();
+  for (const auto& V : qm.vocab) vocab.push_back(write_qlinear(w, V.name, V.q));
   for (const auto& t : layout.tensors()) {
-    if (is_linear_weight(t)) continue;  // stored quantized below
+    if (is_linear_weight(t) || (t.vocab_rows && !qm.vocab.empty())) continue;  // stored quantized
     std::vector<std::int64_t> shape = t.shape;
     if (t.vocab_rows) shape = {qm.config.vocab_size, qm.config.n_embd};
     w.add_f32(t.name, shape, P + t.offset);
   }
-  json lin = json::array();
-  for (const auto& L : qm.linears) {
-    const auto& q = L.q;
-    auto packed = pack(q);
-    w.add_copy(L.name + ".qweight", io::DType::U8, {q.rows, packed_cols(q.cols, q.spec.bits)},
-               packed.data(), packed.size());
-    w.add_copy(L.name + ".scales", io::DType::F32, {q.rows, q.ngroups()}, q.scales.data(),
-               q.scales.size() * 4);
-    if (q.spec.min_offset) {  // zero points that are not codes
-      w.add_copy(L.name + ".zeros", io::DType::F32, {q.rows, q.ngroups()}, q.zeros.data(),
-                 q.zeros.size() * 4);
-    } else {
-      std::vector<std::uint8_t> z(q.zeros.size());
-      for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<std::uint8_t>(q.zeros[i]);
-      w.add_copy(L.name + ".zeros", io::DType::U8, {q.rows, q.ngroups()}, z.data(), z.size());
-    }
-    w.add_copy(L.name + ".g_idx", io::DType::I32, {q.cols}, q.g_idx.data(), q.g_idx.size() * 4);
-    if (!q.in_scale.empty())
-      w.add_copy(L.name + ".in_scale", io::DType::F32, {q.cols}, q.in_scale.data(),
-                 q.in_scale.size() * 4);
-    lin.push_back({{"name", L.name},
-                   {"bits", q.spec.bits},
-                   {"group", q.spec.group},
-                   {"sym", q.spec.sym},
-                   {"min_offset", q.spec.min_offset}});
-  }
+  for (const auto& L : qm.linears) lin.push_back(write_qlinear(w, L.name, L.q));
   json meta{{"format", k_format},
             {"method", qm.method},
             {"activations", act_mode_name(qm.act.mode)},
             {"int8_threshold", qm.act.threshold},
             {"linears", lin},
+            {"vocab", vocab},
             {"info", qm.info},
             {"layout",
              "qweight (out_features, in_features[/2 for <= 4 bits, low nibble first]); "
@@ -519,6 +544,78 @@ AnyModel load_any_model(const fs::path& path) {
 }
 
 namespace {
+
+// The error for a damaged quantized file, with the remedy.
+Error bad_file(const fs::path& file, const std::string& what) {
+  return Error(fmt::format("quantized model {}: {}", file.string(), what),
+               "re-create it with 'tessera quantize'");
+}
+
+// Reads the quantized matrix NAME (rows, cols) that write_qlinear wrote, every size and code
+// checked against its metadata entry `spec`.
+QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file,
+                             const model::ModelConfig& cfg, const std::string& name, int rows,
+                             int cols, const json& spec) {
+  QuantizedLinear q;
+  q.rows = rows;
+  q.cols = cols;
+  q.spec.bits = spec.value("bits", 0);
+  q.spec.group = spec.value("group", 0);
+  q.spec.sym = spec.value("sym", false);
+  q.spec.min_offset = spec.value("min_offset", false);
+  if (q.spec.bits < 2 || q.spec.bits > 8) throw bad_file(file, name + ": bad bit width");
+  if (q.spec.group == 0 || q.spec.group < -1)
+    throw bad_file(file, fmt::format("{}: bad group size {}", name, q.spec.group));
+  const int ng = q.spec.groups(q.cols);
+  auto expect = [&](const std::string& tn, std::vector<std::int64_t> shape) {
+    const auto* ti = st.find(tn);
+    if (!ti) throw bad_file(file, fmt::format("tensor {} is missing", tn));
+    if (ti->shape != shape)
+      throw Error(fmt::format("quantized model {} does not match its config: {} has shape {}, "
+                              "the model {} expects {}",
+                              file.string(), tn, io::shape_str(ti->shape), model::describe(cfg),
+                              io::shape_str(shape)),
+                  "use the config.json written with the quantized file");
+  };
+  expect(name + ".qweight", {q.rows, packed_cols(q.cols, q.spec.bits)});
+  expect(name + ".scales", {q.rows, ng});
+  expect(name + ".zeros", {q.rows, ng});
+  expect(name + ".g_idx", {q.cols});
+  unpack(st.read_i64(name + ".qweight"), q);
+  q.scales = st.read_f32(name + ".scales");
+  if (q.spec.min_offset) {
+    q.zeros = st.read_f32(name + ".zeros");
+  } else {
+    for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
+  }
+  for (auto g : st.read_i64(name + ".g_idx")) {
+    if (g < 0 || g >= ng)
+      throw bad_file(file, fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
+    q.g_idx.push_back(static_cast<std::int32_t>(g));
+  }
+  for (auto c : q.q)
+    if (c > q.spec.maxq())
+      throw bad_file(file, fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
+  if (st.contains(name + ".in_scale")) {
+    expect(name + ".in_scale", {q.cols});
+    q.in_scale = st.read_f32(name + ".in_scale");
+  }
+  return q;
+}
+
+// name -> metadata entry of the list meta[key] (absent: empty).
+std::map<std::string, json> spec_list(const json& meta, const char* key, const fs::path& file) {
+  std::map<std::string, json> specs;
+  if (!meta.contains(key)) return specs;
+  if (!meta[key].is_array()) throw bad_file(file, fmt::format("'{}' is not a list", key));
+  for (const auto& l : meta[key]) {
+    if (!l.is_object() || !l.contains("name") || !l["name"].is_string())
+      throw bad_file(file, fmt::format("bad '{}' entry", key));
+    specs[l["name"].get<std::string>()] = l;
+  }
+  return specs;
+}
+
 AnyModel read_any_model(const fs::path& path) {
   const bool is_dir = input_kind(path, "model") == InputKind::Directory;
   fs::path file = is_dir ? path / "model.safetensors" : path;
@@ -539,20 +636,25 @@ AnyModel read_any_model(const fs::path& path) {
     out.description = "fp32";
     return out;
   }
-  auto bad = [&](const std::string& what) {
-    return Error(fmt::format("quantized model {}: {}", file.string(), what),
-                 "re-create it with 'tessera quantize'");
-  };
   json meta = json::parse(it->second, nullptr, false);
   if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
       meta["format"] != k_format)
-    throw bad("unknown quantization metadata");
+    throw bad_file(file, "unknown quantization metadata");
   const model::ModelConfig cfg =
       io::model_config_of(st, (is_dir ? path : path.parent_path()) / "config.json");
   model::ParamLayout layout(cfg);
+  if (!meta.contains("linears")) throw bad_file(file, "no 'linears' list");
+  const auto specs = spec_list(meta, "linears", file);
+  const auto vocab_specs = spec_list(meta, "vocab", file);
+  auto vocab_name = [](const model::ParamTensor& t) {
+    return t.name.substr(0, t.name.rfind(".weight"));
+  };
+  auto quantized = [&](const model::ParamTensor& t) {
+    return is_linear_weight(t) || (t.vocab_rows && vocab_specs.count(vocab_name(t)));
+  };
   // The file must hold this model before its memory is allocated.
   try {
-    io::check_model_tensors(st, layout, "", is_linear_weight);
+    io::check_model_tensors(st, layout, "", quantized);
   } catch (const Error& e) {
     throw Error(
         fmt::format("quantized model {} does not match its config: {}", file.string(), e.what()),
@@ -564,65 +666,26 @@ AnyModel read_any_model(const fs::path& path) {
   float* P = out.model.params.data();
   std::fill(P, P + layout.total(), 0.0f);
   for (const auto& t : layout.tensors()) {
-    if (is_linear_weight(t)) continue;
+    if (quantized(t)) {
+      if (!t.vocab_rows) continue;
+      AnyModel::VocabMatrix v{t.offset, read_qlinear(st, file, cfg, vocab_name(t), cfg.vocab_size,
+                                                     cfg.n_embd, vocab_specs.at(vocab_name(t)))};
+      v.q.dequantize(P + t.offset);
+      out.vocab.push_back(std::move(v));
+      continue;
+    }
     std::vector<std::int64_t> shape = t.shape;
     if (t.vocab_rows) shape = {cfg.vocab_size, cfg.n_embd};
     st.read_f32(t.name, shape, P + t.offset);
-  }
-  if (!meta.contains("linears") || !meta["linears"].is_array()) throw bad("no 'linears' list");
-  std::map<std::string, json> specs;
-  for (const auto& l : meta["linears"]) {
-    if (!l.is_object() || !l.contains("name") || !l["name"].is_string())
-      throw bad("bad linear entry");
-    specs[l["name"].get<std::string>()] = l;
   }
   for (int l = 0; l < cfg.n_layer; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
       Lin kind = static_cast<Lin>(k);
       const std::string name = linear_name(cfg, l, kind);
       auto sp = specs.find(name);
-      if (sp == specs.end()) throw bad(fmt::format("linear {} is missing", name));
-      QuantizedLinear q;
-      q.rows = lin_rows(cfg, kind);
-      q.cols = lin_cols(cfg, kind);
-      q.spec.bits = sp->second.value("bits", 0);
-      q.spec.group = sp->second.value("group", 0);
-      q.spec.sym = sp->second.value("sym", false);
-      q.spec.min_offset = sp->second.value("min_offset", false);
-      if (q.spec.bits < 2 || q.spec.bits > 8) throw bad(fmt::format("{}: bad bit width", name));
-      const int ng = q.spec.groups(q.cols);
-      auto expect = [&](const std::string& tn, std::vector<std::int64_t> shape) {
-        const auto* ti = st.find(tn);
-        if (!ti) throw bad(fmt::format("tensor {} is missing", tn));
-        if (ti->shape != shape)
-          throw Error(fmt::format("quantized model {} does not match its config: {} has shape {}, "
-                                  "the model {} expects {}",
-                                  file.string(), tn, io::shape_str(ti->shape), model::describe(cfg),
-                                  io::shape_str(shape)),
-                      "use the config.json written with the quantized file");
-      };
-      expect(name + ".qweight", {q.rows, packed_cols(q.cols, q.spec.bits)});
-      expect(name + ".scales", {q.rows, ng});
-      expect(name + ".zeros", {q.rows, ng});
-      expect(name + ".g_idx", {q.cols});
-      unpack(st.read_i64(name + ".qweight"), q);
-      q.scales = st.read_f32(name + ".scales");
-      if (q.spec.min_offset) {
-        q.zeros = st.read_f32(name + ".zeros");
-      } else {
-        for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
-      }
-      for (auto g : st.read_i64(name + ".g_idx")) {
-        if (g < 0 || g >= ng) throw bad(fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
-        q.g_idx.push_back(static_cast<std::int32_t>(g));
-      }
-      for (auto c : q.q)
-        if (c > q.spec.maxq())
-          throw bad(fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
-      if (st.contains(name + ".in_scale")) {
-        expect(name + ".in_scale", {q.cols});
-        q.in_scale = st.read_f32(name + ".in_scale");
-      }
+      if (sp == specs.end()) throw bad_file(file, fmt::format("linear {} is missing", name));
+      QuantizedLinear q =
+          read_qlinear(st, file, cfg, name, lin_rows(cfg, kind), lin_cols(cfg, kind), sp->second);
       q.dequantize(P + lin_weight_offset(layout, l, kind));
       out.linears.push_back(std::move(q));
     }
@@ -632,8 +695,10 @@ AnyModel read_any_model(const fs::path& path) {
   out.act.threshold = meta.value("int8_threshold", 6.0f);
   const auto& l0 = meta["linears"].empty() ? json::object() : meta["linears"][0];
   WeightQuant wq{l0.value("bits", 0), l0.value("group", 0), l0.value("sym", false)};
-  out.description = fmt::format("{} {} act {}", meta.value("method", "?"), describe(wq),
-                                act_mode_name(out.act.mode));
+  out.description = fmt::format(
+      "{} {} act {}{}", meta.value("method", "?"), describe(wq), act_mode_name(out.act.mode),
+      out.vocab.empty() ? std::string()
+                        : fmt::format(", embedding {}-bit", out.vocab[0].q.spec.bits));
   if (meta.contains("info") && meta["info"].is_object())
     for (auto& [k, v] : meta["info"].items())
       if (v.is_string()) out.info[k] = v.get<std::string>();

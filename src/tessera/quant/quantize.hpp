@@ -41,6 +41,10 @@ struct QuantizeOptions {
   float int8_threshold = 6.0f;
   int micro_batch = 8;
   bool verbose = false;
+  // The token embedding and an untied LM head: 0 keeps them fp32 (the methods' references
+  // quantize the block linears only); 8 rounds them to 8 bits per row (RTN, symmetric), which
+  // the packed decoder reads as such (a tied head is the embedding, quantized once).
+  int vocab_bits = 0;
 };
 
 struct QLinear {
@@ -60,6 +64,9 @@ struct QuantizedModel {
   model::ModelConfig config;
   Buffer<float> params;  // fp32, dequantized linears, folded LayerNorms: ready for the forward
   std::vector<QLinear> linears;
+  // The quantized (vocab_size, C) matrices when vocab_bits: name = the tensor's name without
+  // ".weight", layer -1; their dequantized values are in params.
+  std::vector<QLinear> vocab;
   ActQuant act;
   std::string method;
   std::map<std::string, std::string> info;  // calibration, options (written as metadata)
@@ -85,6 +92,13 @@ struct AnyModel {
   // Quantized files: the block linears as stored ((n_layer * 4), layer-major, in Lin order);
   // their dequantized weights are also in model.params.
   std::vector<QuantizedLinear> linears;
+  // Quantized files with quantized vocabulary matrices: each one's offset in model.params (the
+  // layout's wte, or head when untied) and its codes (vocab_size rows).
+  struct VocabMatrix {
+    std::size_t offset = 0;
+    QuantizedLinear q;
+  };
+  std::vector<VocabMatrix> vocab;
 };
 AnyModel load_any_model(const std::filesystem::path& path);
 
