@@ -1,0 +1,230 @@
+// SmolLM2-135M end to end on the CPU: decode tokens/s (the KV-cache decoder, one token at a time)
+// and prefill tokens/s (every linear of the model over --prefill tokens at once) at fp32, W8 (per
+// channel, symmetric) and W4 (g128, asymmetric), the quantized ones with an 8-bit embedding and
+// head (quantize --vocab-bits 8), all RTN, in one run, each beside its roofline measured in the
+// same run:
+//  - decode against memory: the bytes of weights one token reads (block linears and head; fp32:
+//    4 bytes per weight; packed: codes, scales, zeros) / the measured read bandwidth;
+//  - prefill against compute: the linears' FLOPs / oneDNN's fp32 GEMM rate on the model's largest
+//    shape (the packed prefill decodes tiles of the weight to fp32 and multiplies them with it).
+// Decode time is split into the block linears, the head and the rest (norms, rotary, attention
+// over the cache, sampling excluded: the bench feeds fixed tokens).
+//
+//   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 256] [--prefill 128]
+//                [--stream_mib 2048]
+//
+// Without the model file (scripts/setup --with-models) it says so and exits 0.
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_args.hpp"
+#include "bench_memory.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/quant/packed_model.hpp"
+#include "tessera/quant/quantize.hpp"
+#include "tessera/quant/runner.hpp"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+struct Format {
+  const char* name;
+  quant::WeightQuant wq;  // bits 0: fp32
+};
+
+// Decode seconds per token and their split; bytes of weights per token.
+struct Decode {
+  double step_s = 0, linear_s = 0, head_s = 0, bytes = 0;
+};
+
+// The kernels of one format with timers around the block linears and the head. fp32: the
+// decoder's own fp32 products (oneDNN), written out here so that they can be timed too.
+model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& layout,
+                            const float* params, double& linear_s, double& head_s) {
+  const auto& cfg = layout.config();
+  if (!k.linear)
+    k.linear = [&layout, params](int l, int which, float* out, const float* in, const float* bias,
+                                 bool acc) {
+      const auto kind = static_cast<quant::Lin>(which);
+      kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, out, in,
+                                   params + quant::lin_weight_offset(layout, l, kind), bias, 1,
+                                   quant::lin_cols(layout.config(), kind),
+                                   quant::lin_rows(layout.config(), kind), acc);
+    };
+  if (!k.head)
+    k.head = [&layout, params, &cfg](float* logits, const float* x) {
+      kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, logits, x, params + layout.head,
+                                   nullptr, 1, cfg.n_embd, cfg.padded_vocab());
+    };
+  auto lin = k.linear;
+  k.linear = [lin, &linear_s](int l, int which, float* out, const float* in, const float* bias,
+                              bool acc) {
+    const auto t0 = clock_type::now();
+    lin(l, which, out, in, bias, acc);
+    linear_s += since(t0);
+  };
+  auto head = k.head;
+  k.head = [head, &head_s](float* logits, const float* x) {
+    const auto t0 = clock_type::now();
+    head(logits, x);
+    head_s += since(t0);
+  };
+  return k;
+}
+
+// Feeds `context` tokens, then times `tokens` more steps (positions context .. context+tokens).
+Decode time_decode(const model::ParamLayout& layout, const float* params,
+                   const model::DecoderKernels& packed, int context, int tokens) {
+  Decode d;
+  double linear_s = 0, head_s = 0;
+  model::Decoder dec(layout, params, context + tokens, kernels::GemmLibrary::OneDnn,
+                     timed(packed, layout, params, linear_s, head_s));
+  const int V = layout.config().vocab_size;
+  for (int t = 0; t < context; ++t) dec.step((t * 7919) % V, false);
+  linear_s = head_s = 0;
+  const auto t0 = clock_type::now();
+  for (int t = 0; t < tokens; ++t) dec.step((t * 104729) % V, true);
+  d.step_s = since(t0) / tokens;
+  d.linear_s = linear_s / tokens;
+  d.head_s = head_s / tokens;
+  return d;
+}
+
+// Seconds for N tokens through every linear and the head (fp32: oneDNN; packed: packed_matmul).
+double time_prefill(const model::ParamLayout& layout, const float* params,
+                    const quant::PackedModel* pm, int N) {
+  const auto& cfg = layout.config();
+  std::vector<float> X(static_cast<std::size_t>(N) * cfg.ffn(), 0.01f),
+      Y(static_cast<std::size_t>(N) * cfg.padded_vocab());
+  auto pass = [&] {
+    for (int l = 0; l < cfg.n_layer; ++l)
+      for (int k = 0; k < quant::k_num_lin; ++k) {
+        const auto kind = static_cast<quant::Lin>(k);
+        if (pm)
+          quant::packed_matmul(pm->linears[std::size_t(l) * quant::k_num_lin + k], Y.data(),
+                               X.data(), nullptr, N, pm->isa);
+        else
+          kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, Y.data(), X.data(),
+                                       params + quant::lin_weight_offset(layout, l, kind), nullptr,
+                                       N, quant::lin_cols(cfg, kind), quant::lin_rows(cfg, kind));
+      }
+    const quant::PackedLinear* h = pm ? (pm->head_is_embed ? &pm->embed : &pm->head) : nullptr;
+    if (h && h->rows)
+      quant::packed_matmul(*h, Y.data(), X.data(), nullptr, N, pm->isa);
+    else
+      kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, Y.data(), X.data(),
+                                   params + layout.head, nullptr, N, cfg.n_embd,
+                                   cfg.padded_vocab());
+  };
+  pass();  // warm-up
+  const auto t0 = clock_type::now();
+  pass();
+  return since(t0);
+}
+
+double linear_flops_per_token(const model::ModelConfig& cfg) {
+  double f = 2.0 * cfg.n_embd * cfg.padded_vocab();
+  for (int k = 0; k < quant::k_num_lin; ++k)
+    f += 2.0 * cfg.n_layer * quant::lin_rows(cfg, static_cast<quant::Lin>(k)) *
+         quant::lin_cols(cfg, static_cast<quant::Lin>(k));
+  return f;
+}
+
+// oneDNN's fp32 GEMM rate (FLOP/s) on (N, K) x (K, M)^T, the best of 3.
+double gemm_rate(int N, int M, int K) {
+  std::vector<float> A(std::size_t(N) * K, 0.01f), B(std::size_t(M) * K, 0.01f),
+      C(std::size_t(N) * M);
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = clock_type::now();
+    kernels::gemm(kernels::GemmLibrary::OneDnn, false, true, N, M, K, 1.0f, A.data(), K, B.data(),
+                  K, 0.0f, C.data(), M);
+    if (rep > 0) best = std::max(best, 2.0 * N * M * K / since(t0));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf";
+  int threads = 2, tokens = 64, context = 256, prefill = 128, stream_mib = 2048;
+  bench::Options()
+      .add("model", model)
+      .add("threads", threads)
+      .add("tokens", tokens)
+      .add("context", context)
+      .add("prefill", prefill)
+      .add("stream_mib", stream_mib)
+      .parse(argc, argv);
+  if (!fs::exists(model)) {
+    std::printf("(skipped: %s not found; scripts/setup --with-models fetches it)\n", model.c_str());
+    return 0;
+  }
+  omp_set_num_threads(threads);
+  const quant::AnyModel fp = quant::load_any_model(model);
+  const model::ParamLayout layout(fp.model.config);
+  const auto& cfg = fp.model.config;
+  const double bw = bench::stream_read_gbs(stream_mib);
+  const double rate = gemm_rate(prefill, cfg.ffn() * 2, cfg.n_embd);
+  std::printf(
+      "%s\n%d threads; memory read bandwidth %.1f GB/s; oneDNN fp32 GEMM %.0f GFLOP/s (%d x %d x "
+      "%d); decode: %d tokens after a context of %d; prefill: %d tokens; int8 activations: %s\n\n",
+      model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
+      tokens, context, prefill, quant::q8_dot_name(quant::best_isa()));
+  std::printf("%-8s %8s %9s %9s %8s %8s %8s %9s | %10s %9s\n", "format", "MB/tok", "ms/tok",
+              "tok/s", "vs fp32", "of bw", "linears", "head", "prefill/s", "of GEMM");
+  const Format formats[] = {
+      {"fp32", {0, 0, false}}, {"W8 pc", {8, -1, true}}, {"W4 g128", {4, 128, false}}};
+  const fs::path tmp = fs::temp_directory_path() / ("bench_decode_" + std::to_string(::getpid()));
+  double fp32_step = 0;
+  for (const Format& f : formats) {
+    quant::AnyModel q;
+    quant::PackedModel pm;
+    const float* params = fp.model.params.data();
+    model::DecoderKernels kernels;
+    double bytes = 0;
+    if (f.wq.bits > 0) {
+      quant::QuantizeOptions o;
+      o.wq = f.wq;
+      o.vocab_bits = 8;
+      quant::save_quantized(tmp, quant::quantize_model(layout, params, o, nullptr));
+      q = quant::load_any_model(tmp);
+      pm = quant::pack_model(q);
+      kernels = pm.decoder_kernels();
+      params = q.model.params.data();
+      bytes = static_cast<double>(pm.bytes() + pm.vocab_bytes());
+    } else {
+      bytes = 4.0 * linear_flops_per_token(cfg) / 2.0;  // one fp32 weight per multiply-add
+    }
+    const Decode d = time_decode(layout, params, kernels, context, tokens);
+    const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill);
+    if (f.wq.bits == 0) fp32_step = d.step_s;
+    std::printf("%-8s %8.1f %9.2f %9.1f %7.2fx %7.0f%% %7.2fms %7.2fms | %10.0f %8.0f%%\n", f.name,
+                bytes / 1e6, d.step_s * 1e3, 1.0 / d.step_s, fp32_step / d.step_s,
+                100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3, d.head_s * 1e3,
+                prefill / pre, 100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
+  }
+  fs::remove_all(tmp);
+  std::printf(
+      "\nof bw: the time the weights take to read at the measured bandwidth / the measured "
+      "step;\nlinears, head: their share of the step (the rest: norms, rotary, attention, "
+      "embedding)\n");
+  return 0;
+}
