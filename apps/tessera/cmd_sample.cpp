@@ -40,7 +40,9 @@ std::string describe_packed(const quant::PackedModel& pm) {
   std::string s = fmt::format(
       "packed {} ({:.2f} bits per weight), {}", pm.linears.empty() ? "" : pm.linears[0].describe(),
       pm.bits_per_weight(),
-      pm.int8_activations ? fmt::format("int8 activations ({})", quant::q8_dot_name(pm.isa))
+      pm.int8_activations ? fmt::format("int8 activations{} ({})",
+                                        pm.act_scale == quant::ActScale::PerRow ? " per token" : "",
+                                        quant::q8_dot_name(pm.isa))
                           : fmt::format("fp32 activations ({})", quant::isa_name(pm.isa)));
   if (pm.embed.rows) s += fmt::format(", embedding {}", pm.embed.describe());
   return s;
@@ -163,7 +165,9 @@ void add_sample_command(CLI::App& root) {
       std::fflush(stdout);
     };
     std::string kernels_used = any.quantized ? any.description + ", dequantized to fp32" : "fp32";
-    // W8A8 / LLM.int8() files: simulate their activation quantization (full recompute per token)
+    // Quantized files decode from their packed form; the ones it cannot reproduce one token at a
+    // time (per-tensor W8A8, LLM.int8()) simulate their activation quantization (full recompute
+    // per token).
     if (a->device == "cuda") {
       const auto& cfg = loaded.config;
       model::DeviceGpt dev(
@@ -180,12 +184,10 @@ void add_sample_command(CLI::App& root) {
             return row.data();
           },
           print);
-    } else if (any.act.mode != quant::ActMode::None) {
-      t_start = clock::now();
-      quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
     } else {
       quant::PackedModel packed;
-      if (any.quantized && a->kernels != "fp32") {  // weight-only: the packed kernels
+      bool use_packed = false;
+      if (any.quantized && a->kernels != "fp32") {  // the packed kernels
         try {
           packed = quant::pack_model(any);
           packed.int8_activations = a->kernels == "packed";
@@ -195,12 +197,16 @@ void add_sample_command(CLI::App& root) {
           any.vocab = {};
           release_free_heap();
           kernels_used = describe_packed(packed);
+          use_packed = true;
         } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
           std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
         }
       }
       t_start = clock::now();
-      eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
+      if (!use_packed && any.act.mode != quant::ActMode::None)  // simulated activation rounding
+        quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
+      else
+        eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
     }
     std::fputc('\n', stdout);
     std::fflush(stdout);

@@ -963,6 +963,23 @@ TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
   }
 }
 
+// KL(softmax(a) || softmax(b)) over the first V logits, in double.
+double kl_of_logits(const float* a, const float* b, int V) {
+  auto probs = [V](const float* l) {
+    std::vector<double> p(l, l + V);
+    const double mx = *std::max_element(p.begin(), p.end());
+    double sum = 0;
+    for (double& v : p) sum += (v = std::exp(v - mx));
+    for (double& v : p) v /= sum;
+    return p;
+  };
+  const auto p = probs(a), q = probs(b);
+  double k = 0;
+  for (int i = 0; i < V; ++i)
+    if (p[i] > 0) k += p[i] * std::log(p[i] / std::max(q[i], 1e-300));
+  return k;
+}
+
 // Decoding with int8 activations (the packed decoder's default) moves the next-token
 // distributions much less than the 4-bit weights themselves do: over 3 windows of 64
 // teacher-forced positions, the mean KL divergence from the fp32-activation packed decoder is below
@@ -988,20 +1005,6 @@ TEST(QuantPacked, Int8ActivationsMoveTheDistributionLessThanTheWeights) {
     model::Decoder d_fp(layout, tm->params.data(), T, gemm);
     model::Decoder d16(layout, any.model.params.data(), T, gemm, a16.decoder_kernels());
     model::Decoder d8(layout, any.model.params.data(), T, gemm, a8.decoder_kernels());
-    auto probs = [V](const float* logits) {
-      std::vector<double> p(logits, logits + V);
-      const double mx = *std::max_element(p.begin(), p.end());
-      double sum = 0;
-      for (double& v : p) sum += (v = std::exp(v - mx));
-      for (double& v : p) v /= sum;
-      return p;
-    };
-    auto kl = [](const std::vector<double>& p, const std::vector<double>& q) {
-      double k = 0;
-      for (std::size_t i = 0; i < p.size(); ++i)
-        if (p[i] > 0) k += p[i] * std::log(p[i] / std::max(q[i], 1e-300));
-      return k;
-    };
     double kl_weights = 0, kl_acts = 0;
     for (int w = 0; w < windows; ++w) {
       d_fp.reset();
@@ -1009,9 +1012,11 @@ TEST(QuantPacked, Int8ActivationsMoveTheDistributionLessThanTheWeights) {
       d8.reset();
       for (int t = 0; t < T; ++t) {
         const std::int32_t tok = tm->val[std::size_t(w) * T + t];
-        const auto pf = probs(d_fp.step(tok)), p16 = probs(d16.step(tok)), p8 = probs(d8.step(tok));
-        kl_weights += kl(pf, p16) / (windows * T);
-        kl_acts += kl(p16, p8) / (windows * T);
+        const float* lf = d_fp.step(tok);  // each decoder keeps its logits until its next step
+        const float* l16 = d16.step(tok);
+        const float* l8 = d8.step(tok);
+        kl_weights += kl_of_logits(lf, l16, V) / (windows * T);
+        kl_acts += kl_of_logits(l16, l8, V) / (windows * T);
       }
     }
     SCOPED_TRACE(fmt::format("{}: KL W4 {:.3e}, KL int8 activations {:.3e}",
@@ -1021,21 +1026,71 @@ TEST(QuantPacked, Int8ActivationsMoveTheDistributionLessThanTheWeights) {
   }
 }
 
+// Files that quantize activations per token (W8A8, SmoothQuant) decode from their packed weights
+// with int8 inputs rounded per token, which is the model they define: the simulated path (the
+// packed weights dequantized, each linear's input rounded to int8 per token, the whole sequence
+// recomputed) gives the same logits up to summation order, and so up to the rare input that lands
+// on the other side of a rounding boundary. Over 3 windows of 64 teacher-forced positions the mean
+// KL divergence between the two is below a tenth of the quantized model's own KL from fp32
+// (measured: 0.05% and 0.3% of it).
+TEST(QuantPacked, PerTokenW8A8FilesDecodeAsTheirSimulation) {
+  for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
+    if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
+    const auto& layout = *tm->layout;
+    const fs::path dir =
+        fs::temp_directory_path() / ("tessera_quant_w8a8_" + std::to_string(::getpid()));
+    QuantizeOptions o;
+    o.method = Method::W8A8;
+    save_quantized(dir, quantize_model(layout, tm->params.data(), o, nullptr));
+    const AnyModel any = load_any_model(dir);
+    fs::remove_all(dir);
+    ASSERT_EQ(any.act.mode, ActMode::PerToken);
+    const PackedModel pm = pack_model(any);
+    EXPECT_EQ(pm.act_scale, ActScale::PerRow);
+    const int T = tm->cfg.block_size, V = tm->cfg.vocab_size, Vp = tm->cfg.padded_vocab();
+    // the simulation over the packed weights (their scales rounded to fp16, as packed)
+    std::vector<float> sim_params(any.model.params.data(),
+                                  any.model.params.data() + layout.total());
+    pm.dequantize_into(layout, sim_params.data());
+    const auto sim = logits_fn(layout, sim_params.data(), any.act);
+    const auto fp = logits_fn(layout, tm->params.data(), {});
+    double kl_model = 0, kl_kernels = 0;
+    for (int w = 0; w < 3; ++w) {
+      const std::int32_t* toks = tm->val.data() + std::size_t(w) * T;
+      std::vector<float> ls(std::size_t(T) * Vp), lf(ls.size());
+      sim(toks, 1, T, ls.data());
+      fp(toks, 1, T, lf.data());
+      model::Decoder dec(layout, any.model.params.data(), T, eval::SampleOptions{}.gemm,
+                         pm.decoder_kernels());
+      for (int t = 0; t < T; ++t) {
+        const std::size_t at = std::size_t(t) * Vp;
+        const float* lp = dec.step(toks[t]);
+        kl_model += kl_of_logits(lf.data() + at, ls.data() + at, V) / (3 * T);
+        kl_kernels += kl_of_logits(ls.data() + at, lp, V) / (3 * T);
+      }
+    }
+    SCOPED_TRACE(fmt::format("{}: KL W8A8 {:.3e}, KL packed vs simulated {:.3e}",
+                             model::describe(tm->cfg), kl_model, kl_kernels));
+    EXPECT_LT(kl_kernels, 0.1 * kl_model);
+  }
+}
+
 TEST(QuantPacked, RefusesModelsItCannotPack) {
   NEED_MODEL();
   AnyModel fp;
   fp.model.config = tm->cfg;
   EXPECT_THROW(pack_model(fp), Error);
-  QuantizeOptions o;
+  QuantizeOptions o;  // per-tensor activations: one scale over a whole sequence
   o.method = Method::W8A8;
+  o.act = ActMode::PerTensor;
   const fs::path dir =
       fs::temp_directory_path() / ("tessera_quant_packed_w8a8_" + std::to_string(::getpid()));
   save_quantized(dir, quantize_model(layout, tm->params.data(), o, nullptr));
   try {
     pack_model(load_any_model(dir));
-    ADD_FAILURE() << "a W8A8 file was packed";
+    ADD_FAILURE() << "a per-tensor W8A8 file was packed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("weight-only"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("per tensor"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }

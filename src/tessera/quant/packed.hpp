@@ -83,18 +83,24 @@ QuantizedLinear with_rounded_scales(const QuantizedLinear& ql, ScaleType scale_t
 
 // y (OC) = W x (IC) + bias (OC, may be null). OpenMP over output rows; fp32 accumulation.
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa);
-// y (OC) = W x^ (IC) + bias with x^ = x quantized to int8 per block of 32 columns (in packed
-// order, after in_scale; d = max |x| / 127 per block), each block one integer dot product of
-// codes and int8 inputs: AVX-512 VNNI's dpbusd where the CPU has it (isa Avx512), AVX2's maddubs
-// otherwise, plain loops for Portable. The decoder's default for weight-only files (what
-// llama.cpp does for its quantized types); |y - W x| <= sum_c |w[r, c]| d[block of c] / 2 plus
-// fp32 summation error.
-void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa);
+// How packed_matvec_q8 scales the int8 input: one scale per block of 32 columns (the decoder's
+// default for weight-only files, as llama.cpp quantizes activations), or one for the whole input
+// (per token: what W8A8 and SmoothQuant files quantize their activations with).
+enum class ActScale { PerBlock, PerRow };
+
+// y (OC) = W x^ (IC) + bias with x^ = x quantized to int8 (in packed order, after in_scale):
+// x^ = round(x / d) d with d = max |x| / 127 over each block or the row, each block then one
+// integer dot product of codes and int8 inputs: AVX-512 VNNI's dpbusd where the CPU has it (isa
+// Avx512), AVX2's maddubs otherwise, plain loops for Portable.
+// |y - W x| <= sum_c |w[r, c]| d[block of c] / 2 plus fp32 summation error.
+void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa,
+                      ActScale scale = ActScale::PerBlock);
 // The integer dot product packed_matvec_q8 uses with isa: "avx512-vnni dpbusd", "avx2 maddubs"
 // or "portable".
 const char* q8_dot_name(Isa isa);
 // The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order.
-void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d);
+void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
+                       ActScale scale = ActScale::PerBlock);
 
 // Y (N, OC) = X (N, IC) W^T + bias (OC, may be null). OpenMP over tiles of 64 output rows, each
 // tile decoded (SIMD) once into a per-thread fp32 buffer (64 x colsp, in cache) and multiplied

@@ -33,9 +33,15 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
   int max_rows = 0;
   for (const auto& l : linears) max_rows = std::max(max_rows, l.rows);
   auto tmp = std::make_shared<std::vector<float>>(max_rows);  // (OC) for accumulating linears
-  auto matvec = [this](const PackedLinear& w, float* y, const float* x, const float* bias) {
+  if (act_scale == ActScale::PerRow && !int8_activations)
+    throw Error(
+        "this file quantizes its activations per token: the packed decoder needs int8 "
+        "activations",
+        "use the default kernels (or the dequantized fp32 weights)");
+  auto matvec = [this](const PackedLinear& w, float* y, const float* x, const float* bias,
+                       ActScale scale) {
     if (int8_activations)
-      packed_matvec_q8(w, y, x, bias, isa);
+      packed_matvec_q8(w, y, x, bias, isa, scale);
     else
       packed_matvec(w, y, x, bias, isa);
   };
@@ -44,16 +50,16 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
                                  const float* bias, bool accumulate) {
     const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + which];
     if (!accumulate) {
-      matvec(w, out, in, bias);
+      matvec(w, out, in, bias, act_scale);
       return;
     }
-    matvec(w, tmp->data(), in, bias);
+    matvec(w, tmp->data(), in, bias, act_scale);
     for (int r = 0; r < w.rows; ++r) out[r] += (*tmp)[r];
   };
   const PackedLinear* h = head_is_embed ? &embed : (head.rows ? &head : nullptr);
   if (h)
     k.head = [this, h, matvec](float* logits, const float* x) {
-      matvec(*h, logits, x, nullptr);  // the padding rows (none in the file) give 0
+      matvec(*h, logits, x, nullptr, ActScale::PerBlock);  // the padding rows (not packed): 0
       std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
     };
   if (embed.rows)
@@ -101,13 +107,17 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
   if (!any.quantized || any.linears.size() != static_cast<std::size_t>(cfg.n_layer) * k_num_lin)
     throw Error("the model is not a tessera quantized file",
                 "quantize it first: tessera quantize -m MODEL -o DIR --method rtn");
-  if (any.act.mode != ActMode::None)
-    throw Error(fmt::format("{} quantizes activations too; the packed kernels are weight-only",
-                            any.description),
+  if (any.act.mode != ActMode::None && any.act.mode != ActMode::PerToken)
+    throw Error(fmt::format("{} quantizes activations {}; the packed decoder quantizes them one "
+                            "token at a time",
+                            any.description,
+                            any.act.mode == ActMode::PerTensor ? "per tensor (one scale per call)"
+                                                               : "with outlier columns"),
                 "sample it with the simulated path (the dequantized fp32 weights)");
   PackedModel pm;
   pm.config = cfg;
   pm.isa = isa;
+  if (any.act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
   pm.linears.reserve(any.linears.size());
   for (const auto& q : any.linears) pm.linears.push_back(pack(q, scale_type));
   const model::ParamLayout layout(cfg);

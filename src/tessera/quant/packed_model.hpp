@@ -26,6 +26,11 @@ struct PackedModel {
   // llama.cpp does) or packed_matvec (fp32 activations: the dequantized-fp32 path up to
   // summation order).
   bool int8_activations = true;
+  // How the block linears' inputs are scaled to int8: per block of 32 (weight-only files), or
+  // per token for the files that quantize activations per token (W8A8, SmoothQuant): then the
+  // packed decoder computes the model those files define (int8_activations must stay true). The
+  // embedding and head are weight-only either way.
+  ActScale act_scale = ActScale::PerBlock;
 
   std::int64_t bytes() const;        // of the packed block linears
   double bits_per_weight() const;    // over the packed block linears
@@ -45,8 +50,9 @@ struct PackedModel {
 };
 
 // Packs the linears of a loaded quantized file. Throws tessera::Error for a model that is not a
-// quantized file, for files that also quantize activations (W8A8 methods) and for formats that
-// pack() refuses.
+// quantized file, for files whose activation quantization the decoder cannot reproduce one token
+// at a time (per tensor: one scale over a whole sequence; LLM.int8(): outlier columns chosen over
+// it) and for formats that pack() refuses.
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type = ScaleType::F16,
                        Isa isa = best_isa());
 

@@ -52,23 +52,33 @@ inline int round_even(float v) {
   return _mm_cvtss_si32(_mm_set_ss(v));
 }
 
-Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs) {
+// max |x| of each block of 32 columns of the prepared input xp (colsp), or of the whole row
+// repeated per block (ActScale::PerRow).
+std::vector<float> block_absmax(const float* xp, int nb, ActScale scale) {
+  std::vector<float> amax(nb, 0.0f);
+  for (int b = 0; b < nb; ++b)
+    for (int i = 0; i < 32; ++i) amax[b] = std::max(amax[b], std::fabs(xp[b * 32 + i]));
+  if (scale == ActScale::PerRow)
+    std::fill(amax.begin(), amax.end(), *std::max_element(amax.begin(), amax.end()));
+  return amax;
+}
+
+Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActScale scale) {
   const int cp = w.colsp, nb = cp / 32;
   Q8Input in{
       std::vector<std::int8_t>(cp), {}, std::vector<float>(nb), std::vector<float>(w.ngroups), {}};
-  float xp[32];
+  std::vector<float> xp(cp, 0.0f);
+  for (int j = 0; j < w.cols; ++j) {
+    const float v = x[w.perm.empty() ? j : w.perm[j]];
+    xp[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
+  }
+  const std::vector<float> amax = block_absmax(xp.data(), nb, scale);
   for (int b = 0; b < nb; ++b) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) {
-      const int j = b * 32 + i;
-      const float v = j < w.cols ? x[w.perm.empty() ? j : w.perm[j]] : 0.0f;
-      xp[i] = w.in_scale.empty() ? v : v / w.in_scale[j];
-      amax = std::max(amax, std::fabs(xp[i]));
-    }
-    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // x^ = round(x / d) d with d = max / 127 (the simulated activation quantizer's formula)
+    const float d = amax[b] / 127.0f, inv = amax[b] > 0.0f ? 1.0f / d : 0.0f;
     int sum = 0;
     for (int i = 0; i < 32; ++i) {  // |xp * inv| <= 127 up to rounding: the clamp is a guard
-      const int q = std::clamp(round_even(xp[i] * inv), -127, 127);
+      const int q = std::clamp(round_even(xp[b * 32 + i] * inv), -127, 127);
       in.xq[b * 32 + i] = static_cast<std::int8_t>(q);
       sum += q;
     }
@@ -193,11 +203,12 @@ const char* q8_dot_name(Isa isa) {
   return "portable";
 }
 
-void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
+void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa,
+                      ActScale scale) {
   if (!isa_supported(isa))
     throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
                 "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-  const Q8Input in = quantize_input(w, x, isa != Isa::Portable && pair_order(w));
+  const Q8Input in = quantize_input(w, x, isa != Isa::Portable && pair_order(w), scale);
   const bool vnni = isa == Isa::Avx512 && cpu_has_vnni();
   constexpr int kChunk = 16;  // rows per scheduling unit
   const int nchunks = (w.rows + kChunk - 1) / kChunk;
@@ -217,8 +228,9 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   }
 }
 
-void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d) {
-  const Q8Input in = quantize_input(w, x, false);
+void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
+                       ActScale scale) {
+  const Q8Input in = quantize_input(w, x, false, scale);
   std::copy(in.xq.begin(), in.xq.end(), xq);
   std::copy(in.d.begin(), in.d.end(), d);
 }
