@@ -333,25 +333,46 @@ TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
   EXPECT_FALSE(fs::exists(out2 / "metrics.jsonl"));
 }
 
-// tessera sample on weight-only quantized files decodes from the packed linears (the library
-// tests compare its tokens with the dequantized path); a group size the packed kernels do not
-// take (16) samples from the dequantized weights with a note; --kernels fp32 asks for those.
+// tessera sample on quantized files decodes from the packed weights (the library tests compare
+// its tokens and distributions with the dequantized path): weight-only files with and without a
+// quantized embedding (--vocab-bits 8, which also makes the file smaller), and per-token W8A8
+// files; a group size the packed kernels do not take (16) and a per-tensor W8A8 file sample from
+// the dequantized weights with a note; --kernels fp32 asks for those. The timing line on stderr
+// names the kernels.
 TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   auto dir = cli::scratch("quant_packed");
-  for (const std::string group : {"32", "16"}) {
-    auto out = (dir / group).string();
-    auto q = cli::run("quantize -m " + model_.string() + " -o " + out + " --method rtn --group " +
-                      group);
-    ASSERT_EQ(q.code, 0) << q.err;
+  struct Case {
+    std::string name, args;
+    bool packed;         // the default kernels take it
+    std::string kernel;  // in the timing line with the default kernels
+  };
+  const Case cases[] = {{"g32", "--method rtn --group 32", true, "int8 activations ("},
+                        {"g32v8", "--method rtn --group 32 --vocab-bits 8", true, "embedding W8"},
+                        {"g16", "--method rtn --group 16", false, "dequantized"},
+                        {"w8a8", "--method w8a8", true, "int8 activations per token"},
+                        {"w8a8t", "--method w8a8 --act per-tensor", false, "dequantized"}};
+  for (const Case& c : cases) {
+    auto out = (dir / c.name).string();
+    auto q = cli::run("quantize -m " + model_.string() + " -o " + out + " " + c.args);
+    ASSERT_EQ(q.code, 0) << c.name << ": " << q.err;
+    EXPECT_NE(q.out.find("bits per parameter"), std::string::npos) << q.out;
     for (const std::string kernels : {"packed", "fp32"}) {
       auto s = cli::run("sample -m " + out + " --prompt 'The quick' --tokens 6 --temperature 0 " +
                         "--kernels " + kernels);
-      ASSERT_EQ(s.code, 0) << group << " " << kernels << ": " << s.err;
+      ASSERT_EQ(s.code, 0) << c.name << " " << kernels << ": " << s.err;
       EXPECT_EQ(s.out.rfind("The quick", 0), 0u) << s.out;
       const bool note = s.err.find("sampling with the dequantized weights") != std::string::npos;
-      EXPECT_EQ(note, group == "16" && kernels == "packed") << s.err;
+      EXPECT_EQ(note, !c.packed && kernels == "packed") << c.name << ": " << s.err;
+      EXPECT_NE(s.err.find("tokens/s"), std::string::npos) << s.err;
+      if (kernels == "packed")
+        EXPECT_NE(s.err.find(c.kernel), std::string::npos) << c.name << ": " << s.err;
     }
   }
+  EXPECT_LT(fs::file_size(dir / "g32v8" / "model.safetensors"),
+            fs::file_size(dir / "g32" / "model.safetensors"));
+  expect_clean_error(cli::run("quantize -m " + model_.string() + " -o " + (dir / "x").string() +
+                              " --method rtn --vocab-bits 4"),
+                     "--vocab-bits");
 }
 
 namespace {
