@@ -829,6 +829,16 @@ TEST(QuantEval, KlPassGivesTheWindowsPerplexityToo) {
 }
 
 // ---------------------------------------------------------------- packed decoding
+// The quantized file of tm with options o, written and read back as sample and eval read it.
+AnyModel quantized_file(const TrainedModel& tm, const QuantizeOptions& o) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_quant_file_" + std::to_string(::getpid()));
+  save_quantized(dir, quantize_model(*tm.layout, tm.params.data(), o, nullptr));
+  AnyModel any = load_any_model(dir);
+  fs::remove_all(dir);
+  return any;
+}
+
 // A weight-only quantized file decoded from its packed linears (tessera sample's default) gives
 // the greedy tokens of the fp32 decoder over the same weights: the packed linears' dequantization
 // (with their fp16 or bf16 scales, which round the file's fp32 scales) written into the
@@ -990,13 +1000,9 @@ TEST(QuantPacked, Int8ActivationsMoveTheDistributionLessThanTheWeights) {
   for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
     if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
     const auto& layout = *tm->layout;
-    const fs::path dir =
-        fs::temp_directory_path() / ("tessera_quant_a8_" + std::to_string(::getpid()));
     QuantizeOptions o;
     o.wq = WeightQuant{4, 64, false};
-    save_quantized(dir, quantize_model(layout, tm->params.data(), o, nullptr));
-    const AnyModel any = load_any_model(dir);
-    fs::remove_all(dir);
+    const AnyModel any = quantized_file(*tm, o);
     PackedModel a16 = pack_model(any), a8 = pack_model(any);
     a16.int8_activations = false;
     a8.int8_activations = true;
@@ -1037,13 +1043,9 @@ TEST(QuantPacked, PerTokenW8A8FilesDecodeAsTheirSimulation) {
   for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
     if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
     const auto& layout = *tm->layout;
-    const fs::path dir =
-        fs::temp_directory_path() / ("tessera_quant_w8a8_" + std::to_string(::getpid()));
     QuantizeOptions o;
     o.method = Method::W8A8;
-    save_quantized(dir, quantize_model(layout, tm->params.data(), o, nullptr));
-    const AnyModel any = load_any_model(dir);
-    fs::remove_all(dir);
+    const AnyModel any = quantized_file(*tm, o);
     ASSERT_EQ(any.act.mode, ActMode::PerToken);
     const PackedModel pm = pack_model(any);
     EXPECT_EQ(pm.act_scale, ActScale::PerRow);
