@@ -17,6 +17,7 @@
 #include "tessera/eval/memorization.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/tokenizer_files.hpp"
+#include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/model/gpt_device.hpp"
 #include "tessera/quant/quantize.hpp"
 
@@ -130,6 +131,22 @@ CLI::App* add_memorization_command(CLI::App& eval) {
 
 }  // namespace
 
+namespace {
+// The mean loss of a window from a function of its logits (the packed model's).
+eval::ScoreFn window_loss(eval::LogitsFn fn, const model::ModelConfig& cfg) {
+  const int V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  return [fn = std::move(fn), V, Vp](const std::int32_t* x, const std::int32_t* y, int B, int T) {
+    const std::int64_t N = static_cast<std::int64_t>(B) * T;
+    std::vector<float> logits(static_cast<std::size_t>(N) * Vp), losses(N);
+    fn(x, B, T, logits.data());
+    kernels::cpu::cross_entropy_forward(losses.data(), logits.data(), y, N, V, Vp);
+    double sum = 0;
+    for (float l : losses) sum += l;
+    return static_cast<float>(sum / static_cast<double>(N));
+  };
+}
+}  // namespace
+
 void add_eval_command(CLI::App& root) {
   auto* cmd = root.add_subcommand("eval", "loss and perplexity of a model on a token shard");
   struct Args {
@@ -140,12 +157,17 @@ void add_eval_command(CLI::App& root) {
     int batches = 0;
     bool json = false;
     std::string protocol, reference;
-    std::string device = "cpu", precision = "fp32";
+    std::string device = "cpu", precision = "fp32", kernels = "packed";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
                   "run directory, checkpoint directory, model.safetensors, a llama .gguf file, "
                   "or a pretrained model's short name (smollm2-135m)");
+  cmd->add_option("--kernels", a->kernels,
+                  "quantized files: packed (every linear through the packed prefill kernel) or "
+                  "fp32 (the dequantized weights)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"packed", "fp32"}));
   cmd->add_option("--protocol", a->protocol,
                   "windows (non-overlapping, every token), llama (chunks, second half) or both");
   cmd->add_option("--reference", a->reference,
@@ -178,8 +200,8 @@ void add_eval_command(CLI::App& root) {
       throw Error("--device cuda evaluates unquantized models with the plain windows protocol only",
                   "drop --protocol / --reference, or evaluate on the CPU");
     if (!a->protocol.empty() || !a->reference.empty() || quantized) {
-      eval_protocols(any,
-                     {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches, a->json});
+      eval_protocols(any, {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches,
+                           a->json, a->kernels});
       return;
     }
     auto& loaded = any.model;
@@ -201,6 +223,11 @@ void add_eval_command(CLI::App& root) {
             return dev.forward(x, y, B, t, false, 0.0f);
           },
           true);
+    } else if (any.quantized && a->kernels == "packed") {  // weight-only: the packed kernels
+      quant::PackedModel pm;
+      r = eval::evaluate_shard(
+          loaded.config.vocab_size, a->data, a->batch, T, a->batches,
+          window_loss(model_logits(any, layout, a->kernels, pm), loaded.config), true);
     } else {
       model::Activations acts;
       r = eval::evaluate_shard(layout, loaded.params.data(), acts, a->data, a->batch, T, a->batches,

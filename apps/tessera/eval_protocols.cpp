@@ -12,6 +12,19 @@
 
 namespace tessera::app {
 
+eval::LogitsFn model_logits(const quant::AnyModel& m, const model::ParamLayout& layout,
+                            const std::string& kernels, quant::PackedModel& pm) {
+  if (m.quantized && kernels == "packed") {
+    try {
+      pm = quant::pack_model(m);
+      return pm.logits_fn(layout, m.model.params.data(), m.act);
+    } catch (const Error& e) {  // a format the kernels do not take
+      std::fprintf(stderr, "note: evaluating the dequantized weights: %s\n", e.what());
+    }
+  }
+  return quant::logits_fn(layout, m.model.params.data(), m.act);
+}
+
 void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   const auto& cfg = m.model.config;
   const int ctx = a.seq > 0 ? a.seq : default_eval_window(cfg), V = cfg.vocab_size,
@@ -25,7 +38,6 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   model::ParamLayout layout(cfg);
   auto toks =
       quant::read_tokens(a.data, a.windows > 0 ? static_cast<std::size_t>(a.windows) * ctx : 0, V);
-  auto fn = quant::logits_fn(layout, m.model.params.data(), m.act);
   quant::AnyModel ref;
   if (!a.reference.empty()) {
     ref = quant::load_any_model(resolve_model_path(a.reference));
@@ -34,6 +46,8 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
                               a.reference, model::describe(ref.model.config), model::describe(cfg)),
                   "compare a quantized model with the model it was quantized from");
   }
+  quant::PackedModel pm;  // after every check of the input: it may print a note
+  auto fn = model_logits(m, layout, a.kernels, pm);
   nlohmann::json out{{"model", m.description.empty() ? "fp32" : m.description}};
   std::printf("model: %s\n", m.description.empty() ? "fp32" : m.description.c_str());
   for (auto p : {eval::PplProtocol::Windows, eval::PplProtocol::SecondHalf}) {

@@ -375,6 +375,25 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
                      "--vocab-bits");
 }
 
+// tessera eval on a weight-only quantized file runs every linear through the packed prefill
+// kernel by default: the loss of the dequantized weights (--kernels fp32) up to the rounding of
+// the packed scales (fp16: 2^-11 relative per row) and summation order, within 1e-3 relative.
+TEST_F(Cli, EvalOfQuantizedFilesUsesThePackedKernels) {
+  auto out = (cli::scratch("quant_eval") / "q").string();
+  ASSERT_EQ(
+      cli::run("quantize -m " + model_.string() + " -o " + out + " --method rtn --group 32").code,
+      0);
+  auto loss = [&](const std::string& kernels) {
+    auto r = cli::run("eval --model " + out + " --data " + (data_ / "val.bin").string() +
+                      " --seq 16 --json --kernels " + kernels);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false).value("loss", -1.0);
+  };
+  const double fp = loss("fp32"), packed = loss("packed");
+  EXPECT_GT(fp, 0.0);
+  EXPECT_NEAR(packed, fp, 1e-3 * fp);
+}
+
 namespace {
 
 // The event files in RUN/tb, in name order (the order TensorBoard reads them in).

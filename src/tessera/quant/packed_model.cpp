@@ -67,6 +67,32 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
   return k;
 }
 
+eval::LogitsFn PackedModel::logits_fn(const model::ParamLayout& layout, const float* params,
+                                      ActQuant act) const {
+  auto run = std::make_shared<Runner>(layout);
+  Hooks h;
+  h.act = act;
+  h.linear = [this](int layer, Lin k, float* out, const float* x, const float* bias,
+                    std::int64_t N) {
+    packed_matmul(linears[static_cast<std::size_t>(layer) * k_num_lin + static_cast<int>(k)], out,
+                  x, bias, N, isa);
+  };
+  const PackedLinear* head_w = head_is_embed ? &embed : (head.rows ? &head : nullptr);
+  if (head_w)
+    h.head = [this, head_w](float* logits, const float* x, std::int64_t N) {
+      const int Vp = config.padded_vocab(), V = head_w->rows;
+      std::vector<float> y(static_cast<std::size_t>(N) * V);
+      packed_matmul(*head_w, y.data(), x, nullptr, N, isa);
+      for (std::int64_t n = 0; n < N; ++n) {  // the padding rows (not packed) give 0
+        std::copy(y.begin() + n * V, y.begin() + (n + 1) * V, logits + n * Vp);
+        std::fill(logits + n * Vp + V, logits + (n + 1) * Vp, 0.0f);
+      }
+    };
+  return [run, params, h](const std::int32_t* tokens, int B, int T, float* logits) {
+    run->logits(params, tokens, B, T, logits, h);
+  };
+}
+
 namespace {
 // The (rows, C) matrices at their offsets in params that this model holds packed.
 std::vector<std::pair<std::size_t, const PackedLinear*>> packed_matrices(

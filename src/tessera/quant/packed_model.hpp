@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessera/eval/perplexity.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/quant/packed.hpp"
 #include "tessera/quant/quantize.hpp"
@@ -38,6 +39,12 @@ struct PackedModel {
   // The decoder's kernels from the packed weights (model::Decoder). Reads *this, which must
   // outlive them.
   model::DecoderKernels decoder_kernels() const;
+  // Logits of whole windows (eval, the studies) from the packed weights: every linear and the
+  // head through packed_matmul (fp32 activations: the dequantized model up to summation order;
+  // a per-token W8A8 file's inputs rounded as its simulation rounds them, act). Reads *this and
+  // params (embeddings, norms, biases), which must outlive it.
+  eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params,
+                           ActQuant act) const;
   // Writes every packed matrix's dequantized weight (with the packed, rounded scales) into
   // params: the fp32 model that the packed one computes with fp32 activations, up to
   // summation order.

@@ -170,15 +170,32 @@ class HookedOps : public model::CpuOps {
 
   void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
               int OC) {
-    CpuOps::linear(out, input(w, inp, N, IC), w, b, N, IC, OC);
+    const float* x = input(w, inp, N, IC);
+    if (hooks_.linear)
+      hooks_.linear(layer_, site(w), out, x, b, N);
+    else
+      CpuOps::linear(out, x, w, b, N, IC, OC);
   }
   void linear_residual(float* out, const float* residual, const float* inp, const float* w,
                        const float* b, std::int64_t N, int IC, int OC) {
-    CpuOps::linear_residual(out, residual, input(w, inp, N, IC), w, b, N, IC, OC);
+    const float* x = input(w, inp, N, IC);
+    if (!hooks_.linear) {
+      CpuOps::linear_residual(out, residual, x, w, b, N, IC, OC);
+      return;
+    }
+    std::vector<float> y(static_cast<std::size_t>(N) * OC);  // out may be the residual itself
+    hooks_.linear(layer_, site(w), y.data(), x, b, N);
+    for (std::size_t i = 0; i < y.size(); ++i) out[i] = residual[i] + y[i];
   }
   void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
                    std::int64_t N, int IC, int OC) {
-    CpuOps::linear_gelu(out, pre, input(w, inp, N, IC), w, b, N, IC, OC);
+    const float* x = input(w, inp, N, IC);
+    if (!hooks_.linear) {
+      CpuOps::linear_gelu(out, pre, x, w, b, N, IC, OC);
+      return;
+    }
+    hooks_.linear(layer_, site(w), pre, x, b, N);
+    k::gelu_forward(out, pre, N * OC);
   }
 
  private:
@@ -267,7 +284,8 @@ void Runner::block(const float* P, int l, float* x, int B, int T, const Hooks& h
   if (hooks.residual) hooks.residual(l, x, N, cfg.n_embd);
 }
 
-void Runner::head(const float* P, const float* x, std::int64_t N, float* logits) {
+void Runner::head(const float* P, const float* x, std::int64_t N, float* logits,
+                  const Hooks* hooks) {
   const auto& cfg = layout_.config();
   const int C = cfg.n_embd;
   ensure(N);
@@ -279,7 +297,10 @@ void Runner::head(const float* P, const float* x, std::int64_t N, float* logits)
   else
     k::layernorm_forward(ln, mean.data(), rstd.data(), x, P + layout_.lnf_w, P + layout_.lnf_b, N,
                          C);
-  k::linear_forward(gemm_, logits, ln, P + layout_.head, nullptr, N, C, cfg.padded_vocab());
+  if (hooks && hooks->head)
+    hooks->head(logits, ln, N);
+  else
+    k::linear_forward(gemm_, logits, ln, P + layout_.head, nullptr, N, C, cfg.padded_vocab());
 }
 
 void Runner::logits(const float* P, const std::int32_t* tokens, int B, int T, float* logits,
@@ -288,7 +309,7 @@ void Runner::logits(const float* P, const std::int32_t* tokens, int B, int T, fl
   ensure(N);
   embed(P, tokens, B, T, x_.data());
   for (int l = 0; l < layout_.config().n_layer; ++l) block(P, l, x_.data(), B, T, hooks);
-  head(P, x_.data(), N, logits);
+  head(P, x_.data(), N, logits, &hooks);
 }
 
 }  // namespace tessera::quant

@@ -56,6 +56,13 @@ struct Hooks {
   // Stop the block right after capturing this linear's input (Lin as int; -1 = run it all).
   // The residual stream is then left partly updated: use on a scratch copy.
   int stop_after = -1;
+  // Computes out (N, rows) = x W^T + bias (bias may be null) for linear k of layer in place of
+  // the fp32 weights (a quantized model's packed weights); x is the input after capture and act.
+  std::function<void(int layer, Lin k, float* out, const float* x, const float* bias,
+                     std::int64_t N)>
+      linear;
+  // The LM head in place of the fp32 one: logits (N, Vp) = x (N, C) W_head^T.
+  std::function<void(float* logits, const float* x, std::int64_t N)> head;
 };
 
 class Runner {
@@ -66,8 +73,10 @@ class Runner {
   void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x);
   // One transformer block in place on the residual stream x (B*T, C).
   void block(const float* params, int layer, float* x, int B, int T, const Hooks& hooks);
-  // The final norm and the LM head (tied or not): logits (B*T, Vp).
-  void head(const float* params, const float* x, std::int64_t N, float* logits);
+  // The final norm and the LM head (tied or not; hooks->head in its place when set): logits
+  // (B*T, Vp).
+  void head(const float* params, const float* x, std::int64_t N, float* logits,
+            const Hooks* hooks = nullptr);
   // Everything: logits (B*T, Vp) of tokens (B, T).
   void logits(const float* params, const std::int32_t* tokens, int B, int T, float* logits,
               const Hooks& hooks);
