@@ -175,7 +175,7 @@ void check_case(const Case& k) {
 }
 
 TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
-  for (int bits : {4, 8, 3})
+  for (int bits : {4, 8, 3, 2})
     for (int group : {32, 128, -1})
       for (int cols : {576, 100, 256})
         for (bool sym : {false, true})
@@ -217,6 +217,9 @@ TEST(Packed, BitsPerWeight) {
   EXPECT_DOUBLE_EQ(bpw(4, 128, true), (288 + 10) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(8, -1, true), (576 + 2) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(4, 32, false), (288 + 18 * 3) * 8.0 / 576);
+  // W3 g128 asym, densely packed: 18 blocks of 12 bytes; int2 takes the same 3-bit storage.
+  EXPECT_DOUBLE_EQ(bpw(3, 128, false), (216 + 10 + 5) * 8.0 / 576);
+  EXPECT_DOUBLE_EQ(bpw(2, 128, false), (216 + 10 + 5) * 8.0 / 576);
 }
 
 TEST(Packed, RefusesWhatItCannotHold) {

@@ -33,10 +33,8 @@ std::string grid_problem(const PackedLinear& p, GgmlType type) {
 
 // The code of column j of row r (0..2^bits - 1).
 int code_at(const PackedLinear& p, int r, int j) {
-  const std::uint8_t* row = p.codes.data() + static_cast<std::int64_t>(r) * p.row_bytes();
-  if (p.storage_bits == 8) return row[j];
-  const std::uint8_t byte = row[(j / 32) * 16 + (j % 32) % 16];
-  return (j % 32) < 16 ? (byte & 0x0f) : (byte >> 4);
+  return packed_code(p.codes.data() + static_cast<std::int64_t>(r) * p.row_bytes(), p.storage_bits,
+                     j);
 }
 
 // Row r of p as `type` blocks at out (grid_problem(p, type) must be "").

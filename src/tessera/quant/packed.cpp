@@ -96,21 +96,19 @@ std::string PackedLinear::describe() const {
 
 namespace {
 
-// The code of packed column j of a row (see the block layout in packed.hpp).
-int code_at(const std::uint8_t* row, int storage_bits, int j) {
-  if (storage_bits == 8) return row[j];
-  const std::uint8_t b = row[(j / 32) * 16 + (j % 16)];
-  return (j % 32) < 16 ? (b & 15) : (b >> 4);
-}
-
+// Writes the code of packed column j of a row (the block layout in packed.hpp); the row starts
+// zeroed.
 void set_code(std::uint8_t* row, int storage_bits, int j, int code) {
+  const int i = j % 32;
   if (storage_bits == 8) {
     row[j] = static_cast<std::uint8_t>(code);
-    return;
+  } else if (storage_bits == 4) {
+    row[(j / 32) * 16 + i % 16] |= static_cast<std::uint8_t>(i < 16 ? code : code << 4);
+  } else {
+    std::uint8_t* blk = row + (j / 32) * 12;
+    blk[i % 8] |= static_cast<std::uint8_t>((code & 3) << (2 * (i / 8)));
+    blk[8 + i / 8] |= static_cast<std::uint8_t>(((code >> 2) & 1) << (i % 8));
   }
-  std::uint8_t& b = row[(j / 32) * 16 + (j % 16)];
-  b = (j % 32) < 16 ? static_cast<std::uint8_t>((b & 0xF0) | code)
-                    : static_cast<std::uint8_t>((b & 0x0F) | (code << 4));
 }
 
 // perm (cols) ordering the columns by group, stably; empty if the groups are already contiguous.
@@ -195,7 +193,7 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   p.cols = cols;
   p.colsp = (cols + 31) / 32 * 32;
   p.bits = ql.spec.bits;
-  p.storage_bits = p.bits <= 4 ? 4 : 8;
+  p.storage_bits = p.bits <= 3 ? 3 : (p.bits == 4 ? 4 : 8);
   p.group = ng == 1 ? p.colsp : G;
   p.ngroups = ng;
   p.sym = ql.spec.sym;
@@ -232,7 +230,7 @@ void PackedLinear::dequantize_row(int r, float* w) const {
     const std::size_t gi = static_cast<std::size_t>(r) * ngroups + j / group;
     const float s = decode_scale(scales[gi], scale_type);
     const float z = sym ? static_cast<float>(zero_code()) : static_cast<float>(zeros[gi]);
-    float v = s * (static_cast<float>(code_at(row, storage_bits, j)) - z);
+    float v = s * (static_cast<float>(packed_code(row, storage_bits, j)) - z);
     if (!in_scale.empty()) v /= in_scale[j];
     w[perm.empty() ? j : perm[j]] = v;
   }

@@ -8,8 +8,10 @@
 //    the columns by group (perm[j] = the original column stored at j), so every group is a run of
 //    contiguous columns; the kernels gather the input through perm. Each row is padded with
 //    zero-code columns to colsp (a multiple of 32); the padded inputs are zero.
-//  - Codes of a row come in blocks of 32 columns. 4-bit storage (bits 2..4; int2/int3 are kept in
-//    4-bit nibbles, not densely packed): 16 bytes per block, byte i holds column i in its low
+//  - Codes of a row come in blocks of 32 columns. 3-bit storage (bits 2..3): 12 bytes per block,
+//    bytes 0..7 the low two bits (byte i: column i in bits 0-1, i + 8 in bits 2-3, i + 16 in bits
+//    4-5, i + 24 in bits 6-7), bytes 8..11 the third bit (bit c of their little-endian uint32:
+//    column c). 4-bit storage (bits 4): 16 bytes per block, byte i holds column i in its low
 //    nibble and column i + 16 in its high nibble. 8-bit storage (bits 5..8): 32 bytes per block.
 //  - A group is `group` columns (a multiple of 32; per channel: the whole padded row); the last
 //    group of a row may be shorter (576 = 4 x 128 + 64). Block b of a row belongs to group
@@ -50,7 +52,7 @@ struct PackedLinear {
   int rows = 0, cols = 0;  // (OC, IC) of the original linear
   int colsp = 0;           // cols padded to a multiple of 32
   int bits = 4;            // the codes' bit width (2..8)
-  int storage_bits = 4;    // 4 (two codes per byte) or 8
+  int storage_bits = 4;    // 3 (dense), 4 (two codes per byte) or 8
   int group = 0;           // columns per group in packed order (a multiple of 32)
   int ngroups = 0;
   bool sym = false;
@@ -65,12 +67,24 @@ struct PackedLinear {
   int zero_code() const { return (1 << (bits - 1)); }  // symmetric formats: (maxq + 1) / 2
   // Bytes of the weight as the kernels read it (codes, scales, zeros; perm and in_scale too).
   std::int64_t bytes() const;
-  // bytes() * 8 / (rows * cols): 4 + 16/128 + 8/128 = 4.19 for W4 g128 asym.
+  // bytes() * 8 / (rows * cols): 4 + 16/128 + 8/128 = 4.19 for W4 g128 asym, 3.19 for W3.
   double bits_per_weight() const;
   std::string describe() const;                // "W4 g128 asym fp16"
   void dequantize(float* w) const;             // w (rows, cols), original column order
   void dequantize_row(int r, float* w) const;  // w (cols): row r, original column order
 };
+
+// The code of packed column j of a row stored with storage_bits (the block layout above).
+inline int packed_code(const std::uint8_t* row, int storage_bits, int j) {
+  const int i = j % 32;
+  if (storage_bits == 8) return row[j];
+  if (storage_bits == 4) {
+    const std::uint8_t b = row[(j / 32) * 16 + i % 16];
+    return i < 16 ? (b & 15) : (b >> 4);
+  }
+  const std::uint8_t* blk = row + (j / 32) * 12;
+  return ((blk[i % 8] >> (2 * (i / 8))) & 3) | (((blk[8 + i / 8] >> (i % 8)) & 1) << 2);
+}
 
 // Packs a quantized linear. Throws tessera::Error (with a hint) for what the packed form cannot
 // hold: a group size that is not a multiple of 32 (or per channel), non-integer or out-of-range

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,6 +30,7 @@ namespace {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 namespace avx512 {
+#include "tessera/quant/packed_unpack3.inc"
 struct V {
   using T = __m512;
   static constexpr int W = 16, K = 2;
@@ -57,6 +59,11 @@ struct V {
     q[0] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     q[1] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
   }
+  static void decode3(const std::uint8_t* p, T* q) {
+    const __m256i c = unpack3(p);
+    q[0] = cvt(_mm256_castsi256_si128(c));
+    q[1] = cvt(_mm256_extracti128_si256(c, 1));
+  }
 };
 #include "tessera/quant/packed_simd.inc"
 }  // namespace avx512
@@ -73,6 +80,7 @@ struct V {
 #pragma GCC target("avx2,fma,f16c")
 #endif
 namespace avx2 {
+#include "tessera/quant/packed_unpack3.inc"
 struct V {
   using T = __m256;
   static constexpr int W = 8, K = 4;
@@ -103,6 +111,11 @@ struct V {
     split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), q);
     split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)), q + 2);
   }
+  static void decode3(const std::uint8_t* p, T* q) {
+    const __m256i c = unpack3(p);
+    split(_mm256_castsi256_si128(c), q);
+    split(_mm256_extracti128_si256(c, 1), q + 2);
+  }
 };
 #include "tessera/quant/packed_simd.inc"
 }  // namespace avx2
@@ -114,9 +127,7 @@ struct V {
 
 namespace portable {
 int code(const std::uint8_t* row, int sb, int j) {
-  if (sb == 8) return row[j];
-  const std::uint8_t b = row[(j / 32) * 16 + (j % 16)];
-  return (j % 32) < 16 ? (b & 15) : (b >> 4);
+  return packed_code(row, sb, j);
 }
 float row_dot(const std::uint8_t* row, int sb, const float* xp, const float* s, int colsp,
               int group) {
@@ -176,13 +187,16 @@ float row_scales(const PackedLinear& w, int r, const float* xsum, float* s) {
 
 float row_dot(const PackedLinear& w, int r, const float* xp, const float* s, Isa isa) {
   const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
-  const int nb = w.colsp / 32, bpg = w.group / 32;
-  const bool b4 = w.storage_bits == 4;
+  const int nb = w.colsp / 32, bpg = w.group / 32, sb = w.storage_bits;
   switch (isa) {
     case Isa::Avx512:
-      return b4 ? avx512::row_dot<4>(row, xp, s, nb, bpg) : avx512::row_dot<8>(row, xp, s, nb, bpg);
+      return sb == 4   ? avx512::row_dot<4>(row, xp, s, nb, bpg)
+             : sb == 3 ? avx512::row_dot<3>(row, xp, s, nb, bpg)
+                       : avx512::row_dot<8>(row, xp, s, nb, bpg);
     case Isa::Avx2:
-      return b4 ? avx2::row_dot<4>(row, xp, s, nb, bpg) : avx2::row_dot<8>(row, xp, s, nb, bpg);
+      return sb == 4   ? avx2::row_dot<4>(row, xp, s, nb, bpg)
+             : sb == 3 ? avx2::row_dot<3>(row, xp, s, nb, bpg)
+                       : avx2::row_dot<8>(row, xp, s, nb, bpg);
     case Isa::Portable:
       break;
   }
@@ -198,15 +212,16 @@ void decode_row(const PackedLinear& w, int r, float* wt, float* s, float* sz, Is
     s[g] = decode_scale(w.scales[i], w.scale_type);
     sz[g] = s[g] * static_cast<float>(w.sym ? w.zero_code() : w.zeros[i]);
   }
-  const int nb = w.colsp / 32, bpg = w.group / 32;
-  const bool b4 = w.storage_bits == 4;
+  const int nb = w.colsp / 32, bpg = w.group / 32, sb = w.storage_bits;
   switch (isa) {
     case Isa::Avx512:
-      return b4 ? avx512::decode_row<4>(row, s, sz, nb, bpg, wt)
-                : avx512::decode_row<8>(row, s, sz, nb, bpg, wt);
+      return sb == 4   ? avx512::decode_row<4>(row, s, sz, nb, bpg, wt)
+             : sb == 3 ? avx512::decode_row<3>(row, s, sz, nb, bpg, wt)
+                       : avx512::decode_row<8>(row, s, sz, nb, bpg, wt);
     case Isa::Avx2:
-      return b4 ? avx2::decode_row<4>(row, s, sz, nb, bpg, wt)
-                : avx2::decode_row<8>(row, s, sz, nb, bpg, wt);
+      return sb == 4   ? avx2::decode_row<4>(row, s, sz, nb, bpg, wt)
+             : sb == 3 ? avx2::decode_row<3>(row, s, sz, nb, bpg, wt)
+                       : avx2::decode_row<8>(row, s, sz, nb, bpg, wt);
     case Isa::Portable:
       break;
   }

@@ -116,6 +116,7 @@ inline float bf16_bits_to_float(std::uint16_t h) {
 #pragma GCC target("avx2,fma,f16c")
 #endif
 namespace avx2 {
+#include "tessera/quant/packed_unpack3.inc"
 struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands above), then int32
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -143,6 +144,7 @@ struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands abo
 #pragma GCC target("avx512vnni,avx512vl,avx512f,avx512bw,avx2,fma,f16c")
 #endif
 namespace vnni {
+#include "tessera/quant/packed_unpack3.inc"
 struct D {  // dpbusd: u8 x s8 sums of four straight into int32
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static __m256i dot2(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
@@ -172,8 +174,7 @@ void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, flo
       for (int b = g * w.group / 32; b < std::min((g + 1) * w.group, w.colsp) / 32; ++b) {
         std::int32_t dot = 0;
         for (int c = b * 32; c < b * 32 + 32; ++c) {
-          const std::uint8_t byte = sb == 8 ? row[c] : row[b * 16 + c % 16];
-          const int q = sb == 8 ? byte - 128 : ((c % 32) < 16 ? byte & 15 : byte >> 4);
+          const int q = packed_code(row, sb, c) - shift;
           dot += q * in.xq[c];
         }
         acc += in.d[b] * static_cast<float>(dot);

@@ -434,8 +434,25 @@ namespace {
 
 constexpr const char* k_format = "tessera-quant-1";
 
+// Bytes per row of a file's qweight: 2-3 bit codes densely (code c at bit 3c, little-endian
+// bit order: the low bits first), 4 bits two per byte (low nibble = even column), 5-8 bits one
+// per byte.
 int packed_cols(int cols, int bits) {
-  return bits <= 4 ? (cols + 1) / 2 : cols;
+  if (bits <= 3) return (3 * cols + 7) / 8;
+  return bits == 4 ? (cols + 1) / 2 : cols;
+}
+
+// The code of column c from a row of qweight bytes (any integer type).
+template <typename T>
+int file_code(const T* row, int bits, int c) {
+  if (bits > 4) return static_cast<int>(row[c]);
+  if (bits == 4) return (c % 2) ? (static_cast<int>(row[c / 2]) >> 4) & 15 : row[c / 2] & 15;
+  int v = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int bit = 3 * c + k;
+    v |= ((static_cast<int>(row[bit / 8]) >> (bit % 8)) & 1) << k;
+  }
+  return v;
 }
 
 std::vector<std::uint8_t> pack(const QuantizedLinear& q) {
@@ -444,22 +461,26 @@ std::vector<std::uint8_t> pack(const QuantizedLinear& q) {
   std::vector<std::uint8_t> out(static_cast<std::size_t>(q.rows) * pc, 0);
   for (int r = 0; r < q.rows; ++r)
     for (int c = 0; c < q.cols; ++c) {
-      std::uint8_t v = q.q[static_cast<std::size_t>(r) * q.cols + c];
-      out[static_cast<std::size_t>(r) * pc + c / 2] |= (c % 2) ? (v << 4) : v;
+      const int v = q.q[static_cast<std::size_t>(r) * q.cols + c];
+      std::uint8_t* row = out.data() + static_cast<std::size_t>(r) * pc;
+      if (q.spec.bits == 4) {
+        row[c / 2] |= static_cast<std::uint8_t>((c % 2) ? (v << 4) : v);
+      } else {
+        for (int k = 0; k < 3; ++k)
+          row[(3 * c + k) / 8] |= static_cast<std::uint8_t>(((v >> k) & 1) << ((3 * c + k) % 8));
+      }
     }
   return out;
 }
 
-void unpack(const std::vector<std::int64_t>& packed, QuantizedLinear& q) {
-  const int pc = packed_cols(q.cols, q.spec.bits);
+// q's codes from qweight stored with the layout of `layout_bits` codes.
+void unpack(const std::vector<std::int64_t>& packed, int layout_bits, QuantizedLinear& q) {
+  const int pc = packed_cols(q.cols, layout_bits);
   q.q.resize(static_cast<std::size_t>(q.rows) * q.cols);
   for (int r = 0; r < q.rows; ++r)
-    for (int c = 0; c < q.cols; ++c) {
-      auto b = static_cast<std::uint8_t>(
-          packed[static_cast<std::size_t>(r) * pc + (q.spec.bits <= 4 ? c / 2 : c)]);
-      q.q[static_cast<std::size_t>(r) * q.cols + c] =
-          q.spec.bits <= 4 ? ((c % 2) ? (b >> 4) : (b & 15)) : b;
-    }
+    for (int c = 0; c < q.cols; ++c)
+      q.q[static_cast<std::size_t>(r) * q.cols + c] = static_cast<std::uint8_t>(
+          file_code(packed.data() + static_cast<std::size_t>(r) * pc, layout_bits, c));
 }
 
 bool is_linear_weight(const model::ParamTensor& t) {
@@ -517,7 +538,8 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
             {"vocab", vocab},
             {"info", qm.info},
             {"layout",
-             "qweight (out_features, in_features[/2 for <= 4 bits, low nibble first]); "
+             "qweight (out_features, bytes): 2-3 bit codes dense (code c at bit 3c, low bit "
+             "first), 4 bits two per byte (low nibble first), 5-8 bits one per byte; "
              "w = scales[r, g_idx[c]] * (q - zeros[r, g_idx[c]]) / in_scale[c]; zeros U8 codes, "
              "or F32 for a linear with min_offset"}};
   w.set_metadata("format", "pt");
@@ -577,11 +599,17 @@ QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file
                               io::shape_str(shape)),
                   "use the config.json written with the quantized file");
   };
-  expect(name + ".qweight", {q.rows, packed_cols(q.cols, q.spec.bits)});
+  // 2-3 bit codes are dense; files written before that hold them as 4-bit nibbles
+  int layout_bits = q.spec.bits;
+  const auto* qw = st.find(name + ".qweight");
+  if (q.spec.bits <= 3 && qw &&
+      qw->shape == std::vector<std::int64_t>{q.rows, packed_cols(q.cols, 4)})
+    layout_bits = 4;
+  expect(name + ".qweight", {q.rows, packed_cols(q.cols, layout_bits)});
   expect(name + ".scales", {q.rows, ng});
   expect(name + ".zeros", {q.rows, ng});
   expect(name + ".g_idx", {q.cols});
-  unpack(st.read_i64(name + ".qweight"), q);
+  unpack(st.read_i64(name + ".qweight"), layout_bits, q);
   q.scales = st.read_f32(name + ".scales");
   if (q.spec.min_offset) {
     q.zeros = st.read_f32(name + ".zeros");
