@@ -127,7 +127,10 @@ void add_sample_command(CLI::App& root) {
     if (a->precision == "bf16" && a->device != "cuda")
       throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
     auto path = resolve_model_path(a->model);
-    auto any = quant::load_any_model(path);  // tessera quantized files too (dequantized)
+    // Quantized files for the packed kernels load without their dequantized matrices (never
+    // resident); the paths that compute from fp32 weights dequantize them below.
+    const bool packed_kernels = a->device == "cpu" && a->kernels != "fp32";
+    auto any = quant::load_any_model(path, !packed_kernels);
     if (a->device == "cuda" && any.act.mode != quant::ActMode::None)
       throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
                   "sample this model on the CPU");
@@ -200,6 +203,7 @@ void add_sample_command(CLI::App& root) {
           use_packed = true;
         } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
           std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
+          quant::dequantize_weights(any);
         }
       }
       t_start = clock::now();

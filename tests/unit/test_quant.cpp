@@ -925,9 +925,10 @@ TEST(QuantPacked, ReleasesOnlyTheLinearWeights) {
 
 // A file with its embedding and head quantized (--vocab-bits 8; the GPT ties its head to the
 // embedding, the llama does not) holds codes instead of their fp32 values, loads back to the same
-// parameters, and decodes from the packed embedding and head: the greedy tokens of the fp32
-// decoder over the packed dequantization (fp32 activations: the same sums reordered, as above),
-// with the embedding's and head's fp32 values replaced by NaN (never read).
+// parameters (also when loaded without them and dequantized afterwards), and decodes from the
+// packed embedding and head: the greedy tokens of the fp32 decoder over the packed dequantization
+// (fp32 activations: the same sums reordered, as above), with the embedding's and head's fp32
+// values replaced by NaN (never read).
 TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
   for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
     if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
@@ -942,7 +943,13 @@ TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
     ASSERT_EQ(qm.vocab.size(), tied ? 1u : 2u);
     save_quantized(dir, qm);
     const AnyModel any = load_any_model(dir);
+    // Loaded for the packed kernels: the quantized matrices left zero, then filled in the same.
+    AnyModel lazy = load_any_model(dir, false);
     fs::remove_all(dir);
+    EXPECT_EQ(lazy.model.params.data()[layout.wte], 0.0f);
+    quant::dequantize_weights(lazy);
+    for (std::size_t i = 0; i < layout.total(); ++i)
+      ASSERT_EQ(lazy.model.params.data()[i], any.model.params.data()[i]) << i;
     ASSERT_EQ(any.vocab.size(), qm.vocab.size());
     EXPECT_EQ(any.vocab[0].offset, layout.wte);
     for (std::size_t i = 0; i < layout.total(); ++i)

@@ -2,6 +2,7 @@
 // activations); tensors are views carved from it by offsets.
 #pragma once
 
+#include <sys/mman.h>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -19,25 +20,39 @@ class Buffer {
   explicit Buffer(std::size_t n) { resize(n); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        mapped_(std::exchange(o.mapped_, 0)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      mapped_ = std::exchange(o.mapped_, 0);
     }
     return *this;
   }
   ~Buffer() { release(); }
 
-  // Resizes to n elements, zero-filled (contents are not preserved).
+  // Resizes to n elements, zero-filled (contents are not preserved). Buffers of 1 MiB or more
+  // are anonymous memory maps: the system's zero pages, backed by memory only where written, so
+  // a model whose packed weights replace most of its fp32 parameters never holds those.
   void resize(std::size_t n) {
     release();
     if (n == 0) return;
-    std::size_t bytes = (n * sizeof(T) + k_buffer_alignment - 1) / k_buffer_alignment * k_buffer_alignment;
-    data_ = static_cast<T*>(std::aligned_alloc(k_buffer_alignment, bytes));
-    if (!data_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
+    std::size_t bytes =
+        (n * sizeof(T) + k_buffer_alignment - 1) / k_buffer_alignment * k_buffer_alignment;
+    if (bytes >= k_map_bytes) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = static_cast<T*>(p);
+      mapped_ = bytes;
+    } else {
+      data_ = static_cast<T*>(std::aligned_alloc(k_buffer_alignment, bytes));
+      if (!data_) throw std::bad_alloc();
+      std::memset(static_cast<void*>(data_), 0, bytes);
+    }
     size_ = n;
   }
   void zero() {
@@ -52,13 +67,19 @@ class Buffer {
   const T& operator[](std::size_t i) const noexcept { return data_[i]; }
 
  private:
+  static constexpr std::size_t k_map_bytes = std::size_t(1) << 20;
   void release() {
-    std::free(data_);
+    if (mapped_)
+      munmap(static_cast<void*>(data_), mapped_);
+    else
+      std::free(data_);
     data_ = nullptr;
     size_ = 0;
+    mapped_ = 0;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  std::size_t mapped_ = 0;  // bytes of the memory map holding data_, or 0 (aligned_alloc)
 };
 
 }  // namespace tessera

@@ -79,7 +79,8 @@ void check_model_tensors(const SafetensorsFile& st, const model::ParamLayout& la
 // Refuses a model whose fp32 weights would not fit in this machine's memory.
 void check_model_fits(const model::ParamLayout& layout, const std::filesystem::path& file);
 // Refuses weights that hold NaN or infinity, naming the tensor; `source` names the file.
-void check_finite(const model::ParamLayout& layout, const float* params, const std::string& source);
+void check_finite(const model::ParamLayout& layout, const float* params, const std::string& source,
+                  const std::function<bool(const model::ParamTensor&)>& skip = {});
 
 // ---- training checkpoints ----
 struct TrainState {

@@ -550,14 +550,14 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
 }
 
 namespace {
-AnyModel read_any_model(const fs::path& path);
+AnyModel read_any_model(const fs::path& path, bool dequantize);
 }  // namespace
 
 // read_any_model does the work; a JSON value of the wrong type anywhere in the quantization
 // metadata becomes one clear error instead of an escaping library exception.
-AnyModel load_any_model(const fs::path& path) {
+AnyModel load_any_model(const fs::path& path, bool dequantize) {
   try {
-    return read_any_model(path);
+    return read_any_model(path, dequantize);
   } catch (const json::exception& e) {
     throw Error(fmt::format("quantized model {}: damaged quantization metadata: {}", path.string(),
                             e.what()),
@@ -616,6 +616,10 @@ QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file
   } else {
     for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
   }
+  for (float v : q.scales)
+    if (!std::isfinite(v)) throw bad_file(file, name + ".scales holds a NaN or infinity");
+  for (float v : q.zeros)
+    if (!std::isfinite(v)) throw bad_file(file, name + ".zeros holds a NaN or infinity");
   for (auto g : st.read_i64(name + ".g_idx")) {
     if (g < 0 || g >= ng)
       throw bad_file(file, fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
@@ -644,7 +648,7 @@ std::map<std::string, json> spec_list(const json& meta, const char* key, const f
   return specs;
 }
 
-AnyModel read_any_model(const fs::path& path) {
+AnyModel read_any_model(const fs::path& path, bool dequantize) {
   const bool is_dir = input_kind(path, "model") == InputKind::Directory;
   fs::path file = is_dir ? path / "model.safetensors" : path;
   AnyModel out;
@@ -691,14 +695,13 @@ AnyModel read_any_model(const fs::path& path) {
   io::check_model_fits(layout, file);
   out.model.config = cfg;
   out.model.params = Buffer<float>(layout.total());
-  float* P = out.model.params.data();
-  std::fill(P, P + layout.total(), 0.0f);
+  float* P = out.model.params.data();  // zeros
   for (const auto& t : layout.tensors()) {
     if (quantized(t)) {
       if (!t.vocab_rows) continue;
       AnyModel::VocabMatrix v{t.offset, read_qlinear(st, file, cfg, vocab_name(t), cfg.vocab_size,
                                                      cfg.n_embd, vocab_specs.at(vocab_name(t)))};
-      v.q.dequantize(P + t.offset);
+      if (dequantize) v.q.dequantize(P + t.offset);
       out.vocab.push_back(std::move(v));
       continue;
     }
@@ -714,10 +717,13 @@ AnyModel read_any_model(const fs::path& path) {
       if (sp == specs.end()) throw bad_file(file, fmt::format("linear {} is missing", name));
       QuantizedLinear q =
           read_qlinear(st, file, cfg, name, lin_rows(cfg, kind), lin_cols(cfg, kind), sp->second);
-      q.dequantize(P + lin_weight_offset(layout, l, kind));
+      if (dequantize) q.dequantize(P + lin_weight_offset(layout, l, kind));
       out.linears.push_back(std::move(q));
     }
-  io::check_finite(layout, P, file.string() + " (dequantized)");
+  if (dequantize)
+    io::check_finite(layout, P, file.string() + " (dequantized)");
+  else  // the quantized matrices' scales were checked by read_qlinear
+    io::check_finite(layout, P, file.string(), quantized);
   out.quantized = true;
   out.act.mode = parse_act_mode(meta.value("activations", "none"));
   out.act.threshold = meta.value("int8_threshold", 6.0f);
@@ -733,6 +739,16 @@ AnyModel read_any_model(const fs::path& path) {
   return out;
 }
 }  // namespace
+
+void dequantize_weights(AnyModel& any) {
+  const model::ParamLayout layout(any.model.config);
+  float* P = any.model.params.data();
+  for (int l = 0; l < any.model.config.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k)
+      any.linears[static_cast<std::size_t>(l) * k_num_lin + k].dequantize(
+          P + lin_weight_offset(layout, l, static_cast<Lin>(k)));
+  for (const auto& v : any.vocab) v.q.dequantize(P + v.offset);
+}
 
 std::vector<double> relative_reconstruction_error(const model::ParamLayout& layout,
                                                   const float* params, const QuantizedModel& qm,

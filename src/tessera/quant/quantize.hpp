@@ -100,7 +100,12 @@ struct AnyModel {
   };
   std::vector<VocabMatrix> vocab;
 };
-AnyModel load_any_model(const std::filesystem::path& path);
+// dequantize false: a quantized file's block linears (and quantized embedding and head) stay
+// zero in model.params, their memory never touched, for callers that compute from the packed
+// form (tessera sample); dequantize_weights fills them in later if needed.
+AnyModel load_any_model(const std::filesystem::path& path, bool dequantize = true);
+// Writes a loaded quantized file's dequantized matrices into its parameters.
+void dequantize_weights(AnyModel& any);
 
 // ||W X - W' X||^2 / ||W X||^2 on the calibration inputs of the unquantized model (rows of S =
 // X^T X / N) for every quantized linear, in qm.linears order.
