@@ -126,8 +126,8 @@ double time_prefill(const model::ParamLayout& layout, const float* params,
                                        params + quant::lin_weight_offset(layout, l, kind), nullptr,
                                        N, quant::lin_cols(cfg, kind), quant::lin_rows(cfg, kind));
       }
-    const quant::PackedLinear* h = pm ? (pm->head_is_embed ? &pm->embed : &pm->head) : nullptr;
-    if (h && h->rows)
+    const quant::PackedLinear* h = pm ? pm->head_matrix() : nullptr;
+    if (h)
       quant::packed_matmul(*h, Y.data(), X.data(), nullptr, N, pm->isa);
     else
       kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, Y.data(), X.data(),

@@ -962,7 +962,7 @@ TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
     PackedModel pm = pack_model(any);
     pm.int8_activations = false;
     ASSERT_EQ(pm.embed.rows, tm->cfg.vocab_size);
-    EXPECT_EQ(pm.head_is_embed, tied);
+    EXPECT_EQ(pm.head_matrix(), tied ? &pm.embed : &pm.head);
     EXPECT_EQ(pm.head.rows, tied ? 0 : tm->cfg.vocab_size);
     std::vector<float> ref(any.model.params.data(), any.model.params.data() + layout.total());
     pm.dequantize_into(layout, ref.data());

@@ -29,6 +29,11 @@ std::int64_t PackedModel::vocab_bytes() const {
   return (embed.rows ? embed.bytes() : 0) + (head.rows ? head.bytes() : 0);
 }
 
+const PackedLinear* PackedModel::head_matrix() const {
+  if (config.tie_embeddings) return embed.rows ? &embed : nullptr;
+  return head.rows ? &head : nullptr;
+}
+
 model::DecoderKernels PackedModel::decoder_kernels() const {
   int max_rows = 0;
   for (const auto& l : linears) max_rows = std::max(max_rows, l.rows);
@@ -56,7 +61,7 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
     matvec(w, tmp->data(), in, bias, act_scale);
     for (int r = 0; r < w.rows; ++r) out[r] += (*tmp)[r];
   };
-  const PackedLinear* h = head_is_embed ? &embed : (head.rows ? &head : nullptr);
+  const PackedLinear* h = head_matrix();
   if (h)
     k.head = [this, h, matvec](float* logits, const float* x) {
       matvec(*h, logits, x, nullptr, ActScale::PerBlock);  // the padding rows (not packed): 0
@@ -77,7 +82,7 @@ eval::LogitsFn PackedModel::logits_fn(const model::ParamLayout& layout, const fl
     packed_matmul(linears[static_cast<std::size_t>(layer) * k_num_lin + static_cast<int>(k)], out,
                   x, bias, N, isa);
   };
-  const PackedLinear* head_w = head_is_embed ? &embed : (head.rows ? &head : nullptr);
+  const PackedLinear* head_w = head_matrix();
   if (head_w)
     h.head = [this, head_w](float* logits, const float* x, std::int64_t N) {
       const int Vp = config.padded_vocab(), V = head_w->rows;
@@ -153,7 +158,6 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
     else if (v.offset == layout.head)
       pm.head = pack(v.q, scale_type);
   }
-  pm.head_is_embed = cfg.tie_embeddings && pm.embed.rows > 0;
   return pm;
 }
 

@@ -18,10 +18,9 @@ namespace tessera::quant {
 struct PackedModel {
   model::ModelConfig config;
   std::vector<PackedLinear> linears;  // (n_layer * 4), layer-major, in Lin order
-  // The quantized (vocab_size, C) token embedding and head; rows == 0 where the file keeps them
-  // fp32. A tied head is the embedding (head_is_embed; head itself stays empty).
+  // The quantized (vocab_size, C) token embedding and an untied head; rows == 0 where the file
+  // keeps them fp32.
   PackedLinear embed, head;
-  bool head_is_embed = false;
   Isa isa = Isa::Portable;
   // Decode with packed_matvec_q8 (int8 activations, integer dot products; the default, as
   // llama.cpp does) or packed_matvec (fp32 activations: the dequantized-fp32 path up to
@@ -33,9 +32,12 @@ struct PackedModel {
   // embedding and head are weight-only either way.
   ActScale act_scale = ActScale::PerBlock;
 
-  std::int64_t bytes() const;        // of the packed block linears
-  double bits_per_weight() const;    // over the packed block linears
-  std::int64_t vocab_bytes() const;  // of the packed embedding and head (0 when fp32)
+  std::int64_t bytes() const;      // of the packed block linears
+  double bits_per_weight() const;  // over the packed block linears
+  std::int64_t vocab_bytes() const;
+  // The packed matrix the LM head reads: the embedding for a tied model, else the head; null
+  // when the head is fp32.
+  const PackedLinear* head_matrix() const;  // of the packed embedding and head (0 when fp32)
   // The decoder's kernels from the packed weights (model::Decoder). Reads *this, which must
   // outlive them.
   model::DecoderKernels decoder_kernels() const;
