@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
+
 namespace cli {
 
 namespace fs = std::filesystem;
@@ -36,8 +38,14 @@ inline std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
+// This process's scratch root, removed at exit.
+inline const fs::path& scratch_root() {
+  static const tessera::test::ScratchDir root("tessera_cli_");
+  return root.path();
+}
+
 inline fs::path scratch(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("tessera_cli_" + std::to_string(::getpid())) / name;
+  auto d = scratch_root() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -46,8 +54,7 @@ inline fs::path scratch(const std::string& name) {
 // Runs `tessera <args>` (args already shell-quoted where needed) from the source dir.
 inline Result run(const std::string& args) {
   static int counter = 0;
-  auto dir = fs::temp_directory_path() / ("tessera_cli_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const auto& dir = scratch_root();
   auto out = dir / ("out" + std::to_string(counter) + ".txt");
   auto err = dir / ("err" + std::to_string(counter++) + ".txt");
   std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE '" TESSERA_BIN "' " +

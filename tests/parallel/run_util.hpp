@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/io/checkpoint.hpp"
 
 namespace tessera::test {
@@ -34,8 +35,14 @@ inline std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
+// This process's scratch root, removed at exit.
+inline const fs::path& scratch_root() {
+  static const ScratchDir root("tessera_par_");
+  return root.path();
+}
+
 inline fs::path scratch(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("tessera_par_" + std::to_string(::getpid())) / name;
+  auto d = scratch_root() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -46,7 +53,7 @@ inline const char* k_env =
     "OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ";
 
 inline Run sh(const std::string& cmd) {
-  auto out = fs::temp_directory_path() / ("tessera_par_out_" + std::to_string(::getpid()) + ".txt");
+  auto out = scratch_root() / "out.txt";
   std::string full = "cd '" TESSERA_SOURCE_DIR "' && " + cmd + " >'" + out.string() + "' 2>&1";
   int st = std::system(full.c_str());
   Run r;

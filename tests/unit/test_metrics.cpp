@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.hpp"
 #include "expect_error.hpp"
 #include "tessera/core/cpu_peak.hpp"
 #include "tessera/core/tfrecord.hpp"
@@ -24,7 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("tessera_metrics_" + std::to_string(::getpid())) / name;
+  static const tessera::test::ScratchDir root("tessera_metrics_");
+  auto d = root.path() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
