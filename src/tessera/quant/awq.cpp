@@ -61,37 +61,59 @@ std::vector<float> awq_search_scales(const float* W, int rows, int cols,
   return best;
 }
 
+// For each group of columns: every row's candidate clipping ranges (shrink 1.0, 0.95, ..., 0.55
+// of the row's max |w| in the group) are quantized, and the one whose error d^T S_g d on the
+// calibration inputs (S_g: the group's block of X^T X / N) is smallest is kept. The quadratic
+// forms of all rows and candidates are one GEMM per group (D S_g, then row dots).
 void awq_clip(float* W, int rows, int cols, const std::vector<double>& S, const WeightQuant& spec) {
   const int G = spec.group_size(cols), ng = spec.groups(cols), maxq = spec.maxq();
   const int n_shrink = 10;  // max_shrink 0.5 with a 20-point grid: 1.0, 0.95, ..., 0.55
-#pragma omp parallel for schedule(dynamic)
-  for (int r = 0; r < rows; ++r) {
-    std::vector<float> d(G), cw(G);
-    for (int g = 0; g < ng; ++g) {
-      float* w = W + static_cast<std::size_t>(r) * cols + static_cast<std::size_t>(g) * G;
-      const int c0 = g * G, n = std::min(G, cols - c0);  // the last group may be shorter
+  const std::size_t R = static_cast<std::size_t>(rows) * n_shrink;
+  std::vector<float> D, E, Sg;
+  std::vector<double> err(R);
+  for (int g = 0; g < ng; ++g) {
+    const int c0 = g * G, n = std::min(G, cols - c0);  // the last group may be shorter
+    Sg.resize(static_cast<std::size_t>(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        Sg[static_cast<std::size_t>(i) * n + j] =
+            static_cast<float>(S[static_cast<std::size_t>(c0 + i) * cols + c0 + j]);
+    D.resize(R * n);
+    E.resize(R * n);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const float* w = W + static_cast<std::size_t>(r) * cols + c0;
       float amax = 0;
       for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
-      double best_err = -1;
-      float best_max = amax;
+      std::vector<float> cw(n);
       for (int k = 0; k < n_shrink; ++k) {
-        float mv = amax * (1.0f - static_cast<float>(k) / 20.0f);
+        const float mv = amax * (1.0f - static_cast<float>(k) / 20.0f);
         for (int i = 0; i < n; ++i) cw[i] = std::clamp(w[i], -mv, mv);
-        QParams p = fit(cw.data(), n, 1, spec);
+        const QParams p = fit(cw.data(), n, 1, spec);
+        float* d = D.data() + (static_cast<std::size_t>(r) * n_shrink + k) * n;
         for (int i = 0; i < n; ++i) d[i] = quant_dequant(cw[i], p, maxq) - w[i];
-        double err = 0;
-        for (int i = 0; i < n; ++i) {
-          const double* srow = S.data() + static_cast<std::size_t>(c0 + i) * cols + c0;
-          double acc = 0;
-          for (int j = 0; j < n; ++j) acc += srow[j] * d[j];
-          err += acc * d[i];
-        }
-        if (best_err < 0 || err < best_err) {
-          best_err = err;
-          best_max = mv;
+      }
+    }
+    kernels::gemm(kernels::GemmLibrary::OneDnn, false, false, static_cast<int>(R), n, n, 1.0f,
+                  D.data(), n, Sg.data(), n, 0.0f, E.data(), n);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      float* w = W + static_cast<std::size_t>(r) * cols + c0;
+      float amax = 0;
+      for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
+      int best = 0;
+      double best_err = 0;
+      for (int k = 0; k < n_shrink; ++k) {
+        const std::size_t at = (static_cast<std::size_t>(r) * n_shrink + k) * n;
+        double e = 0;
+        for (int i = 0; i < n; ++i) e += static_cast<double>(E[at + i]) * D[at + i];
+        if (k == 0 || e < best_err) {
+          best_err = e;
+          best = k;
         }
       }
-      for (int i = 0; i < n; ++i) w[i] = std::clamp(w[i], -best_max, best_max);
+      const float mv = amax * (1.0f - static_cast<float>(best) / 20.0f);
+      for (int i = 0; i < n; ++i) w[i] = std::clamp(w[i], -mv, mv);
     }
   }
 }

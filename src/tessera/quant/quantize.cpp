@@ -307,57 +307,93 @@ void quantize_awq(const QuantContext& x) {
   x.qm.info["grid"] = std::to_string(x.opt.awq_grid);
 }
 
+GptqOptions gptq_options(const QuantizeOptions& opt) {
+  GptqOptions go;
+  go.spec = opt.wq;
+  go.percdamp = opt.damp;
+  go.blocksize = opt.blocksize;
+  go.act_order = opt.act_order;
+  go.static_groups = opt.static_groups;
+  return go;
+}
+
+// GPTQ of one linear from its Hessian; writes the dequantized weight into the parameters.
+void gptq_linear(const QuantContext& x, int l, Lin kind, const std::vector<double>& xtx) {
+  const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+  auto r = gptq(x.W(l, kind), rows, cols, xtx, gptq_options(x.opt));
+  auto ql = make_qlinear(x.cfg, l, kind);
+  ql.q = std::move(r.q);
+  ql.gptq_loss = r.loss;
+  ql.damp = r.damp;
+  log(x.opt, fmt::format("gptq {}: loss {:.4g} damp {:.2f}", ql.name, r.loss, r.damp));
+  x.finish(std::move(ql));
+}
+
+// Whether one block's activations for all n x T calibration tokens fit the one-pass GPTQ's
+// budget (the block's buffers, its attention scores and the Hessian inputs: about 1 GiB).
+bool gptq_one_pass_fits(const model::ModelConfig& cfg, std::int64_t tokens, int T) {
+  const std::int64_t per_token = 6LL * cfg.n_embd + cfg.qkv_rows() + cfg.fc_rows() + cfg.ffn() +
+                                 2LL * cfg.n_head + static_cast<std::int64_t>(cfg.n_head) * T;
+  return tokens * per_token * 4 <= (1LL << 30);
+}
+
 void quantize_gptq(const QuantContext& x) {
   const int L = x.L, C = x.C;
   const int T = x.calib->seqlen, n = x.calib->n();
+  // One pass per block (all samples in one call) when they fit: each linear is quantized inside
+  // the capture hook, before the block's GEMM reads its weight, so the later linears of the block
+  // see the quantized earlier ones (true-sequential) at the cost of one block forward. Otherwise
+  // micro-batches, the block re-run up to each linear.
+  const bool one_pass =
+      x.opt.gptq_one_pass && gptq_one_pass_fits(x.cfg, static_cast<std::int64_t>(n) * T, T);
+  const int mb = one_pass ? n : std::min(x.opt.micro_batch, n);
   Runner run(x.layout);
   std::vector<float> xs(static_cast<std::size_t>(n) * T * C);  // residual stream (n, T, C)
-  for (int s = 0; s < n; s += x.opt.micro_batch) {
-    int B = std::min(x.opt.micro_batch, n - s);
+  for (int s = 0; s < n; s += mb) {
+    const int B = std::min(mb, n - s);
     run.embed(x.P, x.calib->tokens.data() + static_cast<std::size_t>(s) * T, B, T,
               xs.data() + static_cast<std::size_t>(s) * T * C);
   }
-  std::vector<float> scratch(static_cast<std::size_t>(x.opt.micro_batch) * T * C);
-  GptqOptions go;
-  go.spec = x.opt.wq;
-  go.percdamp = x.opt.damp;
-  go.blocksize = x.opt.blocksize;
-  go.act_order = x.opt.act_order;
-  go.static_groups = x.opt.static_groups;
   Progress progress("gptq", static_cast<std::int64_t>(L) * k_num_lin, 2.0);
+  auto quantize_site = [&](int l, Lin kind, const std::vector<double>& xtx) {
+    progress.update(static_cast<std::int64_t>(l) * k_num_lin + static_cast<int>(kind),
+                    linear_name(x.cfg, l, kind));
+    gptq_linear(x, l, kind, xtx);
+  };
   for (int l = 0; l < L; ++l) {
-    // true-sequential inside the block: each linear sees the already-quantized ones
+    if (one_pass) {
+      Hooks hooks;
+      hooks.capture = [&](int, Lin kind, const float* in, std::int64_t N, int cols) {
+        Hessian H;
+        H.init(cols);
+        H.add(in, N, kernels::GemmLibrary::OneDnn);
+        quantize_site(l, kind, H.xtx);
+      };
+      run.block(x.P, l, xs.data(), n, T, hooks);
+      continue;
+    }
+    std::vector<float> scratch(static_cast<std::size_t>(mb) * T * C);
     for (int k = 0; k < k_num_lin; ++k) {
-      Lin kind = static_cast<Lin>(k);
-      progress.update(static_cast<std::int64_t>(l) * k_num_lin + k, linear_name(x.cfg, l, kind));
-      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+      const Lin kind = static_cast<Lin>(k);
       Hessian H;
-      H.init(cols);
+      H.init(lin_cols(x.cfg, kind));
       Hooks hooks;
       hooks.stop_after = k;
-      hooks.capture = [&](int, Lin kk, const float* x, std::int64_t N, int) {
-        if (kk == kind) H.add(x, N, kernels::GemmLibrary::OneDnn);
+      hooks.capture = [&](int, Lin kk, const float* in, std::int64_t N, int) {
+        if (kk == kind) H.add(in, N, kernels::GemmLibrary::OneDnn);
       };
-      for (int s = 0; s < n; s += x.opt.micro_batch) {
-        int B = std::min(x.opt.micro_batch, n - s);
+      for (int s = 0; s < n; s += mb) {
+        const int B = std::min(mb, n - s);
         std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
                     sizeof(float) * B * T * C);
         run.block(x.P, l, scratch.data(), B, T, hooks);
       }
-      auto r = gptq(x.W(l, kind), rows, cols, H.xtx, go);
-      auto ql = make_qlinear(x.cfg, l, kind);
-      ql.q = std::move(r.q);
-      ql.gptq_loss = r.loss;
-      ql.damp = r.damp;
-      log(x.opt, fmt::format("gptq {}: loss {:.4g} damp {:.2f}", ql.name, r.loss, r.damp));
-      x.finish(std::move(ql));
+      quantize_site(l, kind, H.xtx);
     }
     // the next block's inputs: this block's outputs with its quantized weights
-    Hooks none;
-    for (int s = 0; s < n; s += x.opt.micro_batch) {
-      int B = std::min(x.opt.micro_batch, n - s);
-      run.block(x.P, l, xs.data() + static_cast<std::size_t>(s) * T * C, B, T, none);
-    }
+    for (int s = 0; s < n; s += mb)
+      run.block(x.P, l, xs.data() + static_cast<std::size_t>(s) * T * C, std::min(mb, n - s), T,
+                Hooks{});
   }
   progress.finish();
   x.qm.info["damp"] = fmt::format("{}", x.opt.damp);

@@ -32,6 +32,9 @@ struct QuantizeOptions {
   int blocksize = 128;
   bool act_order = false;
   bool static_groups = false;
+  // All calibration samples through each block in one call, each linear quantized inside it (one
+  // block forward per layer) when their activations fit 1 GiB; false: the micro-batched passes.
+  bool gptq_one_pass = true;
   // AWQ
   int awq_grid = 20;
   bool awq_clip = true;
