@@ -83,6 +83,28 @@ TEST(QuantCli, QuantizeThenEvalOutliersStudy) {
   expect_clean_error(cli::run("study calibration -m " + k_fixture + " --methods gptq:w4x --data " +
                               shard.string() + " --out " + (dir / "study3").string()),
                      "weight format");
+  // two texts, long windows for one method, a planted outlier: the long table per text
+  auto s3 = cli::run("study calibration -m " + k_fixture +
+                     " --methods rtn,w8a8 --long w8a8 --calib random --seeds 1 --nsamples 2 "
+                     "--seqlen 16 --windows 2 --long-windows 4 --plant 0:3:50 --text one=" +
+                     shard.string() + " --text two=" + shard.string() + " --out " +
+                     (dir / "study4").string());
+  ASSERT_EQ(s3.code, 0) << s3.err;
+  const auto md3 = cli::slurp(dir / "study4" / "study.md");
+  EXPECT_NE(md3.find("## The long evaluation"), std::string::npos) << md3;
+  EXPECT_NE(md3.find("| w8a8 | - | two |"), std::string::npos) << md3;
+  EXPECT_NE(md3.find("outlier planted at 0:3:50"), std::string::npos) << md3;
+  EXPECT_NE(s3.err.find("study [1/1] rtn"), std::string::npos) << s3.err;  // progress per run
+  const auto base = "study calibration -m " + k_fixture + " --data " + shard.string() + " --out " +
+                    (dir / "study5").string();
+  expect_clean_error(cli::run(base + " --quick --full"), "exclude each other");
+  expect_clean_error(cli::run(base + " --plant 1:2"), "LAYER:CHANNEL:FACTOR");
+  expect_clean_error(cli::run(base + " --plant 99:0:10"), "outside the model");
+  expect_clean_error(cli::run(base + " --long nope"), "not one of --methods");
+  expect_clean_error(
+      cli::run("study calibration -m " + k_fixture + " --text " + (dir / "missing.txt").string() +
+               " --out " + (dir / "study5").string()),
+      "not found");
 }
 
 TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {

@@ -259,6 +259,7 @@ Capture capture(const model::ParamLayout& layout, const float* params, const Cal
     }
   cap.residual.maxabs.assign(L, 0.0f);
   cap.residual.max_ratio.assign(L, 0.0);
+  cap.residual.largest.assign(L, MassiveActivation{});
   Runner run(layout, gemm);
   Hooks hooks;
   hooks.capture = [&](int l, Lin kind, const float* x, std::int64_t N, int cols) {
@@ -282,6 +283,9 @@ Capture capture(const model::ParamLayout& layout, const float* params, const Cal
       }
       std::nth_element(a.begin(), a.begin() + Cc / 2, a.end());
       float med = std::max(a[Cc / 2], 1e-12f);
+      if (m > cap.residual.maxabs[l])
+        cap.residual.largest[l] = {
+            l, sample0 + static_cast<int>(i / T), static_cast<int>(i % T), arg, r[arg], med};
       cap.residual.maxabs[l] = std::max(cap.residual.maxabs[l], m);
       cap.residual.max_ratio[l] = std::max(cap.residual.max_ratio[l], double(m) / med);
       if (m > 100.0f && m >= 1000.0f * med && cap.residual.massive.size() < 1000)

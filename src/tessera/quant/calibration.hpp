@@ -82,6 +82,7 @@ struct ResidualStats {
   std::vector<float> maxabs;               // (L) largest |x| of each block's output
   std::vector<double> max_ratio;           // (L) largest max/median over tokens
   std::vector<MassiveActivation> massive;  // at most 1000 kept
+  std::vector<MassiveActivation> largest;  // (L) where each block's largest |x| is
 };
 
 struct Capture {

@@ -7,14 +7,19 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
+#include "tessera/core/log.hpp"
 #include "tessera/data/shard.hpp"
+#include "tessera/io/tokenizer_files.hpp"
+#include "tessera/quant/methods.hpp"
 #include "tessera/quant/outliers.hpp"
+#include "tessera/quant/study_eval.hpp"
 
 namespace tessera::quant {
 
@@ -44,31 +49,6 @@ std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::s
                   "the shard was made with another tokenizer or is damaged");
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
-
-namespace {
-// One capture of the calibration set `cname` (seed 0) through the unquantized model; its report
-// goes into `all` under the set's name.
-SetOutliers set_outliers(const model::ParamLayout& layout, const float* params,
-                         const std::string& cname, const StudyOptions& opt, int seqlen,
-                         nlohmann::json& all) {
-  const int V = layout.config().vocab_size;
-  auto calib = make_calibration(cname, opt.nsamples, seqlen, 0, V, opt.sources);
-  auto cap = capture(layout, params, calib, false);
-  auto rep = analyze_outliers(cap);
-  SetOutliers s;
-  s.calib = cname;
-  s.summary = rep.summary_line();
-  for (std::size_t i = 0; i < rep.channels.size() && i < 3; ++i) {
-    const auto& c = rep.channels[i];
-    s.top.push_back(
-        fmt::format("{} ch {}: {:.1f} ({:.0f}x median)", c.linear, c.channel, c.maxabs, c.ratio));
-  }
-  s.residual_max = rep.residual.maxabs;
-  all[cname] = rep.to_json();
-  all[cname]["calibration"] = calib.describe();
-  return s;
-}
-}  // namespace
 
 MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
   MethodSpec m;
@@ -110,178 +90,397 @@ MethodSpec parse_method_spec(const std::string& spec, const WeightQuant& base) {
   return m;
 }
 
-StudyResult run_study(const model::ParamLayout& layout, const float* params,
-                      const StudyOptions& opt) {
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
+EvalText parse_eval_text(const std::string& spec) {
+  const auto eq = spec.find('=');
+  EvalText t;
+  t.path = eq == std::string::npos ? spec : spec.substr(eq + 1);
+  if (eq != std::string::npos) {
+    t.name = spec.substr(0, eq);
+  } else {
+    const auto stem = t.path.stem().string();
+    t.name = (stem == "val" || stem == "train") && t.path.has_parent_path()
+                 ? t.path.parent_path().filename().string()
+                 : stem;
+  }
+  if (t.name.empty() || t.path.empty())
+    throw Error(fmt::format("evaluation text '{}' is not NAME=PATH or PATH", spec));
+  return t;
+}
+
+void plant_outlier(const model::ParamLayout& layout, float* params, int layer, int channel,
+                   float factor) {
   const auto& cfg = layout.config();
-  const int ctx = opt.ctx > 0 ? opt.ctx : std::min(cfg.block_size, 1024);
-  const int V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  if (layer < 0 || layer >= cfg.n_layer || channel < 0 || channel >= cfg.n_embd)
+    throw Error(
+        fmt::format("planted outlier at layer {} channel {} is outside the model ({} "
+                    "layers of {} channels)",
+                    layer, channel, cfg.n_layer, cfg.n_embd));
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw Error(fmt::format("planted outlier factor must be a positive number, got {}", factor));
+  const auto& lw = layout.layers[layer];
+  params[lw.ln2_w + channel] *= factor;
+  if (lw.ln2_b != model::k_absent) params[lw.ln2_b + channel] *= factor;
+  const int C = cfg.n_embd;
+  for (int r = 0; r < cfg.fc_rows(); ++r)
+    params[lw.fc_w + static_cast<std::size_t>(r) * C + channel] /= factor;
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+double since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+std::vector<std::int32_t> text_tokens(const EvalText& t, const std::filesystem::path& tokenizer,
+                                      int V) {
+  if (t.path.extension() == ".bin") return read_tokens(t.path, 0, V);
+  if (input_kind(t.path, "evaluation text") == InputKind::Missing)
+    throw Error(fmt::format("evaluation text '{}' not found: {}", t.name, t.path.string()),
+                "run scripts/setup (it extracts the default texts) or pass --text NAME=PATH");
+  const auto tok = io::load_tokenizer(tokenizer);
+  const auto ids = tok.encode(read_file(t.path, "evaluation text"), false);
+  std::vector<std::int32_t> out;
+  out.reserve(ids.size());
+  for (auto id : ids) {
+    if (id >= static_cast<std::uint32_t>(V))
+      throw Error(fmt::format("the tokenizer {} gives token id {}, outside the model's "
+                              "vocabulary of {}",
+                              tokenizer.string(), id, V),
+                  "pass the model's own tokenizer (--tokenizer)");
+    out.push_back(static_cast<std::int32_t>(id));
+  }
+  return out;
+}
+
+// "token 'x' at position P, channel D: value (R x median)" of a block output's activation.
+std::string activation_line(const MassiveActivation& m, const CalibSet& calib,
+                            const data::Tokenizer* tok) {
+  const auto id = static_cast<std::uint32_t>(
+      calib.tokens[static_cast<std::size_t>(m.sample) * calib.seqlen + m.position]);
+  std::string text = tok ? tok->decode(std::span<const std::uint32_t>(&id, 1)) : "";
+  for (auto& c : text)
+    if (c == '\n' || c == '|' || c == '\r') c = ' ';
+  return fmt::format("position {} (token {} '{}'), channel {}: {:.0f} ({:.0f}x median)", m.position,
+                     id, text, m.dim, m.value, m.median > 0 ? std::fabs(m.value) / m.median : 0.0);
+}
+
+// The block outputs' largest activations: the four largest over the layers, and every layer's.
+void residual_lines(const ResidualStats& rs, const CalibSet& calib, const data::Tokenizer* tok,
+                    SetOutliers& s) {
+  auto ms = rs.largest;
+  std::sort(ms.begin(), ms.end(), [](const MassiveActivation& a, const MassiveActivation& b) {
+    return std::fabs(a.value) > std::fabs(b.value);
+  });
+  for (std::size_t i = 0; i < ms.size() && i < 4; ++i)
+    s.massive.push_back(
+        fmt::format("layer {}, {}", ms[i].layer, activation_line(ms[i], calib, tok)));
+  for (const auto& m : rs.largest)
+    s.residual_where.push_back(fmt::format("pos {} ch {}", m.position, m.dim));
+}
+
+// Per layer: the largest |x| of any linear input and its max/median ratio, and SmoothQuant's
+// largest migration scale at the norm -> linear sites.
+void layer_profile(const model::ParamLayout& layout, const float* params, const Capture& cap,
+                   float alpha, SetOutliers& s) {
+  const auto& cfg = layout.config();
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    float mx = 0;
+    double ratio = 0, smax = 0;
+    for (int k = 0; k < k_num_lin; ++k) {
+      const auto& st = cap.layers[l][k].stats;
+      std::vector<float> m = st.maxabs;
+      const float top = *std::max_element(m.begin(), m.end());
+      std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+      mx = std::max(mx, top);
+      ratio = std::max(ratio, m[m.size() / 2] > 0 ? top / m[m.size() / 2] : 0.0);
+      const Lin kind = static_cast<Lin>(k);
+      if (kind != Lin::Qkv && kind != Lin::Fc) continue;
+      const auto sc = smooth_scales(st.maxabs, params + lin_weight_offset(layout, l, kind),
+                                    lin_rows(cfg, kind), lin_cols(cfg, kind), alpha);
+      smax = std::max(smax, static_cast<double>(*std::max_element(sc.begin(), sc.end())));
+    }
+    s.input_max.push_back(mx);
+    s.input_ratio.push_back(ratio);
+    s.smooth_max.push_back(smax);
+  }
+}
+
+// One capture of the calibration set `cname` (seed 0) through the unquantized model; its report
+// goes into `all` under the set's name.
+SetOutliers set_outliers(const model::ParamLayout& layout, const float* params,
+                         const std::string& cname, const StudyOptions& opt, int seqlen,
+                         const data::Tokenizer* tok, nlohmann::json& all) {
+  const int V = layout.config().vocab_size;
+  auto calib = make_calibration(cname, opt.nsamples, seqlen, 0, V, opt.sources);
+  auto cap = capture(layout, params, calib, false);
+  auto rep = analyze_outliers(cap);
+  SetOutliers s;
+  s.calib = cname;
+  s.summary = rep.summary_line();
+  for (std::size_t i = 0; i < rep.channels.size() && i < 3; ++i) {
+    const auto& c = rep.channels[i];
+    s.top.push_back(
+        fmt::format("{} ch {}: {:.1f} ({:.0f}x median)", c.linear, c.channel, c.maxabs, c.ratio));
+  }
+  residual_lines(cap.residual, calib, tok, s);
+  s.residual_max = rep.residual.maxabs;
+  layer_profile(layout, params, cap, opt.base.alpha, s);
+  all[cname] = rep.to_json();
+  all[cname]["calibration"] = calib.describe();
+  return s;
+}
+
+// One quantization of the study: a method with its calibration set and seed ("-" and 0 for the
+// methods without calibration).
+struct Job {
+  MethodSpec spec;
+  std::string calib;
+  int seed = 0;
+  bool long_row = false;
+};
+
+std::vector<Job> list_jobs(const StudyOptions& opt) {
+  std::vector<Job> jobs;
+  for (const auto& mname : opt.methods) {
+    const MethodSpec spec = parse_method_spec(mname, opt.base.wq);
+    const bool is_long = std::find(opt.long_methods.begin(), opt.long_methods.end(), mname) !=
+                         opt.long_methods.end();
+    if (!needs_calibration(spec.method)) {
+      jobs.push_back({spec, "-", 0, is_long});
+      continue;
+    }
+    const bool first_only = std::find(opt.first_calib_only.begin(), opt.first_calib_only.end(),
+                                      mname) != opt.first_calib_only.end();
+    for (const auto& cname : opt.calibs) {
+      for (int seed = 0; seed < opt.seeds; ++seed)
+        jobs.push_back({spec, cname, seed, is_long && seed == 0 && cname == opt.calibs.front()});
+      if (first_only) break;
+    }
+  }
+  return jobs;
+}
+
+QuantizedModel quantize_job(const model::ParamLayout& layout, const float* params, const Job& j,
+                            const StudyOptions& opt, int seqlen) {
+  QuantizeOptions qo = opt.base;
+  qo.method = j.spec.method;
+  qo.wq = j.spec.wq;
+  if (j.calib == "-") return quantize_model(layout, params, qo, nullptr);
+  const auto calib =
+      make_calibration(j.calib, opt.nsamples, seqlen, static_cast<std::uint64_t>(j.seed),
+                       layout.config().vocab_size, opt.sources);
+  return quantize_model(layout, params, qo, &calib);
+}
+
+// A row's place in the tables: its method's, then its calibration set's, then its seed.
+std::tuple<std::ptrdiff_t, std::ptrdiff_t, std::uint64_t> order_of(const StudyOptions& opt,
+                                                                   const StudyRow& r) {
+  const auto m = std::find(opt.methods.begin(), opt.methods.end(), r.method) - opt.methods.begin();
+  const auto c = std::find(opt.calibs.begin(), opt.calibs.end(), r.calib) - opt.calibs.begin();
+  return {m, c, r.seed};
+}
+
+StudyRow row_of(const Job& j, int n_windows) {
+  StudyRow row;
+  row.method = j.spec.label;
+  row.calib = j.calib;
+  row.seed = static_cast<std::uint64_t>(j.seed);
+  row.long_row = j.long_row;
+  row.scores.resize(n_windows);
+  return row;
+}
+
+// What a pass over windows needs: the layout, the windows, the short windows' reference (filled by
+// the first pass), batch size.
+struct EvalState {
+  const model::ParamLayout& layout;
+  const study_eval::Windows& win;
+  study_eval::Reference short_ref;  // the unquantized model on the short windows
+  std::vector<int> short_slot;      // window -> its slot in short_ref (-1: not short)
+  int batch = 2;
+};
+
+// The first pass: the unquantized model on every window (its scores into res.fp, its short
+// windows' distributions kept) and the long rows' models beside it on the same logits.
+void reference_pass(EvalState& st, const float* params, std::vector<QuantizedModel>& long_models,
+                    std::vector<StudyRow*>& long_rows, StudyResult& res) {
+  const auto& cfg = st.layout.config();
+  const int ctx = st.win.ctx, V = cfg.vocab_size, Vp = cfg.padded_vocab(), n = st.win.n();
+  const std::size_t per = static_cast<std::size_t>(ctx) * Vp;
+  auto fp = logits_fn(st.layout, params, {});
+  std::vector<eval::LogitsFn> fns;
+  for (const auto& qm : long_models) fns.push_back(logits_fn(st.layout, qm.params.data(), qm.act));
+  res.fp.resize(n);
+  std::vector<float> logits(st.batch * per);
+  Progress progress("study: reference pass", n, 0.0);
+  for (int w0 = 0; w0 < n; w0 += st.batch) {
+    progress.update(w0, fmt::format("windows ({} models)", 1 + fns.size()));
+    const int B = std::min(st.batch, n - w0);
+    study_eval::Reference ref{V, Vp, ctx, {}, {}, {}};
+    std::vector<float> fl(B * per);
+    fp(st.win.window(w0), B, ctx, fl.data());
+    auto own = ref.set(std::move(fl), B, st.win.window(w0));
+    for (int b = 0; b < B; ++b) {
+      res.fp[w0 + b] = own[b];
+      const int slot = st.short_slot[w0 + b];
+      if (slot < 0) continue;
+      std::copy(ref.at(b, 0), ref.at(b, 0) + per, st.short_ref.p.data() + slot * per);
+      for (int t = 0; t < ctx; ++t) {
+        st.short_ref.neg_entropy[slot * ctx + t] = ref.neg_entropy[b * ctx + t];
+        st.short_ref.argmax[slot * ctx + t] = ref.argmax[b * ctx + t];
+      }
+    }
+    for (std::size_t m = 0; m < fns.size(); ++m) {
+      fns[m](st.win.window(w0), B, ctx, logits.data());
+      for (int b = 0; b < B; ++b)
+        long_rows[m]->scores[w0 + b] =
+            study_eval::score_window(ref, b, logits.data() + b * per, st.win.window(w0 + b));
+    }
+  }
+  progress.finish();
+}
+
+// A row's scores on the short windows against the kept reference.
+void score_short(const EvalState& st, const QuantizedModel& qm, StudyRow& row) {
+  const auto& cfg = st.layout.config();
+  const int ctx = st.win.ctx;
+  const std::size_t per = static_cast<std::size_t>(ctx) * cfg.padded_vocab();
+  auto fn = logits_fn(st.layout, qm.params.data(), qm.act);
+  std::vector<int> todo;
+  for (int w = 0; w < st.win.n(); ++w)
+    if (st.short_slot[w] >= 0) todo.push_back(w);
+  std::vector<float> logits(st.batch * per);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(st.batch) * ctx);
+  for (std::size_t i = 0; i < todo.size(); i += st.batch) {
+    const int B = static_cast<int>(std::min<std::size_t>(st.batch, todo.size() - i));
+    for (int b = 0; b < B; ++b)
+      std::copy(st.win.window(todo[i + b]), st.win.window(todo[i + b]) + ctx, in.begin() + b * ctx);
+    fn(in.data(), B, ctx, logits.data());
+    for (int b = 0; b < B; ++b) {
+      const int w = todo[i + b];
+      row.scores[w] = study_eval::score_window(st.short_ref, st.short_slot[w],
+                                               logits.data() + b * per, st.win.window(w));
+    }
+  }
+}
+
+void report_row(const StudyResult& res, const StudyRow& row, std::size_t k, std::size_t n,
+                double eta_s) {
+  const auto m = res.measures(row.scores, false);
+  std::fprintf(
+      stderr,
+      "study [%zu/%zu] %s, calibration %s, seed %llu: KL %.4f, ppl A x%.4f (quantize %.0f "
+      "s, total %.0f s)%s\n",
+      k, n, row.method.c_str(), row.calib.c_str(), static_cast<unsigned long long>(row.seed), m.kl,
+      res.measures(res.fp, false).ppl_a > 0 ? m.ppl_a / res.measures(res.fp, false).ppl_a : 0.0,
+      row.quantize_seconds, row.seconds,
+      eta_s > 0 ? fmt::format("; about {:.0f} min left", eta_s / 60).c_str() : "");
+}
+
+void check_options(const model::ModelConfig& cfg, const StudyOptions& opt, int ctx) {
   if (ctx > cfg.block_size)
     throw Error(fmt::format("--ctx {} exceeds the model's block_size {}", ctx, cfg.block_size));
   if (opt.seeds < 1) throw Error("--seeds must be >= 1");
+  if (opt.windows < 1) throw Error("--windows must be >= 1");
+  if (opt.long_windows < 0) throw Error("--long-windows must be >= 0");
+  if (opt.texts.empty()) throw Error("the study needs at least one evaluation text");
   if (opt.methods.empty() || opt.calibs.empty())
     throw Error("the study needs at least one method and one calibration set");
   for (const auto& m : opt.methods) parse_method_spec(m, opt.base.wq);  // validates
+  for (const auto& m : opt.long_methods)
+    if (std::find(opt.methods.begin(), opt.methods.end(), m) == opt.methods.end())
+      throw Error(fmt::format("--long method '{}' is not one of --methods", m));
   for (const auto& c : opt.calibs)
     if (std::find(calibration_names().begin(), calibration_names().end(), c) ==
         calibration_names().end())
       throw Error(fmt::format("unknown calibration set '{}'", c),
                   "use corpus, corpus-concat, random, punct, domain, lang2 or code");
-  const int seqlen = opt.seqlen > 0 ? opt.seqlen : std::min(cfg.block_size, 512);
-  auto tokens = read_tokens(opt.eval_shard, static_cast<std::size_t>(opt.eval_windows) * ctx, V);
-  StudyResult res;
-  auto fp = logits_fn(layout, params, {});
-  auto w = eval::perplexity(fp, tokens, ctx, V, Vp, eval::PplProtocol::Windows, opt.eval_windows);
-  auto h =
-      eval::perplexity(fp, tokens, ctx, V, Vp, eval::PplProtocol::SecondHalf, opt.eval_windows);
-  res.fp_ppl_windows = w.perplexity;
-  res.fp_ppl_ci = w.ppl_ci95;
-  res.fp_ppl_second_half = h.perplexity;
-  res.windows_label = w.label;
-  res.second_half_label = h.label;
-  for (const auto& cname : opt.calibs)
-    res.outliers_by_set.push_back(set_outliers(layout, params, cname, opt, seqlen, res.outliers));
-  for (const auto& mname : opt.methods) {
-    const MethodSpec spec = parse_method_spec(mname, opt.base.wq);
-    const Method m = spec.method;
-    // Methods without calibration give one row per calibration set and seed all the same; run
-    // them once.
-    const bool calib_free = !needs_calibration(m);
-    for (const auto& cname : opt.calibs) {
-      for (int seed = 0; seed < opt.seeds; ++seed) {
-        if (calib_free && (seed > 0 || cname != opt.calibs.front())) continue;
-        const auto r0 = clock::now();
-        QuantizeOptions qo = opt.base;
-        qo.method = m;
-        qo.wq = spec.wq;
-        CalibSet calib;
-        if (!calib_free)
-          calib = make_calibration(cname, opt.nsamples, seqlen, static_cast<std::uint64_t>(seed), V,
-                                   opt.sources);
-        auto qm = quantize_model(layout, params, qo, calib_free ? nullptr : &calib);
-        auto qf = logits_fn(layout, qm.params.data(), qm.act);
-        StudyRow row;
-        row.method = mname;
-        row.calib = calib_free ? "-" : cname;
-        row.seed = static_cast<std::uint64_t>(seed);
-        auto kl = eval::kl_divergence(fp, qf, tokens, ctx, V, Vp, opt.eval_windows);
-        row.ppl_windows = kl.model_ppl.perplexity;  // same windows and logits as the KL
-        row.ppl_second_half = eval::perplexity(qf, tokens, ctx, V, Vp,
-                                               eval::PplProtocol::SecondHalf, opt.eval_windows)
-                                  .perplexity;
-        row.kl_mean = kl.mean;
-        row.top1 = kl.top1_agreement;
-        row.ppl_ratio_ci = eval::perplexity_ratio_interval(w.per_window, kl.model_ppl.per_window);
-        row.kl_ci = kl.mean_ci95;
-        row.top1_ci = kl.top1_ci95;
-        row.seconds = std::chrono::duration<double>(clock::now() - r0).count();
-        if (opt.verbose)
-          std::fprintf(stderr, "study: %s calib %s seed %d: ppl %.3f / %.3f  KL %.4f  (%.1f s)\n",
-                       mname.c_str(), row.calib.c_str(), seed, row.ppl_windows, row.ppl_second_half,
-                       row.kl_mean, row.seconds);
-        res.rows.push_back(row);
-      }
-    }
-  }
-  res.seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  return res;
 }
 
-namespace {
-struct Agg {
-  double mean = 0, sd = 0, min = 0, max = 0;
-  int n = 0;
-};
-Agg agg(const std::vector<double>& v) {
-  Agg a;
-  a.n = static_cast<int>(v.size());
-  if (v.empty()) return a;
-  a.min = *std::min_element(v.begin(), v.end());
-  a.max = *std::max_element(v.begin(), v.end());
-  for (double x : v) a.mean += x;
-  a.mean /= v.size();
-  for (double x : v) a.sd += (x - a.mean) * (x - a.mean);
-  a.sd = v.size() > 1 ? std::sqrt(a.sd / (v.size() - 1)) : 0.0;
-  return a;
+study_eval::Windows study_windows(const model::ModelConfig& cfg, const StudyOptions& opt, int ctx,
+                                  StudyResult& res) {
+  std::vector<std::vector<std::int32_t>> toks;
+  for (const auto& t : opt.texts)
+    toks.push_back(text_tokens(t, opt.sources.tokenizer, cfg.vocab_size));
+  const std::int32_t bos = opt.bos >= 0 && opt.bos < cfg.vocab_size ? opt.bos : cfg.vocab_size - 1;
+  res.texts = opt.texts;
+  auto win = study_eval::make_windows(toks, opt.texts, ctx, opt.windows, opt.long_windows, bos);
+  res.windows = win.info;
+  res.ctx = ctx;
+  return win;
 }
+
 }  // namespace
 
-std::string StudyResult::markdown(const std::string& model_name) const {
-  std::string s = fmt::format("# Calibration study: {}\n\n", model_name);
-  s += fmt::format("Perplexity A: {}. Perplexity B: {}.\n\n", windows_label, second_half_label);
-  s += fmt::format("fp32: A {:.3f} [95% {:.3f}, {:.3f}], B {:.3f}\n\n", fp_ppl_windows,
-                   fp_ppl_ci.lo, fp_ppl_ci.hi, fp_ppl_second_half);
-  s += "Intervals are 95% bootstrap intervals over the evaluation windows; the perplexity ratio's "
-       "is paired (both models on the same resampled windows), so it is much narrower than the "
-       "perplexities' own.\n\n";
-  // method x calibration: mean +- sd over seeds (protocol A)
-  std::vector<std::string> methods, calibs;
-  for (const auto& r : rows) {
-    if (std::find(methods.begin(), methods.end(), r.method) == methods.end())
-      methods.push_back(r.method);
-    if (std::find(calibs.begin(), calibs.end(), r.calib) == calibs.end()) calibs.push_back(r.calib);
+StudyResult run_study(const model::ParamLayout& layout, const float* params,
+                      const StudyOptions& opt) {
+  const auto t0 = clock::now();
+  const auto& cfg = layout.config();
+  const int ctx = opt.ctx > 0 ? opt.ctx : std::min(cfg.block_size, 512);
+  check_options(cfg, opt, ctx);
+  const int seqlen = opt.seqlen > 0 ? opt.seqlen : std::min(cfg.block_size, 256);
+  StudyResult res;
+  const auto win = study_windows(cfg, opt, ctx, res);
+  std::unique_ptr<data::Tokenizer> tok;
+  try {
+    tok = std::make_unique<data::Tokenizer>(io::load_tokenizer(opt.sources.tokenizer));
+  } catch (const Error&) {  // the massive activations are then listed without their text
   }
-  s += "## Perplexity A (mean +- sd over seeds) per method x calibration set\n\n| method |";
-  for (const auto& c : calibs) s += " " + c + " |";
-  s += " spread (max-min over all) |\n|---|";
-  for (std::size_t i = 0; i < calibs.size(); ++i) s += "---|";
-  s += "---|\n";
-  for (const auto& m : methods) {
-    s += "| " + m + " |";
-    std::vector<double> all;
-    for (const auto& c : calibs) {
-      std::vector<double> v;
-      for (const auto& r : rows)
-        if (r.method == m && r.calib == c) v.push_back(r.ppl_windows);
-      all.insert(all.end(), v.begin(), v.end());
-      if (v.empty()) {
-        s += " |";
-        continue;
-      }
-      auto a = agg(v);
-      s += v.size() > 1 ? fmt::format(" {:.3f} +- {:.3f} |", a.mean, a.sd)
-                        : fmt::format(" {:.3f} |", a.mean);
-    }
-    auto a = agg(all);
-    s += fmt::format(" {:.3f} ({:+.2f}% vs fp32 at best, {:+.2f}% at worst) |\n", a.max - a.min,
-                     100 * (a.min / fp_ppl_windows - 1), 100 * (a.max / fp_ppl_windows - 1));
+  for (const auto& cname : opt.calibs) {
+    std::fprintf(stderr, "study: activation outliers of calibration set %s\n", cname.c_str());
+    res.outliers_by_set.push_back(
+        set_outliers(layout, params, cname, opt, seqlen, tok.get(), res.outliers));
   }
-  s += "\n## Every run\n\n| method | calibration | seed | ppl A | ppl A / fp32 [95%] | ppl B | "
-       "KL mean [95%] | top-1 agree [95%] | seconds |\n|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& r : rows)
-    s += fmt::format(
-        "| {} | {} | {} | {:.3f} | {:.4f} [{:.4f}, {:.4f}] | {:.3f} | {:.5f} [{:.5f}, {:.5f}] | "
-        "{:.4f} [{:.4f}, {:.4f}] | {:.1f} |\n",
-        r.method, r.calib, r.seed, r.ppl_windows, r.ppl_windows / fp_ppl_windows, r.ppl_ratio_ci.lo,
-        r.ppl_ratio_ci.hi, r.ppl_second_half, r.kl_mean, r.kl_ci.lo, r.kl_ci.hi, r.top1,
-        r.top1_ci.lo, r.top1_ci.hi, r.seconds);
-  s += "\n## Activation outliers per calibration set\n\n| calibration set | summary | largest "
-       "channels (input of a linear) | largest block output |\n|---|---|---|---|\n";
-  for (const auto& o : outliers_by_set) {
-    const float rmax = o.residual_max.empty()
-                           ? 0.0f
-                           : *std::max_element(o.residual_max.begin(), o.residual_max.end());
-    s += fmt::format("| {} | {} | {} | {:.1f} |\n", o.calib, o.summary, fmt::join(o.top, "; "),
-                     rmax);
-  }
-  s += fmt::format("\nTotal time {:.1f} s.\n", seconds);
-  return s;
-}
+  EvalState st{layout, win, {cfg.vocab_size, cfg.padded_vocab(), ctx, {}, {}, {}}, {}, 2};
+  int n_short = 0;
+  for (const auto& w : win.info) st.short_slot.push_back(w.short_ ? n_short++ : -1);
+  st.short_ref.p.resize(static_cast<std::size_t>(n_short) * ctx * cfg.padded_vocab());
+  st.short_ref.neg_entropy.resize(static_cast<std::size_t>(n_short) * ctx);
+  st.short_ref.argmax.resize(static_cast<std::size_t>(n_short) * ctx);
 
-std::string StudyResult::csv() const {
-  std::string s =
-      "method,calibration,seed,ppl_windows,ppl_second_half,kl_mean,top1_agreement,"
-      "seconds,ppl_ratio_lo,ppl_ratio_hi,kl_lo,kl_hi,top1_lo,top1_hi\n";
-  s +=
-      fmt::format("fp32,-,-,{:.6f},{:.6f},0,1,0,1,1,0,0,1,1\n", fp_ppl_windows, fp_ppl_second_half);
-  for (const auto& r : rows)
-    s += fmt::format(
-        "{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.2f},{:.6f},{:.6f},{:.6g},{:.6g},"
-        "{:.6f},{:.6f}\n",
-        r.method, r.calib, r.seed, r.ppl_windows, r.ppl_second_half, r.kl_mean, r.top1, r.seconds,
-        r.ppl_ratio_ci.lo, r.ppl_ratio_ci.hi, r.kl_ci.lo, r.kl_ci.hi, r.top1_ci.lo, r.top1_ci.hi);
-  return s;
+  const auto jobs = list_jobs(opt);
+  std::vector<QuantizedModel> long_models;
+  std::vector<StudyRow*> long_rows;
+  res.rows.reserve(jobs.size());
+  for (const auto& j : jobs) {
+    if (!j.long_row) continue;
+    const auto r0 = clock::now();
+    std::fprintf(stderr, "study: quantizing %s (%s) for the long windows\n", j.spec.label.c_str(),
+                 j.calib.c_str());
+    long_models.push_back(quantize_job(layout, params, j, opt, seqlen));
+    res.rows.push_back(row_of(j, win.n()));
+    res.rows.back().quantize_seconds = since(r0);
+    long_rows.push_back(&res.rows.back());
+  }
+  const auto p0 = clock::now();
+  reference_pass(st, params, long_models, long_rows, res);
+  for (auto* r : long_rows)
+    r->seconds = r->quantize_seconds + since(p0) / static_cast<double>(1 + long_rows.size());
+  long_models.clear();
+
+  const std::size_t n_grid = jobs.size() - long_rows.size();
+  std::size_t done = 0;
+  const auto g0 = clock::now();
+  for (const auto& j : jobs) {
+    if (j.long_row) continue;
+    const auto r0 = clock::now();
+    auto qm = quantize_job(layout, params, j, opt, seqlen);
+    StudyRow row = row_of(j, win.n());
+    row.quantize_seconds = since(r0);
+    score_short(st, qm, row);
+    row.seconds = since(r0);
+    res.rows.push_back(std::move(row));
+    ++done;
+    const double eta = since(g0) / static_cast<double>(done) * static_cast<double>(n_grid - done);
+    report_row(res, res.rows.back(), done, n_grid, eta);
+  }
+  // the tables list the methods and sets in the order given, the long rows among the others
+  std::stable_sort(res.rows.begin(), res.rows.end(), [&](const StudyRow& a, const StudyRow& b) {
+    return order_of(opt, a) < order_of(opt, b);
+  });
+  res.seconds = since(t0);
+  return res;
 }
 
 }  // namespace tessera::quant

@@ -34,8 +34,8 @@ std::vector<std::string> methods_of(const StudyResult& r) {
 }
 
 struct Measure {
-  double (*value)(const StudyRow&, const StudyResult&);
-  eval::Interval (*interval)(const StudyRow&, const StudyResult&);
+  double (*value)(const Measures&, const Measures& fp);
+  eval::Interval (*interval)(const Measures&);
 };
 
 // A chart of one measure: a point per row at its calibration set, each method offset a little
@@ -44,6 +44,7 @@ plot::Chart method_chart(const StudyResult& r, const std::string& title, const s
                          const Measure& m) {
   const auto cats = calib_categories(r);
   const auto methods = methods_of(r);
+  const auto fp = r.measures(r.fp, false);
   plot::Chart chart{title, "calibration set", y_label, false, true, {}, cats};
   for (auto& c : chart.x_categories)
     if (c == "-") c = "(none)";
@@ -57,9 +58,10 @@ plot::Chart method_chart(const StudyResult& r, const std::string& title, const s
       const auto at = std::find(cats.begin(), cats.end(), row.calib) - cats.begin();
       const double x = static_cast<double>(at) - 0.35 + width * (static_cast<double>(k) + 0.5) +
                        0.03 * static_cast<double>(row.seed);
+      const auto ms = r.measures(row.scores, false);
       pts.x.push_back(x);
-      pts.y.push_back(m.value(row, r));
-      const auto ci = m.interval(row, r);
+      pts.y.push_back(m.value(ms, fp));
+      const auto ci = m.interval(ms);
       bars.x.insert(bars.x.end(), {x, x, x});
       bars.y.insert(bars.y.end(), {ci.lo, ci.hi, std::nan("")});
     }
@@ -69,20 +71,18 @@ plot::Chart method_chart(const StudyResult& r, const std::string& title, const s
   return chart;
 }
 
-plot::Chart outlier_profile(const StudyResult& r) {
-  plot::Chart chart{"Largest |activation| of each block's output (seed 0 of each set)",
-                    "layer",
-                    "max |x|",
-                    false,
-                    true,
-                    {},
-                    {}};
+// A per-layer profile of every calibration set (seed 0 of each).
+template <class V>
+plot::Chart outlier_profile(const StudyResult& r, const std::string& title, const std::string& y,
+                            V SetOutliers::*values) {
+  plot::Chart chart{title, "layer", y, false, true, {}, {}};
   for (std::size_t k = 0; k < r.outliers_by_set.size(); ++k) {
     const auto& set = r.outliers_by_set[k];
     plot::Series s{set.calib, {}, {}, plot::Style::Line, k_palette[k % std::size(k_palette)]};
-    for (std::size_t l = 0; l < set.residual_max.size(); ++l) {
+    const auto& v = set.*values;
+    for (std::size_t l = 0; l < v.size(); ++l) {
       s.x.push_back(static_cast<double>(l));
-      s.y.push_back(set.residual_max[l]);
+      s.y.push_back(static_cast<double>(v[l]));
     }
     chart.series.push_back(std::move(s));
   }
@@ -94,19 +94,25 @@ plot::Chart outlier_profile(const StudyResult& r) {
 std::vector<plot::Chart> study_charts(const StudyResult& r) {
   std::vector<plot::Chart> charts;
   if (!r.rows.empty()) {
-    charts.push_back(method_chart(
-        r, "KL divergence to the unquantized model (95% intervals)", "mean KL (nats/token)",
-        {[](const StudyRow& row, const StudyResult&) { return row.kl_mean; },
-         [](const StudyRow& row, const StudyResult&) { return row.kl_ci; }}));
-    charts.push_back(method_chart(
-        r, fmt::format("Perplexity / unquantized ({:.2f}); paired 95% intervals", r.fp_ppl_windows),
-        "perplexity ratio",
-        {[](const StudyRow& row, const StudyResult& s) {
-           return row.ppl_windows / s.fp_ppl_windows;
-         },
-         [](const StudyRow& row, const StudyResult&) { return row.ppl_ratio_ci; }}));
+    charts.push_back(method_chart(r, "KL divergence to the unquantized model (95% intervals)",
+                                  "mean KL (nats/token)",
+                                  {[](const Measures& m, const Measures&) { return m.kl; },
+                                   [](const Measures& m) { return m.kl_ci; }}));
+    charts.push_back(
+        method_chart(r,
+                     fmt::format("Perplexity A / unquantized ({:.2f}); paired 95% intervals",
+                                 r.measures(r.fp, false).ppl_a),
+                     "perplexity ratio",
+                     {[](const Measures& m, const Measures& fp) { return m.ppl_a / fp.ppl_a; },
+                      [](const Measures& m) { return m.ratio_a_ci; }}));
   }
-  if (!r.outliers_by_set.empty()) charts.push_back(outlier_profile(r));
+  if (!r.outliers_by_set.empty()) {
+    charts.push_back(outlier_profile(r,
+                                     "Largest |x| of a linear input per layer (seed 0 of each set)",
+                                     "max |x|", &SetOutliers::input_max));
+    charts.push_back(outlier_profile(r, "Largest |x| of each block's output (seed 0 of each set)",
+                                     "max |x|", &SetOutliers::residual_max));
+  }
   return charts;
 }
 
