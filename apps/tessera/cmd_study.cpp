@@ -94,12 +94,12 @@ quant::StudyOptions study_options(const StudyArgs& a) {
   so.first_calib_only = list(a.first_only);
   so.long_methods = list(a.long_methods);
   if (a.long_windows == 0) so.long_methods.clear();
+  so.long_windows = so.long_methods.empty() ? 0 : a.long_windows;  // nothing to score long
   so.seeds = a.seeds;
   if (a.nsamples < 1) throw Error("--nsamples must be >= 1", "the calibration set is empty");
   so.nsamples = a.nsamples;
   so.seqlen = a.seqlen;
   so.windows = a.windows;
-  so.long_windows = a.long_windows;
   if (a.ctx < 0) throw Error(fmt::format("--ctx must be >= 0, got {}", a.ctx));
   so.ctx = a.ctx;
   so.texts.clear();

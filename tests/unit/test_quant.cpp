@@ -1156,9 +1156,11 @@ TEST(QuantPacked, RefusesModelsItCannotPack) {
 // the same Hessians (summed in another order) and the same inputs. fp32 sums of 2048 rows in
 // another order differ in the last bits, which can flip a rounding decision of a weight sitting
 // on the midpoint between two levels, and the compensation of later columns then follows: the
-// bound is on the model's outputs, not on the codes. Measured KL between the two models 3.7e-8
-// on this model, against 8.8e-6 for each from fp32 (0.4%); the bound is 5% of the
-// quantization's own KL.
+// bound is on the model's outputs, not on the codes. Measured KL between the two models: 3.7e-8
+// against 8.8e-6 for each from fp32 (0.4%) with 2 threads, 3.5e-7 against 1.4e-5 (2.5%) with
+// one (the trained model itself differs). Two quantizations of the same weights that differ by
+// such flips stay far closer to each other than to fp32; the bound, a quarter of the
+// quantization's own KL, leaves 10x over the largest measurement.
 TEST(QuantGptq, OnePassEqualsTheMicroBatchedPasses) {
   NEED_LLAMA();
   auto calib = byte_calibration(*tm, 32, 64, 0);
@@ -1177,7 +1179,7 @@ TEST(QuantGptq, OnePassEqualsTheMicroBatchedPasses) {
   const double kl_12 = eval::kl_divergence(f2, f1, tm->val, 64, 256, Vp, 16).mean;
   std::printf("gptq one pass vs micro-batched: KL %.2e (each from fp32: %.2e)\n", kl_12, kl_fp);
   EXPECT_GT(kl_fp, 0.0);
-  EXPECT_LT(kl_12, 0.05 * kl_fp);
+  EXPECT_LT(kl_12, 0.25 * kl_fp);
 }
 
 // AWQ's clipping search computes every candidate's error d^T S d as one GEMM per group in fp32;

@@ -370,7 +370,7 @@ void report_row(const StudyResult& res, const StudyRow& row, std::size_t k, std:
   const auto m = res.measures(row.scores, false);
   std::fprintf(
       stderr,
-      "study [%zu/%zu] %s, calibration %s, seed %llu: KL %.4f, ppl A x%.4f (quantize %.0f "
+      "study [%zu/%zu] %s, calibration %s, seed %llu: KL %.3g, ppl A x%.4f (quantize %.0f "
       "s, total %.0f s)%s\n",
       k, n, row.method.c_str(), row.calib.c_str(), static_cast<unsigned long long>(row.seed), m.kl,
       res.measures(res.fp, false).ppl_a > 0 ? m.ppl_a / res.measures(res.fp, false).ppl_a : 0.0,

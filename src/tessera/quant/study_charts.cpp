@@ -48,6 +48,8 @@ plot::Chart method_chart(const StudyResult& r, const std::string& title, const s
   plot::Chart chart{title, "calibration set", y_label, false, true, {}, cats};
   for (auto& c : chart.x_categories)
     if (c == "-") c = "(none)";
+  // two empty places on the right, where the legend goes
+  chart.x_categories.insert(chart.x_categories.end(), {"", ""});
   const double width = 0.7 / static_cast<double>(methods.size());
   for (std::size_t k = 0; k < methods.size(); ++k) {
     const std::string color = k_palette[k % std::size(k_palette)];
@@ -85,6 +87,17 @@ plot::Chart outlier_profile(const StudyResult& r, const std::string& title, cons
       s.y.push_back(static_cast<double>(v[l]));
     }
     chart.series.push_back(std::move(s));
+  }
+  // room on the right for the legend: the axis runs on past the last layer (a one-point line
+  // draws nothing)
+  if (!r.outliers_by_set.empty()) {
+    const auto& v = r.outliers_by_set[0].*values;
+    if (!v.empty())
+      chart.series.push_back({"",
+                              {static_cast<double>(v.size()) * 1.35},
+                              {static_cast<double>(v[0])},
+                              plot::Style::Line,
+                              k_palette[0]});
   }
   return chart;
 }

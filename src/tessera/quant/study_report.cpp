@@ -125,10 +125,10 @@ std::string long_section(const StudyResult& r) {
     if (!row.long_row) continue;
     for (int t = -1; t < static_cast<int>(r.texts.size()); ++t) {
       const auto m = r.measures(row.scores, true, t), f = r.measures(r.fp, true, t);
-      s += fmt::format("| {} | {} | {} | {} | {:.4f} {} | {:.4f} {} | {:.4f} {} | {:.4f} {} |\n",
+      s += fmt::format("| {} | {} | {} | {} | {:.4f} {} | {:.4f} {} | {:.3g} {} | {:.4f} {} |\n",
                        row.method, row.calib, t < 0 ? "**all**" : r.texts[t].name, m.scored_a,
                        m.ppl_a / f.ppl_a, ci(m.ratio_a_ci, "{:.4f}"), m.ppl_b / f.ppl_b,
-                       ci(m.ratio_b_ci, "{:.4f}"), m.kl, ci(m.kl_ci, "{:.4f}"), m.top1,
+                       ci(m.ratio_b_ci, "{:.4f}"), m.kl, ci(m.kl_ci, "{:.3g}"), m.top1,
                        ci(m.top1_ci, "{:.4f}"));
     }
   }
@@ -176,10 +176,10 @@ std::string runs_section(const StudyResult& r) {
   for (const auto& row : r.rows) {
     const auto m = r.measures(row.scores, false);
     s += fmt::format(
-        "| {} | {} | {} | {:.3f} | {:.4f} {} | {:.4f} {} | {:.5f} {} | {:.4f} {} | "
+        "| {} | {} | {} | {:.3f} | {:.4f} {} | {:.4f} {} | {:.3g} {} | {:.4f} {} | "
         "{:.0f} | {:.0f} |\n",
         row.method, row.calib, row.seed, m.ppl_a, m.ppl_a / fp.ppl_a, ci(m.ratio_a_ci, "{:.4f}"),
-        m.ppl_b / fp.ppl_b, ci(m.ratio_b_ci, "{:.4f}"), m.kl, ci(m.kl_ci, "{:.5f}"), m.top1,
+        m.ppl_b / fp.ppl_b, ci(m.ratio_b_ci, "{:.4f}"), m.kl, ci(m.kl_ci, "{:.3g}"), m.top1,
         ci(m.top1_ci, "{:.4f}"), row.quantize_seconds, row.seconds);
   }
   return s + "\n";
@@ -227,7 +227,7 @@ std::string StudyResult::markdown() const {
   s += "## Method x calibration set (short windows)\n\n";
   s += grid_table(
       *this, "KL divergence to fp32 (mean +- sd over seeds)",
-      [](const Measures& m, const Measures&) { return m.kl; }, "{:.4f}");
+      [](const Measures& m, const Measures&) { return m.kl; }, "{:.3g}");
   s += grid_table(
       *this, "Perplexity A / fp32 (mean +- sd over seeds)",
       [](const Measures& m, const Measures& f) { return m.ppl_a / f.ppl_a; }, "{:.4f}");
