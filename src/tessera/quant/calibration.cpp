@@ -28,13 +28,13 @@ std::string CalibSet::describe() const {
   return fmt::format("{} (seed {}, {} x {} tokens)", name, seed, n(), seqlen);
 }
 
-namespace {
-
 std::vector<std::int32_t> tokenize_text(const std::string& body, const fs::path& tokenizer) {
   auto tok = io::load_tokenizer(tokenizer);
   auto ids = tok.encode(body, false);
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
+
+namespace {
 
 std::vector<std::int32_t> read_text_tokens(const fs::path& text, const fs::path& tokenizer,
                                            const std::string& what) {

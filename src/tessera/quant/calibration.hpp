@@ -42,6 +42,9 @@ struct CalibSet {
 CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
                           int vocab_size, const CalibSources& src = {});
 const std::vector<std::string>& calibration_names();
+// A text's token ids by the tokenizer at `tokenizer` (no BOS added).
+std::vector<std::int32_t> tokenize_text(const std::string& body,
+                                        const std::filesystem::path& tokenizer);
 
 // ---- statistics ----
 struct ChannelStats {

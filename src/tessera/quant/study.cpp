@@ -138,19 +138,14 @@ std::vector<std::int32_t> text_tokens(const EvalText& t, const std::filesystem::
   if (input_kind(t.path, "evaluation text") == InputKind::Missing)
     throw Error(fmt::format("evaluation text '{}' not found: {}", t.name, t.path.string()),
                 "run scripts/setup (it extracts the default texts) or pass --text NAME=PATH");
-  const auto tok = io::load_tokenizer(tokenizer);
-  const auto ids = tok.encode(read_file(t.path, "evaluation text"), false);
-  std::vector<std::int32_t> out;
-  out.reserve(ids.size());
-  for (auto id : ids) {
-    if (id >= static_cast<std::uint32_t>(V))
+  auto ids = tokenize_text(read_file(t.path, "evaluation text"), tokenizer);
+  for (const auto id : ids)
+    if (id >= V)
       throw Error(fmt::format("the tokenizer {} gives token id {}, outside the model's "
                               "vocabulary of {}",
                               tokenizer.string(), id, V),
                   "pass the model's own tokenizer (--tokenizer)");
-    out.push_back(static_cast<std::int32_t>(id));
-  }
-  return out;
+  return ids;
 }
 
 // "token 'x' at position P, channel D: value (R x median)" of a block output's activation.
@@ -367,15 +362,14 @@ void score_short(const EvalState& st, const QuantizedModel& qm, StudyRow& row) {
 
 void report_row(const StudyResult& res, const StudyRow& row, std::size_t k, std::size_t n,
                 double eta_s) {
-  const auto m = res.measures(row.scores, false);
-  std::fprintf(
-      stderr,
-      "study [%zu/%zu] %s, calibration %s, seed %llu: KL %.3g, ppl A x%.4f (quantize %.0f "
-      "s, total %.0f s)%s\n",
-      k, n, row.method.c_str(), row.calib.c_str(), static_cast<unsigned long long>(row.seed), m.kl,
-      res.measures(res.fp, false).ppl_a > 0 ? m.ppl_a / res.measures(res.fp, false).ppl_a : 0.0,
-      row.quantize_seconds, row.seconds,
-      eta_s > 0 ? fmt::format("; about {:.0f} min left", eta_s / 60).c_str() : "");
+  const auto m = res.measures(row.scores, false), fp = res.measures(res.fp, false);
+  std::fprintf(stderr,
+               "study [%zu/%zu] %s, calibration %s, seed %llu: KL %.3g, ppl A x%.4f (quantize %.0f "
+               "s, total %.0f s)%s\n",
+               k, n, row.method.c_str(), row.calib.c_str(),
+               static_cast<unsigned long long>(row.seed), m.kl,
+               fp.ppl_a > 0 ? m.ppl_a / fp.ppl_a : 0.0, row.quantize_seconds, row.seconds,
+               eta_s > 0 ? fmt::format("; about {:.0f} min left", eta_s / 60).c_str() : "");
 }
 
 void check_options(const model::ModelConfig& cfg, const StudyOptions& opt, int ctx) {
