@@ -133,10 +133,9 @@ int main(int argc, char** argv) {
     x[i] = static_cast<std::int32_t>(rng.next_u32() % 50257),
     y[i] = static_cast<std::int32_t>(rng.next_u32() % 50257);
   const double step_flops = 3.0 * model::forward_flops_per_token(cfg, T) * B * T;
-  std::printf("GPT-2 shape L=%d H=12 C=768 V=50257, B=%d T=%d, %d threads, bf16 %s\n", a.layers, B,
-              T, omp_get_max_threads(),
-              kernels::cpu_has_native_bf16() ? "native (AVX-512 BF16 / AMX)"
-                                             : "emulated (no native bf16 on this CPU)");
+  std::printf("GPT-2 shape L=%d H=12 C=768 V=50257, B=%d T=%d, %d threads, bf16 GEMMs: %s\n",
+              a.layers, B, T, omp_get_max_threads(),
+              std::string(kernels::bf16_gemm_unit()).c_str());
   for (int s = 0; s < a.steps + 1; ++s) {
     if (s == 1) f32.prof.reset(), b16.prof.reset();  // step 0 warms up both
     const double t32 = step(layout, f32, x, y, B, T, s);

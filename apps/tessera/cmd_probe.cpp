@@ -50,8 +50,7 @@ void add_probe_command(CLI::App& root) {
     for (const auto& g : r.gemm_bf16)
       std::printf("  bf16 %ldx%ldx%ld: %.1f GFLOP/s\n", g.M, g.N, g.K, g.gflops);
     std::printf("  bf16 peak %.1f GFLOP/s (%s)\n", r.spec.peak_tflops_bf16 * 1e3,
-                kernels::cpu_has_native_bf16() ? "native bf16 dot products"
-                                               : "emulated: this CPU has no bf16 dot products");
+                std::string(kernels::bf16_gemm_unit()).c_str());
     std::printf("memory bandwidth (triad): %.1f GB/s per rank\n", r.memory_bw_gbps);
     if (!r.collectives.empty()) {
       std::printf("collectives over %d ranks:\n  %-15s %12s %10s %10s\n", rt->world_size(), "op",

@@ -184,6 +184,13 @@ bool cpu_has_native_bf16() {
   return cpu_has_avx512_bf16() && (isa & bf16) == bf16;
 }
 
+std::string_view bf16_gemm_unit() {
+  if (!cpu_has_native_bf16()) return "emulated (fp32 GEMM on widened operands)";
+  const auto amx = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+  return (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & amx) == amx ? "AMX tiles"
+                                                                            : "AVX-512 BF16";
+}
+
 double measure_gemm_bf16_gflops(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
                                 int min_reps, double min_seconds) {
   Buffer<std::uint16_t> a(static_cast<std::size_t>(M * K)), b(static_cast<std::size_t>(K * N));

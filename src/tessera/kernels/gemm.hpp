@@ -41,6 +41,9 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
 // ONEDNN_MAX_CPU_ISA cap below them counts as no).
 bool cpu_has_native_bf16();
 
+// Which unit computes gemm_bf16 here: "AMX tiles", "AVX-512 BF16" or the emulation (said so).
+std::string_view bf16_gemm_unit();
+
 // measure_gemm_gflops for gemm_bf16 (the weights B stored (N,K) if trans_b).
 double measure_gemm_bf16_gflops(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
                                 int min_reps, double min_seconds);
