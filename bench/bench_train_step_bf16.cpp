@@ -3,7 +3,11 @@
 // machine conditions), and the bf16 GEMM rate measured in the same run, so the bf16 step's
 // fraction of it can be read.
 //
-//   bench_train_step_bf16 [--B 4] [--T 256] [--steps 3] [--layers 12] [--json FILE]
+//   bench_train_step_bf16 [--B 4] [--T 256] [--steps 3] [--layers 12] [--json FILE] [--shapes 1]
+//
+// --shapes 1 adds the rate of each of the step's GEMM shapes (forward, input gradient, weight
+// gradient of every linear and of the head) in both precisions, and the GEMM time of a step they
+// add up to, so a GEMM family slower than its parts' rates shows the rounding and bias passes.
 //
 // A step: zeroed gradients, forward, backward, global norm, AdamW with clipping and, in bf16, the
 // refresh of the weights' bf16 copy from the fp32 masters (as the trainer does).
@@ -29,7 +33,7 @@ using namespace tessera;
 namespace {
 
 struct Args {
-  int B = 4, T = 256, steps = 3, layers = 12;
+  int B = 4, T = 256, steps = 3, layers = 12, shapes = 0;
   std::string json;
 };
 
@@ -37,21 +41,26 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
-    if (i + 1 >= argc ||
-        (s != "--B" && s != "--T" && s != "--steps" && s != "--layers" && s != "--json")) {
+    if (i + 1 >= argc || (s != "--B" && s != "--T" && s != "--steps" && s != "--layers" &&
+                          s != "--json" && s != "--shapes")) {
       std::fprintf(stderr,
                    "usage: bench_train_step_bf16 [--B 4] [--T 256] [--steps 3] "
-                   "[--layers 12] [--json FILE]\n");
+                   "[--layers 12] [--json FILE] [--shapes 1]\n");
       std::exit(2);
     }
     const std::string v = argv[++i];
     if (s == "--json")
       a.json = v;
     else
-      (s == "--B"       ? a.B
-       : s == "--T"     ? a.T
-       : s == "--steps" ? a.steps
-                        : a.layers) = std::atoi(v.c_str());
+      (s == "--B"        ? a.B
+       : s == "--T"      ? a.T
+       : s == "--steps"  ? a.steps
+       : s == "--layers" ? a.layers
+                         : a.shapes) = std::atoi(v.c_str());
+  }
+  if (a.steps < 1 || a.B < 1 || a.T < 1 || a.layers < 1) {
+    std::fprintf(stderr, "bench_train_step_bf16: --steps, --B, --T and --layers must be >= 1\n");
+    std::exit(2);
   }
   return a;
 }
@@ -112,6 +121,76 @@ void print_profile(const char* name, const Run& r) {
   std::printf("\n");
 }
 
+// Median seconds of op() over at least 3 runs and 0.2 s, after one warm-up run.
+template <class Op>
+double time_op(Op&& op) {
+  op();
+  std::vector<double> t;
+  Timer total;
+  do {
+    Timer one;
+    op();
+    t.push_back(one.seconds());
+  } while (t.size() < 3 || total.seconds() < 0.2);
+  return median(t);
+}
+
+// The step's GEMMs, shape by shape: y = x w^T (forward), dx = g w (input gradient) and
+// dw += g^T x (weight gradient) of each linear (IC -> OC) over N rows, as the model calls them.
+void print_shapes(const model::ModelConfig& cfg, std::int64_t N) {
+  struct Linear {
+    const char* name;
+    std::int64_t ic, oc;
+    int per_step;
+  };
+  const std::int64_t C = cfg.n_embd, L = cfg.n_layer;
+  const Linear lins[] = {{"qkv", C, 3 * C, static_cast<int>(L)},
+                         {"attn proj", C, C, static_cast<int>(L)},
+                         {"mlp fc", C, 4 * C, static_cast<int>(L)},
+                         {"mlp proj", 4 * C, C, static_cast<int>(L)},
+                         {"head", C, cfg.padded_vocab(), 1}};
+  std::printf("\nthe step's GEMMs, GFLOP/s (bf16 / fp32), N = %ld rows:\n", static_cast<long>(N));
+  std::printf("  %-10s %6s %6s %15s %15s %15s\n", "linear", "IC", "OC", "forward", "input grad",
+              "weight grad");
+  double step16 = 0, step32 = 0;
+  for (const Linear& l : lins) {
+    Buffer<std::uint16_t> x16(N * l.ic), w16(l.oc * l.ic), g16(N * l.oc);
+    Buffer<float> x(N * l.ic), w(l.oc * l.ic), g(N * l.oc), y(N * std::max(l.ic, l.oc));
+    Buffer<float> dw(l.oc * l.ic);
+    for (auto* b : {&x, &w, &g}) b->zero();
+    for (auto* b : {&x16, &w16, &g16})
+      std::fill(b->data(), b->data() + b->size(), std::uint16_t{0x3f80});
+    dw.zero();
+    const double flops = 2.0 * N * l.ic * l.oc;
+    std::printf("  %-10s %6ld %6ld", l.name, static_cast<long>(l.ic), static_cast<long>(l.oc));
+    for (int k = 0; k < 3; ++k) {
+      const bool ta = k == 2, tb = k == 0;
+      const std::int64_t m = k == 2 ? l.oc : N, n = k == 0 ? l.oc : l.ic,
+                         kk = k == 1   ? l.oc
+                              : k == 0 ? l.ic
+                                       : N;
+      const std::uint16_t* a16 = k == 0 ? x16.data() : g16.data();
+      const std::uint16_t* b16 = k == 2 ? x16.data() : w16.data();
+      const float* a32 = k == 0 ? x.data() : g.data();
+      const float* b32 = k == 2 ? x.data() : w.data();
+      float* out = k == 2 ? dw.data() : y.data();
+      const std::int64_t lda = ta ? m : kk, ldb = tb ? kk : n;
+      const float beta = k == 2 ? 1.0f : 0.0f;
+      const double t16 = time_op(
+          [&] { kernels::gemm_bf16(ta, tb, m, n, kk, 1.0f, a16, lda, b16, ldb, beta, out, n); });
+      const double t32 = time_op([&] {
+        kernels::gemm(kernels::GemmLibrary::OneDnn, ta, tb, m, n, kk, 1.0f, a32, lda, b32, ldb,
+                      beta, out, n);
+      });
+      step16 += t16 * l.per_step, step32 += t32 * l.per_step;
+      std::printf(" %7.0f / %5.0f", flops / t16 / 1e9, flops / t32 / 1e9);
+    }
+    std::printf("\n");
+  }
+  std::printf("  the step's GEMMs at these rates: bf16 %.0f ms, fp32 %.0f ms\n", step16 * 1e3,
+              step32 * 1e3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,6 +245,7 @@ int main(int argc, char** argv) {
               step_flops / m16 / bf16_gemm, step_flops / m32 / fp32_gemm);
   print_profile("fp32", f32);
   print_profile("bf16", b16);
+  if (a.shapes) print_shapes(cfg, M);
   if (!a.json.empty()) {
     std::ofstream j(a.json);
     j << "{\"B\":" << B << ",\"T\":" << T << ",\"layers\":" << a.layers
