@@ -215,7 +215,7 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   const int nchunks = (w.rows + kChunk - 1) / kChunk;
 #pragma omp parallel
   {
-    std::vector<float> s(w.ngroups);
+    std::vector<float> s(4 * static_cast<std::size_t>(w.ngroups));  // four rows' scales
 #pragma omp for schedule(static)
     for (int t = 0; t < nchunks; ++t) {
       const int r0 = t * kChunk, r1 = std::min(w.rows, r0 + kChunk);
