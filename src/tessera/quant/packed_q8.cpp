@@ -30,8 +30,9 @@ namespace tessera::quant {
 namespace {
 
 // The input of one product: xq (colsp) int8 codes in column order, d (colsp / 32) block scales,
-// xs (ngroups) group sums of the quantized input; for the 4-bit SIMD path also xpair, xq in pair
-// order (see pair_order), and dd, d as 8 lanes per pair of blocks (d[b] x 4, d[b + 1] x 4).
+// xs (ngroups, zero-padded to a multiple of 8) group sums of the quantized input; for the 4-bit
+// SIMD path also xpair, xq in pair order (see pair_order), and dd, d as 8 lanes per pair of
+// blocks (d[b] x 4, d[b + 1] x 4).
 struct Q8Input {
   std::vector<std::int8_t> xq, xpair;
   std::vector<float> d, xs, dd;
@@ -65,8 +66,11 @@ std::vector<float> block_absmax(const float* xp, int nb, ActScale scale) {
 
 Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActScale scale) {
   const int cp = w.colsp, nb = cp / 32;
-  Q8Input in{
-      std::vector<std::int8_t>(cp), {}, std::vector<float>(nb), std::vector<float>(w.ngroups), {}};
+  Q8Input in{std::vector<std::int8_t>(cp),
+             {},
+             std::vector<float>(nb),
+             std::vector<float>((static_cast<std::size_t>(w.ngroups) + 7) / 8 * 8),
+             {}};
   std::vector<float> xp(cp, 0.0f);
   for (int j = 0; j < w.cols; ++j) {
     const float v = x[w.perm.empty() ? j : w.perm[j]];
@@ -215,7 +219,7 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   const int nchunks = (w.rows + kChunk - 1) / kChunk;
 #pragma omp parallel
   {
-    std::vector<float> s(4 * static_cast<std::size_t>(w.ngroups));  // four rows' scales
+    std::vector<float> s(4 * static_cast<std::size_t>(w.ngroups) + 8);  // four rows' scales
 #pragma omp for schedule(static)
     for (int t = 0; t < nchunks; ++t) {
       const int r0 = t * kChunk, r1 = std::min(w.rows, r0 + kChunk);
