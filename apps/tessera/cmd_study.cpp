@@ -1,6 +1,6 @@
 // tessera study calibration --model M [--quick | --full] [--methods ...] [--calib ...]
 //                           [--seeds N] [--text NAME=PATH ...] [--windows N] [--long-windows N]
-//                           [--long METHODS] [--plant L:C:F] [--out DIR]
+//                           [--long METHODS] [--plant L:C:F] [--kernels fp32|packed] [--out DIR]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,6 +36,7 @@ struct StudyArgs {
   int ctx = 0;
   double alpha = 0.5;
   bool quick = false, full = false, verbose = false;
+  std::string kernels = "fp32";
 };
 
 const char* k_default_methods =
@@ -116,6 +117,7 @@ quant::StudyOptions study_options(const StudyArgs& a) {
   if (const auto bos = io::load_tokenizer(so.sources.tokenizer).bos_id())
     so.bos = static_cast<std::int32_t>(*bos);
   so.verbose = a.verbose;
+  so.packed_kernels = a.kernels == "packed";
   return so;
 }
 
@@ -204,6 +206,12 @@ void add_calibration_options(CLI::App& cmd, StudyArgs& a) {
   cmd.add_option("--plant", a.plant,
                  "LAYER:CHANNEL:FACTOR: first plant an outlier channel (function-preserving)");
   cmd.add_option("--out,-o", a.out, "folder for study.md, study.csv, study.svg and outliers.json")
+      ->capture_default_str();
+  cmd.add_option("--kernels", a.kernels,
+                 "fp32: score the quantized models as their dequantized weights (fast); packed: "
+                 "through the packed kernels (what sample and eval run), except per-tensor and "
+                 "LLM.int8() activation quantization")
+      ->check(CLI::IsMember({"fp32", "packed"}))
       ->capture_default_str();
   cmd.add_flag("--verbose,-v", a.verbose, "more detail");
 }

@@ -108,10 +108,11 @@ TEST(GgufExport, QuantizedLinearsCarryOverOntoTheGgufGrid) {
               << "layer " << l << " linear " << k << " element " << e;
         }
       }
-    for (const auto& t : layout.tensors())  // the norms and biases as they were
-      if (t.shape.size() == 1)
-        for (std::size_t e = 0; e < t.numel; ++e)
-          ASSERT_EQ(back.params[t.offset + e], any.model.params[t.offset + e]) << t.name;
+    for (const auto& t : layout.tensors()) {  // the norms and biases as they were
+      if (t.shape.size() != 1) continue;
+      for (std::size_t e = 0; e < t.numel; ++e)
+        ASSERT_EQ(back.params[t.offset + e], any.model.params[t.offset + e]) << t.name;
+    }
   }
   fs::remove_all(dir);
 }

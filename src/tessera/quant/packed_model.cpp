@@ -133,18 +133,28 @@ std::int64_t PackedModel::release_packed_weights(const model::ParamLayout& layou
   return released;
 }
 
+bool packable(const ActQuant& act) {
+  return act.mode == ActMode::None || act.mode == ActMode::PerToken;
+}
+
+namespace {
+// A model with activation quantization the packed kernels cannot reproduce (see packable).
+Error not_packable(const std::string& description, const ActQuant& act) {
+  return Error(fmt::format("{} quantizes activations {}; the packed decoder quantizes them one "
+                           "token at a time",
+                           description,
+                           act.mode == ActMode::PerTensor ? "per tensor (one scale per call)"
+                                                          : "with outlier columns"),
+               "sample it with the simulated path (the dequantized fp32 weights)");
+}
+}  // namespace
+
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
   const auto& cfg = any.model.config;
   if (!any.quantized || any.linears.size() != static_cast<std::size_t>(cfg.n_layer) * k_num_lin)
     throw Error("the model is not a tessera quantized file",
                 "quantize it first: tessera quantize -m MODEL -o DIR --method rtn");
-  if (any.act.mode != ActMode::None && any.act.mode != ActMode::PerToken)
-    throw Error(fmt::format("{} quantizes activations {}; the packed decoder quantizes them one "
-                            "token at a time",
-                            any.description,
-                            any.act.mode == ActMode::PerTensor ? "per tensor (one scale per call)"
-                                                               : "with outlier columns"),
-                "sample it with the simulated path (the dequantized fp32 weights)");
+  if (!packable(any.act)) throw not_packable(any.description, any.act);
   PackedModel pm;
   pm.config = cfg;
   pm.isa = isa;
@@ -158,6 +168,29 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
     else if (v.offset == layout.head)
       pm.head = pack(v.q, scale_type);
   }
+  return pm;
+}
+
+PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type, Isa isa) {
+  const auto& cfg = qm.config;
+  const std::size_t n = static_cast<std::size_t>(cfg.n_layer) * k_num_lin;
+  if (qm.linears.size() != n)
+    throw Error(fmt::format("{} holds {} quantized linears where the model has {}", qm.method,
+                            qm.linears.size(), n));
+  if (!packable(qm.act)) throw not_packable(qm.method, qm.act);
+  PackedModel pm;
+  pm.config = cfg;
+  pm.isa = isa;
+  if (qm.act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
+  pm.linears.resize(n);
+  for (const auto& l : qm.linears)  // layer-major, in Lin order, whatever order qm holds them in
+    pm.linears[static_cast<std::size_t>(l.layer) * k_num_lin + static_cast<int>(l.kind)] =
+        pack(l.q, scale_type);
+  const model::ParamLayout layout(cfg);
+  for (const auto& v : qm.vocab)  // named as the layout's tensor without ".weight"
+    for (const auto& t : layout.tensors())
+      if (t.vocab_rows && t.name == v.name + ".weight")
+        (t.offset == layout.head ? pm.head : pm.embed) = pack(v.q, scale_type);
   return pm;
 }
 

@@ -64,5 +64,11 @@ struct PackedModel {
 // it) and for formats that pack() refuses.
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type = ScaleType::F16,
                        Isa isa = best_isa());
+// The same for a model quantized in memory (the studies), under the same refusals.
+PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type = ScaleType::F16,
+                       Isa isa = best_isa());
+// Whether the packed kernels reproduce this activation quantization: none, or per token (one
+// scale per token, which a token alone determines).
+bool packable(const ActQuant& act);
 
 }  // namespace tessera::quant

@@ -19,6 +19,7 @@
 #include "tessera/io/tokenizer_files.hpp"
 #include "tessera/quant/methods.hpp"
 #include "tessera/quant/outliers.hpp"
+#include "tessera/quant/packed_model.hpp"
 #include "tessera/quant/study_eval.hpp"
 
 namespace tessera::quant {
@@ -31,6 +32,21 @@ eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params, 
     run->logits(params, tokens, B, T, logits, h);
   };
 }
+
+namespace {
+// A quantized model's logits: its dequantized weights through the fp32 forward, or with `packed`
+// the packed kernels where they reproduce its activation quantization (the PackedModel lives as
+// long as the function).
+eval::LogitsFn model_logits(const model::ParamLayout& layout, const QuantizedModel& qm,
+                            bool packed) {
+  if (!packed || !packable(qm.act)) return logits_fn(layout, qm.params.data(), qm.act);
+  auto pm = std::make_shared<const PackedModel>(pack_model(qm));
+  auto fn = pm->logits_fn(layout, qm.params.data(), qm.act);
+  return [pm, fn](const std::int32_t* tokens, int B, int T, float* logits) {
+    fn(tokens, B, T, logits);
+  };
+}
+}  // namespace
 
 std::vector<std::int32_t> read_tokens(const std::filesystem::path& shard, std::size_t max_tokens,
                                       int vocab_size) {
@@ -294,6 +310,7 @@ struct EvalState {
   study_eval::Reference short_ref;  // the unquantized model on the short windows
   std::vector<int> short_slot;      // window -> its slot in short_ref (-1: not short)
   int batch = 2;
+  bool packed = false;  // the quantized models through the packed kernels
 };
 
 // The first pass: the unquantized model on every window (its scores into res.fp, its short
@@ -305,7 +322,7 @@ void reference_pass(EvalState& st, const float* params, std::vector<QuantizedMod
   const std::size_t per = static_cast<std::size_t>(ctx) * Vp;
   auto fp = logits_fn(st.layout, params, {});
   std::vector<eval::LogitsFn> fns;
-  for (const auto& qm : long_models) fns.push_back(logits_fn(st.layout, qm.params.data(), qm.act));
+  for (const auto& qm : long_models) fns.push_back(model_logits(st.layout, qm, st.packed));
   res.fp.resize(n);
   std::vector<float> logits(st.batch * per);
   Progress progress("study: reference pass", n, 0.0);
@@ -341,7 +358,7 @@ void score_short(const EvalState& st, const QuantizedModel& qm, StudyRow& row) {
   const auto& cfg = st.layout.config();
   const int ctx = st.win.ctx;
   const std::size_t per = static_cast<std::size_t>(ctx) * cfg.padded_vocab();
-  auto fn = logits_fn(st.layout, qm.params.data(), qm.act);
+  auto fn = model_logits(st.layout, qm, st.packed);
   std::vector<int> todo;
   for (int w = 0; w < st.win.n(); ++w)
     if (st.short_slot[w] >= 0) todo.push_back(w);
@@ -426,7 +443,9 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
     res.outliers_by_set.push_back(
         set_outliers(layout, params, cname, opt, seqlen, tok.get(), res.outliers));
   }
-  EvalState st{layout, win, {cfg.vocab_size, cfg.padded_vocab(), ctx, {}, {}, {}}, {}, 2};
+  EvalState st{layout, win, {cfg.vocab_size, cfg.padded_vocab(), ctx, {}, {}, {}},
+               {},     2,   opt.packed_kernels};
+  res.packed_kernels = opt.packed_kernels;
   int n_short = 0;
   for (const auto& w : win.info) st.short_slot.push_back(w.short_ ? n_short++ : -1);
   st.short_ref.p.resize(static_cast<std::size_t>(n_short) * ctx * cfg.padded_vocab());

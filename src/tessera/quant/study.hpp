@@ -79,6 +79,10 @@ struct StudyOptions {
   std::vector<std::string> long_methods;  // method labels whose first row is scored long
   int ctx = 0;                            // 0 = min(block_size, 512)
   std::int32_t bos = -1;                  // each window's first token; -1 = vocab_size - 1
+  // Score the quantized models through the packed kernels (packed_matmul over the packed codes,
+  // as tessera eval does) instead of their dequantized fp32 weights; models whose activation
+  // quantization the kernels cannot reproduce (per tensor, LLM.int8()) stay simulated.
+  bool packed_kernels = false;
   bool verbose = false;
 };
 
@@ -135,6 +139,7 @@ struct StudyResult {
   std::vector<SetOutliers> outliers_by_set;  // one per calibration set, in --calib order
   nlohmann::json outliers;                   // {calibration set: outliers report}
   double seconds = 0;
+  bool packed_kernels = false;  // as StudyOptions::packed_kernels
 
   // The measures of `scores` on the windows chosen by `use` (long = all windows the row has,
   // text = -1: every text); against the unquantized model for the ratios.

@@ -221,6 +221,14 @@ std::string StudyResult::markdown() const {
       "protocol). KL(fp32 || quantized) and top-1 agreement are over A's positions. Intervals are "
       "95% bootstrap intervals over the windows (1000 resamples); ratios to fp32 are paired.\n\n",
       ctx, ctx - 1, ctx - 1 - ctx / 2);
+  s += packed_kernels
+           ? "The quantized models ran through the packed kernels (their codes, not dequantized "
+             "weights), except those that quantize activations per tensor or keep outlier "
+             "columns, which the kernels cannot reproduce and which ran simulated.\n\n"
+           : "The quantized models ran as their dequantized weights through the fp32 forward "
+             "(the packed kernels compute the same up to summation order and the fp16 rounding of "
+             "the "
+             "scales: --kernels packed).\n\n";
   s += texts_section(*this) + "\n";
   if (std::any_of(rows.begin(), rows.end(), [](const StudyRow& x) { return x.long_row; }))
     s += long_section(*this);
