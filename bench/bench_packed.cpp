@@ -16,7 +16,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -24,6 +23,7 @@
 
 #include "bench_args.hpp"
 #include "bench_memory.hpp"
+#include "tessera/core/timer.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/quant/packed.hpp"
 
@@ -31,22 +31,10 @@ using namespace tessera;
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
 // Median seconds of f() over at least 5 runs and 0.3 s, after 2 warm-up runs.
 template <typename F>
 double time_median(F&& f) {
-  f();
-  f();
-  std::vector<double> t;
-  const auto start = clock_type::now();
-  while (t.size() < 5 || std::chrono::duration<double>(clock_type::now() - start).count() < 0.3) {
-    const auto t0 = clock_type::now();
-    f();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_seconds(f, 5, 0.3);
 }
 
 struct Shape {

@@ -121,20 +121,6 @@ void print_profile(const char* name, const Run& r) {
   std::printf("\n");
 }
 
-// Median seconds of op() over at least 3 runs and 0.2 s, after one warm-up run.
-template <class Op>
-double time_op(Op&& op) {
-  op();
-  std::vector<double> t;
-  Timer total;
-  do {
-    Timer one;
-    op();
-    t.push_back(one.seconds());
-  } while (t.size() < 3 || total.seconds() < 0.2);
-  return median(t);
-}
-
 // The step's GEMMs, shape by shape: y = x w^T (forward), dx = g w (input gradient) and
 // dw += g^T x (weight gradient) of each linear (IC -> OC) over N rows, as the model calls them.
 void print_shapes(const model::ModelConfig& cfg, std::int64_t N) {
@@ -176,12 +162,15 @@ void print_shapes(const model::ModelConfig& cfg, std::int64_t N) {
       float* out = k == 2 ? dw.data() : y.data();
       const std::int64_t lda = ta ? m : kk, ldb = tb ? kk : n;
       const float beta = k == 2 ? 1.0f : 0.0f;
-      const double t16 = time_op(
-          [&] { kernels::gemm_bf16(ta, tb, m, n, kk, 1.0f, a16, lda, b16, ldb, beta, out, n); });
-      const double t32 = time_op([&] {
-        kernels::gemm(kernels::GemmLibrary::OneDnn, ta, tb, m, n, kk, 1.0f, a32, lda, b32, ldb,
-                      beta, out, n);
-      });
+      const double t16 = median_seconds(
+          [&] { kernels::gemm_bf16(ta, tb, m, n, kk, 1.0f, a16, lda, b16, ldb, beta, out, n); }, 3,
+          0.2);
+      const double t32 = median_seconds(
+          [&] {
+            kernels::gemm(kernels::GemmLibrary::OneDnn, ta, tb, m, n, kk, 1.0f, a32, lda, b32, ldb,
+                          beta, out, n);
+          },
+          3, 0.2);
       step16 += t16 * l.per_step, step32 += t32 * l.per_step;
       std::printf(" %7.0f / %5.0f", flops / t16 / 1e9, flops / t32 / 1e9);
     }

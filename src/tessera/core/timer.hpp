@@ -1,6 +1,8 @@
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace tessera {
 
@@ -21,6 +23,23 @@ class Timer {
 // events).
 inline double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The median seconds of run(): two warm-up runs, then timed runs until there are at least
+// min_reps and min_seconds have passed (benchmarks and the GEMM rate probes).
+template <class Run>
+double median_seconds(Run&& run, int min_reps, double min_seconds) {
+  run();
+  run();
+  std::vector<double> t;
+  Timer total;
+  do {
+    Timer one;
+    run();
+    t.push_back(one.seconds());
+  } while (static_cast<int>(t.size()) < min_reps || total.seconds() < min_seconds);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace tessera

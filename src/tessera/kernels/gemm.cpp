@@ -17,27 +17,6 @@
 
 namespace tessera::kernels {
 
-namespace {
-
-// Two warm-up runs, then timed runs until there are at least min_reps and min_seconds have
-// passed; the median run's seconds.
-template <class Run>
-double median_seconds(Run&& run, int min_reps, double min_seconds) {
-  run();
-  run();
-  std::vector<double> t;
-  Timer total;
-  do {
-    Timer one;
-    run();
-    t.push_back(one.seconds());
-  } while (static_cast<int>(t.size()) < min_reps || total.seconds() < min_seconds);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
-
 GemmLibrary parse_gemm_library(std::string_view name) {
   if (name == "onednn" || name == "dnnl") return GemmLibrary::OneDnn;
   if (name == "openblas" || name == "blas") return GemmLibrary::OpenBlas;
