@@ -147,6 +147,15 @@ Error not_packable(const std::string& description, const ActQuant& act) {
                                                           : "with outlier columns"),
                "sample it with the simulated path (the dequantized fp32 weights)");
 }
+
+// A packed model of cfg with no matrices yet, its activations scaled as act asks.
+PackedModel empty_packed(const model::ModelConfig& cfg, const ActQuant& act, Isa isa) {
+  PackedModel pm;
+  pm.config = cfg;
+  pm.isa = isa;
+  if (act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
+  return pm;
+}
 }  // namespace
 
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
@@ -155,10 +164,7 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
     throw Error("the model is not a tessera quantized file",
                 "quantize it first: tessera quantize -m MODEL -o DIR --method rtn");
   if (!packable(any.act)) throw not_packable(any.description, any.act);
-  PackedModel pm;
-  pm.config = cfg;
-  pm.isa = isa;
-  if (any.act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
+  PackedModel pm = empty_packed(cfg, any.act, isa);
   pm.linears.reserve(any.linears.size());
   for (const auto& q : any.linears) pm.linears.push_back(pack(q, scale_type));
   const model::ParamLayout layout(cfg);
@@ -178,10 +184,7 @@ PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type, Isa isa) 
     throw Error(fmt::format("{} holds {} quantized linears where the model has {}", qm.method,
                             qm.linears.size(), n));
   if (!packable(qm.act)) throw not_packable(qm.method, qm.act);
-  PackedModel pm;
-  pm.config = cfg;
-  pm.isa = isa;
-  if (qm.act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
+  PackedModel pm = empty_packed(cfg, qm.act, isa);
   pm.linears.resize(n);
   for (const auto& l : qm.linears)  // layer-major, in Lin order, whatever order qm holds them in
     pm.linears[static_cast<std::size_t>(l.layer) * k_num_lin + static_cast<int>(l.kind)] =
