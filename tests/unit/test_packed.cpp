@@ -241,6 +241,34 @@ TEST(Packed, RefusesWhatItCannotHold) {
   test::expect_error([&] { pack(d); }, "inconsistent sizes");
 }
 
+// The SIMD kernels quantize their input as the plain loops do, bit for bit: the same fp32
+// product x * (1 / d), rounded to nearest even, clamped to +-127; the same block maxima. Blocks
+// here: random values, zeros only, exact ties after scaling (max 127: d = 1, x.5 rounds to even),
+// and a padded tail (100 columns), per block and per row.
+TEST(Packed, SimdInputQuantizationEqualsThePlainLoops) {
+  if (!isa_supported(Isa::Avx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  const int cols = 100;
+  std::vector<float> W(4 * cols, 0.5f);
+  const PackedLinear p = pack(rtn(W.data(), 4, cols, WeightQuant{4, 32, false}));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> x(cols);
+  for (float& v : x) v = nd(rng);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+  const float ties[] = {127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f, -126.5f};
+  for (int i = 0; i < 32; ++i) x[64 + i] = ties[i % 8];
+  for (ActScale scale : {ActScale::PerBlock, ActScale::PerRow}) {
+    std::vector<std::int8_t> q0(p.colsp), q1(p.colsp);
+    std::vector<float> d0(p.colsp / 32), d1(p.colsp / 32);
+    quantize_q8_input(p, x.data(), q0.data(), d0.data(), scale, Isa::Portable);
+    quantize_q8_input(p, x.data(), q1.data(), d1.data(), scale, Isa::Avx2);
+    EXPECT_EQ(q0, q1);
+    EXPECT_EQ(d0, d1);
+    EXPECT_EQ(q0[64 + 1], 2);  // 2.5 to even
+    EXPECT_EQ(q0[64 + 2], -4);
+  }
+}
+
 TEST(Packed, IsaChoice) {
   EXPECT_TRUE(isa_supported(best_isa()));
   EXPECT_TRUE(isa_supported(Isa::Portable));

@@ -112,9 +112,10 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
 // The integer dot product packed_matvec_q8 uses with isa: "avx512-vnni dpbusd", "avx2 maddubs"
 // or "portable".
 const char* q8_dot_name(Isa isa);
-// The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order.
+// The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order,
+// as isa's kernels quantize it (SIMD or plain loops: the same values bit for bit).
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
-                       ActScale scale = ActScale::PerBlock);
+                       ActScale scale = ActScale::PerBlock, Isa isa = Isa::Portable);
 
 // Y (N, OC) = X (N, IC) W^T + bias (OC, may be null). OpenMP over tiles of 64 output rows, each
 // tile decoded (SIMD) once into a per-thread fp32 buffer (64 x colsp, in cache) and multiplied

@@ -53,18 +53,34 @@ inline int round_even(float v) {
   return _mm_cvtss_si32(_mm_set_ss(v));
 }
 
-// max |x| of each block of 32 columns of the prepared input xp (colsp), or of the whole row
-// repeated per block (ActScale::PerRow).
-std::vector<float> block_absmax(const float* xp, int nb, ActScale scale) {
-  std::vector<float> amax(nb, 0.0f);
-  for (int b = 0; b < nb; ++b)
-    for (int i = 0; i < 32; ++i) amax[b] = std::max(amax[b], std::fabs(xp[b * 32 + i]));
-  if (scale == ActScale::PerRow)
-    std::fill(amax.begin(), amax.end(), *std::max_element(amax.begin(), amax.end()));
-  return amax;
+// One block of 32 prepared inputs: its max |x|, and its codes xq = clamp(round(xp * inv), -127,
+// 127) (returning their sum). Scalar here; the AVX2 pair below computes the same values bit for
+// bit (the same fp32 products, rounded to nearest even, clamped).
+struct BlockQuantizer {
+  float (*absmax)(const float* xp);
+  int (*codes)(const float* xp, float inv, std::int8_t* xq);
+};
+
+float absmax_scalar(const float* xp) {
+  float m = 0.0f;
+  for (int i = 0; i < 32; ++i) m = std::max(m, std::fabs(xp[i]));
+  return m;
 }
 
-Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActScale scale) {
+int codes_scalar(const float* xp, float inv, std::int8_t* xq) {
+  int sum = 0;
+  for (int i = 0; i < 32; ++i) {  // |xp * inv| <= 127 up to rounding: the clamp is a guard
+    const int q = std::clamp(round_even(xp[i] * inv), -127, 127);
+    xq[i] = static_cast<std::int8_t>(q);
+    sum += q;
+  }
+  return sum;
+}
+
+constexpr BlockQuantizer k_scalar_quantizer{absmax_scalar, codes_scalar};
+
+Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActScale scale,
+                       const BlockQuantizer& bq) {
   const int cp = w.colsp, nb = cp / 32;
   Q8Input in{std::vector<std::int8_t>(cp),
              {},
@@ -76,16 +92,14 @@ Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActSca
     const float v = x[w.perm.empty() ? j : w.perm[j]];
     xp[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
   }
-  const std::vector<float> amax = block_absmax(xp.data(), nb, scale);
+  // max |x| of each block of 32 columns, or of the whole row repeated per block (PerRow)
+  for (int b = 0; b < nb; ++b) in.d[b] = bq.absmax(xp.data() + b * 32);
+  if (scale == ActScale::PerRow)
+    std::fill(in.d.begin(), in.d.end(), *std::max_element(in.d.begin(), in.d.end()));
   for (int b = 0; b < nb; ++b) {
     // x^ = round(x / d) d with d = max / 127 (the simulated activation quantizer's formula)
-    const float d = amax[b] / 127.0f, inv = amax[b] > 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) {  // |xp * inv| <= 127 up to rounding: the clamp is a guard
-      const int q = std::clamp(round_even(xp[b * 32 + i] * inv), -127, 127);
-      in.xq[b * 32 + i] = static_cast<std::int8_t>(q);
-      sum += q;
-    }
+    const float amax = in.d[b], d = amax / 127.0f, inv = amax > 0.0f ? 1.0f / d : 0.0f;
+    const int sum = bq.codes(xp.data() + b * 32, inv, in.xq.data() + b * 32);
     in.d[b] = d;
     in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
   }
@@ -95,12 +109,10 @@ Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActSca
   for (int b = 0; b + 1 < nb; b += 2) {
     const std::int8_t* src = in.xq.data() + b * 32;
     std::int8_t* dst = in.xpair.data() + b * 32;
-    for (int i = 0; i < 16; ++i) {
-      dst[i] = src[i];            // block b, columns 0..15
-      dst[16 + i] = src[32 + i];  // block b + 1, columns 0..15
-      dst[32 + i] = src[16 + i];  // block b, columns 16..31
-      dst[48 + i] = src[48 + i];  // block b + 1, columns 16..31
-    }
+    std::memcpy(dst, src, 16);            // block b, columns 0..15
+    std::memcpy(dst + 16, src + 32, 16);  // block b + 1, columns 0..15
+    std::memcpy(dst + 32, src + 16, 16);  // block b, columns 16..31
+    std::memcpy(dst + 48, src + 48, 16);  // block b + 1, columns 16..31
     for (int i = 0; i < 8; ++i) in.dd[b * 4 + i] = in.d[b + i / 4];
   }
   return in;
@@ -132,12 +144,48 @@ struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands abo
   }
 };
 #include "tessera/quant/packed_q8_simd.inc"
+
+float absmax(const float* xp) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 32; i += 8)  // |x| first: max returns its second operand m for a NaN
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xp + i)), m);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+int codes(const float* xp, float inv, std::int8_t* xq) {
+  const __m256 s = _mm256_set1_ps(inv);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  __m256i q[4], sum = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k) {
+    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp + 8 * k), s));
+    q[k] = _mm256_min_epi32(_mm256_max_epi32(q[k], lo), hi);
+    sum = _mm256_add_epi32(sum, q[k]);
+  }
+  // packs interleave the 128-bit lanes: 4-byte groups come out as 0 4 1 5 2 6 3 7 of 0..7
+  const __m256i p =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq),
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+  return _mm_cvtsi128_si32(h);
+}
 }  // namespace avx2
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
+
+const BlockQuantizer& quantizer(Isa isa) {
+  static constexpr BlockQuantizer simd{avx2::absmax, avx2::codes};
+  return isa == Isa::Portable ? k_scalar_quantizer : simd;
+}
 
 #if defined(__clang__)
 #pragma clang attribute push(                                                      \
@@ -213,7 +261,8 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   if (!isa_supported(isa))
     throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
                 "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-  const Q8Input in = quantize_input(w, x, isa != Isa::Portable && pair_order(w), scale);
+  const Q8Input in =
+      quantize_input(w, x, isa != Isa::Portable && pair_order(w), scale, quantizer(isa));
   const bool vnni = isa == Isa::Avx512 && cpu_has_vnni();
   constexpr int kChunk = 16;  // rows per scheduling unit
   const int nchunks = (w.rows + kChunk - 1) / kChunk;
@@ -234,8 +283,8 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
 }
 
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
-                       ActScale scale) {
-  const Q8Input in = quantize_input(w, x, false, scale);
+                       ActScale scale, Isa isa) {
+  const Q8Input in = quantize_input(w, x, false, scale, quantizer(isa));
   std::copy(in.xq.begin(), in.xq.end(), xq);
   std::copy(in.d.begin(), in.d.end(), d);
 }
