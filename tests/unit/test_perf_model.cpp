@@ -491,6 +491,28 @@ TEST(PerfModel, Bf16WithFp32StorageAddsTheBf16CopiesOnly) {
   }
 }
 
+// The pipeline's wire in bf16 as the CPU trainer sends it (fp32 storage, each tensor rank its own
+// block): half the bytes of every activation and gradient message, nothing else changed.
+TEST(PerfModel, Bf16PipelineWireHalvesThePipelineBytes) {
+  auto m = gpt(8, 12, 768, 50257);
+  auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
+  Workload w{m.cfg, 1024, 16};
+  PlanPoint p;
+  p.grid = GridShape{1, 2, 2, 1, 1};
+  p.micro_batch = 2;
+  ModelOptions o;
+  o.fp32_storage = true;
+  o.pp_scatter_gather = false;
+  const auto fp32 = predict(w, p, c, o);
+  o.bf16_pipeline = true;
+  const auto bf16 = predict(w, p, c, o);
+  const int pp = static_cast<int>(Axis::PP);
+  EXPECT_GT(fp32.comm[pp].bytes, 0);
+  EXPECT_DOUBLE_EQ(bf16.comm[pp].bytes, fp32.comm[pp].bytes / 2);
+  EXPECT_LT(bf16.p2p_s, fp32.p2p_s);
+  EXPECT_DOUBLE_EQ(bf16.memory.total(), fp32.memory.total());
+}
+
 TEST(PerfModel, ModelStatesMatchTheTrainersLayoutAndZeroStages) {
   // fp32 (tessera's CPU path): 4 bytes each of parameters, gradients, and 8 of AdamW moments, per
   // element of the real parameter layout; ZeRO shards them over dp like DataParallel does.

@@ -90,6 +90,9 @@ class Communicator {
                               const std::vector<std::size_t>& counts) = 0;
   virtual Request isend(const float* buf, std::size_t n, int dst, int tag) = 0;
   virtual Request irecv(float* buf, std::size_t n, int src, int tag) = 0;
+  // The same for bf16 bit patterns (n values of 2 bytes).
+  virtual Request isend(const std::uint16_t* buf, std::size_t n, int dst, int tag) = 0;
+  virtual Request irecv(std::uint16_t* buf, std::size_t n, int src, int tag) = 0;
 };
 
 // ---- the collective log: a per-rank ring buffer, dumped when something hangs ----

@@ -42,5 +42,11 @@ Request LocalCommunicator::isend(const float*, std::size_t, int, int) {
 Request LocalCommunicator::irecv(float*, std::size_t, int, int) {
   throw InternalError("irecv on a single-rank communicator");
 }
+Request LocalCommunicator::isend(const std::uint16_t*, std::size_t, int, int) {
+  throw InternalError("isend on a single-rank communicator");
+}
+Request LocalCommunicator::irecv(std::uint16_t*, std::size_t, int, int) {
+  throw InternalError("irecv on a single-rank communicator");
+}
 
 }  // namespace tessera::comm

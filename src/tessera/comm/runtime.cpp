@@ -194,6 +194,18 @@ class MpiCommunicator final : public Communicator {
     MPI_Irecv(buf, to_int(n), MPI_FLOAT, src, tag, comm_, &r);
     return Request(std::make_unique<MpiRequest>(r, log_, seq));
   }
+  Request isend(const std::uint16_t* buf, std::size_t n, int dst, int tag) override {
+    auto seq = log_->begin("send_bf16", name_, size_, n * 2);
+    MPI_Request r;
+    MPI_Isend(buf, to_int(n), MPI_UINT16_T, dst, tag, comm_, &r);
+    return Request(std::make_unique<MpiRequest>(r, log_, seq));
+  }
+  Request irecv(std::uint16_t* buf, std::size_t n, int src, int tag) override {
+    auto seq = log_->begin("recv_bf16", name_, size_, n * 2);
+    MPI_Request r;
+    MPI_Irecv(buf, to_int(n), MPI_UINT16_T, src, tag, comm_, &r);
+    return Request(std::make_unique<MpiRequest>(r, log_, seq));
+  }
 
   MPI_Comm handle() const { return comm_; }
 

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/bf16.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
 
@@ -41,8 +42,8 @@ void poll_wait(comm::Request& r) {
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(TensorModel& model, comm::Communicator& pp,
-                                   const ScheduleSpec& spec)
-    : model_(model), pp_(pp), spec_(spec), stage_(pp.rank()) {
+                                   const ScheduleSpec& spec, bool bf16_wire)
+    : model_(model), pp_(pp), spec_(spec), stage_(pp.rank()), bf16_wire_(bf16_wire) {
   TESSERA_CHECK(pp.size() == spec.pp, "pipeline communicator of {} ranks for pp={}", pp.size(),
                 spec.pp);
   TESSERA_CHECK(static_cast<int>(model.chunks().size()) == spec.v,
@@ -105,19 +106,15 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   // micro-batch, consuming model chunk), within MPI's guaranteed tag range; messages with the
   // same tag between two stages arrive in the order sent, which is also the order received.
   auto tag = [&](const Instr& in) { return parallel::message_key(spec_, stage_, in) % 32767; };
-  struct Pending {
-    comm::Request req;
-    int buf = -1;  // send_bufs_ index; -1: from a slot's output
-  };
   std::map<std::pair<int, int>, Pending> act_sends;  // (chunk, mb)
   std::vector<Pending> grad_sends;
-  std::vector<int> free_bufs;
-  for (int i = 0; i < static_cast<int>(send_bufs_.size()); ++i) free_bufs.push_back(i);
+  reset_pool();
+  const std::size_t wire_bytes = n * (bf16_wire_ ? 2 : 4);
   auto reap = [&](bool all) {
     for (auto it = grad_sends.begin(); it != grad_sends.end();) {
       if (all) poll_wait(it->req);
       if (!it->req.pending() || it->req.test()) {
-        free_bufs.push_back(it->buf);
+        release(*it);
         it = grad_sends.erase(it);
       } else {
         ++it;
@@ -128,13 +125,9 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   for (const Instr& in : list_) {
     const double started = step_timer.seconds();
     switch (in.op) {
-      case OpKind::RecvAct: {
-        Timer t;
-        comm::Request r = pp_.irecv(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in));
-        poll_wait(r);
-        stats_.recv_wait_s += t.seconds();
+      case OpKind::RecvAct:
+        stats_.recv_wait_s += receive(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in));
         break;
-      }
       case OpKind::Forward: {
         if (dp && one_stage) dp->begin_micro_batch(in.mb == m - 1);
         Timer t;
@@ -147,19 +140,14 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         ++stats_.forwards;
         break;
       }
-      case OpKind::SendAct: {
+      case OpKind::SendAct:
         act_sends[{in.chunk, in.mb}] =
-            Pending{pp_.isend(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in)), -1};
-        stats_.sent_bytes += n * sizeof(float);
+            post_send(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in), true);
+        stats_.sent_bytes += wire_bytes;
         break;
-      }
-      case OpKind::RecvGrad: {
-        Timer t;
-        comm::Request r = pp_.irecv(grad_in_.data(), n, in.peer, tag(in));
-        poll_wait(r);
-        stats_.recv_wait_s += t.seconds();
+      case OpKind::RecvGrad:
+        stats_.recv_wait_s += receive(grad_in_.data(), n, in.peer, tag(in));
         break;
-      }
       case OpKind::Backward: {
         // The slot's output may still be on its way to the next stage (it has arrived by now:
         // the gradient received for it proves it, but the request must complete).
@@ -167,6 +155,7 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
           Timer t;
           poll_wait(it->second.req);
           stats_.send_wait_s += t.seconds();
+          release(it->second);
           act_sends.erase(it);
         }
         Timer t;
@@ -184,19 +173,10 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
         reap(false);
         break;
       }
-      case OpKind::SendGrad: {
-        if (free_bufs.empty()) {
-          send_bufs_.emplace_back(n);
-          free_bufs.push_back(static_cast<int>(send_bufs_.size()) - 1);
-        }
-        const int b = free_bufs.back();
-        free_bufs.pop_back();
-        send_bufs_[b].resize(n);
-        std::copy(model_.input_grad(), model_.input_grad() + n, send_bufs_[b].begin());
-        grad_sends.push_back(Pending{pp_.isend(send_bufs_[b].data(), n, in.peer, tag(in)), b});
-        stats_.sent_bytes += n * sizeof(float);
+      case OpKind::SendGrad:
+        grad_sends.push_back(post_send(model_.input_grad(), n, in.peer, tag(in), false));
+        stats_.sent_bytes += wire_bytes;
         break;
-      }
       case OpKind::OptimizerStep:
         break;  // the last instruction: run below, once the sends have completed
     }
@@ -229,19 +209,18 @@ float PipelineExecutor::evaluate(model::ParamStore& store, const std::int32_t* i
   const std::size_t n = model_.boundary_numel();
   const int pp = spec_.pp, chunks = pp * spec_.v;
   float loss = 0.0f;
+  reset_pool();
   // Model chunk k lives on stage k % pp as its local chunk k / pp; each hands its output on.
   for (int k = 0; k < chunks; ++k) {
     if (k % pp != stage_) continue;
     const int c = k / pp;
-    if (k > 0) {
-      comm::Request r = pp_.irecv(model_.chunk_input(c, 0), n, (k - 1) % pp, k % 32767);
-      poll_wait(r);
-    }
+    if (k > 0) receive(model_.chunk_input(c, 0), n, (k - 1) % pp, k % 32767);
     store.begin_forward();
     const float l = model_.forward_chunk(store, c, 0, inputs, targets, opt);
     if (k + 1 < chunks) {
-      comm::Request s = pp_.isend(model_.chunk_output(c, 0), n, (k + 1) % pp, (k + 1) % 32767);
-      poll_wait(s);
+      Pending s = post_send(model_.chunk_output(c, 0), n, (k + 1) % pp, (k + 1) % 32767, true);
+      poll_wait(s.req);
+      release(s);
     } else {
       loss = l;
     }
@@ -249,6 +228,52 @@ float PipelineExecutor::evaluate(model::ParamStore& store, const std::int32_t* i
   }
   pp_.broadcast_bytes(&loss, sizeof loss, (chunks - 1) % pp);
   return loss;
+}
+
+PipelineExecutor::Pending PipelineExecutor::post_send(const float* src, std::size_t n, int peer,
+                                                      int tag, bool src_stays) {
+  if (!bf16_wire_ && src_stays) return Pending{pp_.isend(src, n, peer, tag), -1};
+  if (free_bufs_.empty()) {
+    if (bf16_wire_)
+      send16_.emplace_back();
+    else
+      send_bufs_.emplace_back();
+    free_bufs_.push_back(static_cast<int>(bf16_wire_ ? send16_.size() : send_bufs_.size()) - 1);
+  }
+  const int b = free_bufs_.back();
+  free_bufs_.pop_back();
+  if (bf16_wire_) {
+    auto& buf = send16_[b];
+    buf.resize(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = fp32_to_bf16(src[i]);
+    return Pending{pp_.isend(buf.data(), n, peer, tag), b};
+  }
+  send_bufs_[b].assign(src, src + n);
+  return Pending{pp_.isend(send_bufs_[b].data(), n, peer, tag), b};
+}
+
+void PipelineExecutor::release(const Pending& p) {
+  if (p.buf >= 0) free_bufs_.push_back(p.buf);
+}
+
+void PipelineExecutor::reset_pool() {
+  free_bufs_.clear();
+  const std::size_t pool = bf16_wire_ ? send16_.size() : send_bufs_.size();
+  for (std::size_t i = 0; i < pool; ++i) free_bufs_.push_back(static_cast<int>(i));
+}
+
+double PipelineExecutor::receive(float* dst, std::size_t n, int peer, int tag) {
+  Timer t;
+  if (bf16_wire_) {
+    recv16_.resize(n);
+    comm::Request r = pp_.irecv(recv16_.data(), n, peer, tag);
+    poll_wait(r);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(recv16_[i]);
+  } else {
+    comm::Request r = pp_.irecv(dst, n, peer, tag);
+    poll_wait(r);
+  }
+  return t.seconds();
 }
 
 void PipelineExecutor::reduce_gradients(DataParallel& dp) {

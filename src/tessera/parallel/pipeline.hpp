@@ -11,6 +11,10 @@
 // (TensorModel::chunk_input / forward_chunk / backward_chunk) from its forward to its backward:
 // the schedule decides how many are in flight, and TensorModel::activation_stats() measures it.
 //
+// The wire: activations and their gradients cross stages in fp32, or in bf16 (bf16_wire: each
+// value rounded to nearest even once as it is sent and widened back exactly as it arrives: half
+// the bytes, one rounding per stage boundary in each direction).
+//
 // The tied embedding: the first stage holds wte for the token embedding and the last stage a copy
 // for the LM head. After the step's backwards, sum_tied_embedding_grads() adds the two gradients
 // on both stages (Megatron's embedding group), so both copies take the same AdamW update and stay
@@ -62,7 +66,8 @@ class PipelineExecutor {
  public:
   // pp: the pipeline communicator (its rank is the stage). The model holds this stage's chunks:
   // stage_chunks(split, spec.pp, spec.v, pp.rank()).
-  PipelineExecutor(TensorModel& model, comm::Communicator& pp, const ScheduleSpec& spec);
+  PipelineExecutor(TensorModel& model, comm::Communicator& pp, const ScheduleSpec& spec,
+                   bool bf16_wire = false);
 
   const ScheduleSpec& spec() const { return spec_; }
   int stage() const { return stage_; }
@@ -107,9 +112,25 @@ class PipelineExecutor {
   PipelineStats stats_;
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
-  std::vector<std::vector<float>> send_bufs_;  // gradient sends in flight copy from here
+  bool bf16_wire_ = false;
+  // Sends in flight copy from here: fp32 gradients, or every bf16 send (rounded); free_bufs_
+  // indexes the pool in use.
+  std::vector<std::vector<float>> send_bufs_;
+  std::vector<std::vector<std::uint16_t>> send16_;
+  std::vector<int> free_bufs_;
+  std::vector<std::uint16_t> recv16_;
   std::vector<float> grad_in_, tied_tmp_;
 
+  struct Pending {
+    comm::Request req;
+    int buf = -1;  // the pool's buffer, or -1: sent from the caller's memory
+  };
+  // n values of src to peer: from src itself when it stays untouched until the send completes
+  // and the wire is fp32, else from a buffer of the pool (rounded to bf16, or copied).
+  Pending post_send(const float* src, std::size_t n, int peer, int tag, bool src_stays);
+  void release(const Pending& p);  // the send has completed: its buffer back to the pool
+  void reset_pool();               // every send has completed
+  double receive(float* dst, std::size_t n, int peer, int tag);  // seconds blocked
   void reduce_gradients(DataParallel& dp);  // OptimizerStep's reductions on a pipeline
 };
 

@@ -371,11 +371,12 @@ double p2p_message(const PredictContext& x, Prediction& r) {
   const auto& g = x.g;
   if (g.pp == 1) return 0;
   const GroupLink lp = group_link(x.c, x.st.s[ax(Axis::PP)], 2);
-  const double bytes = x.n * x.h * x.e / (x.o.pp_scatter_gather ? x.t : x.tx);
+  const double e = x.o.bf16_pipeline ? 2 : x.e;
+  const double bytes = x.n * x.h * e / (x.o.pp_scatter_gather ? x.t : x.tx);
   double p2p = p2p_time(lp, bytes);
   if (x.o.pp_scatter_gather) {
     const GroupLink lt = group_link(x.c, 1, static_cast<long>(x.t));
-    p2p += all_gather_time(lt, static_cast<long>(x.t), x.n * x.h * x.e / x.tx);
+    p2p += all_gather_time(lt, static_cast<long>(x.t), x.n * x.h * e / x.tx);
   }
   r.comm[ax(Axis::PP)].bytes = 2.0 * x.m * x.v * bytes;
   return p2p;

@@ -45,6 +45,9 @@ struct ModelOptions {
   bool fp32_storage = false;
   // The data-parallel gradient reduction in bf16 (2 bytes per element) whatever the storage.
   bool bf16_grad_reduce = false;
+  // The pipeline's activations and gradients sent in bf16 (2 bytes per element) whatever the
+  // storage.
+  bool bf16_pipeline = false;
 };
 
 // One configuration of a training step: the trainer's plan (parallel/plan.hpp). Its micro-batches

@@ -104,6 +104,7 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "overlap_dw", c.parallel.overlap_dw);
   f("parallel", "prefetch", c.parallel.prefetch);
   f("parallel", "schedule", c.parallel.schedule);
+  f("parallel", "pipeline_dtype", c.parallel.pipeline_dtype);
   f("parallel", "virtual_stages", c.parallel.virtual_stages);
   f("parallel", "pp_layers", c.parallel.pp_layers);
   f("parallel", "timeout_s", c.parallel.timeout_s);
@@ -625,6 +626,9 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.parallel.grad_reduce != "fp32" && c.parallel.grad_reduce != "bf16")
     v.fail("parallel.grad_reduce", c.parallel.grad_reduce, "must be \"fp32\" or \"bf16\"",
            "bf16 halves the bytes of the data-parallel gradient reduction");
+  if (c.parallel.pipeline_dtype != "fp32" && c.parallel.pipeline_dtype != "bf16")
+    v.fail("parallel.pipeline_dtype", c.parallel.pipeline_dtype, "must be \"fp32\" or \"bf16\"",
+           "bf16 halves the bytes sent between pipeline stages");
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");

@@ -135,9 +135,12 @@ struct ParallelSection {
   bool overlap_dw = true;          // dW reduce-scatter during the previous layer's backward
   bool prefetch = true;            // next layer's tz weight gather during this layer
   // pipeline parallelism (pp): the schedule, its chunks per stage and the layer split
-  std::string schedule = "1f1b";  // "gpipe", "1f1b" or "interleaved" (train.grad_accum = m)
-  int virtual_stages = 1;         // chunks per stage (v); >= 2 with the interleaved schedule
-  std::string pp_layers;          // "" balanced, or layer counts per model chunk, e.g. "0,4,4,0"
+  std::string schedule = "1f1b";
+  // the dtype of the activations and their gradients sent between pipeline stages: "fp32", or
+  // "bf16" (half the bytes; each rounded to bf16 once as it is sent)
+  std::string pipeline_dtype = "fp32";  // "gpipe", "1f1b" or "interleaved" (train.grad_accum = m)
+  int virtual_stages = 1;               // chunks per stage (v); >= 2 with the interleaved schedule
+  std::string pp_layers;    // "" balanced, or layer counts per model chunk, e.g. "0,4,4,0"
   double timeout_s = 60.0;  // a collective longer than this ends the job with its log; 0 = never
   bool operator==(const ParallelSection&) const = default;
 };

@@ -40,7 +40,8 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
     const parallel::ScheduleSpec one_stage{parallel::ScheduleKind::OneF1B, 1, plan.accum(), 1};
     model.pipe_comm = &rt.group(topo, {comm::Axis::PP});
     model.executor = std::make_unique<parallel::PipelineExecutor>(
-        *model.tensor, *model.pipe_comm, plan.pipeline() ? plan.sched() : one_stage);
+        *model.tensor, *model.pipe_comm, plan.pipeline() ? plan.sched() : one_stage,
+        cfg.parallel.pipeline_dtype == "bf16");
   }
   model.dp_comm = &rt.group(topo, {comm::Axis::DP});
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
