@@ -155,7 +155,11 @@ void linear_gemm_forward(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, st
                          int out, int in, const float* x, const float* w, int key, float beta,
                          float* y) {
   if (!ws.bf16) return fp32_gemm(ws, lib, false, true, n, out, in, x, in, w, in, beta, y, out);
-  const std::uint16_t* x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
+  const std::uint16_t* x16 = ws.x16;
+  if (x16)
+    kernels::cpu::to_bf16(ws.x16, x, n * in);
+  else
+    x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
   const std::uint16_t* w16 = weight_bf16(ws, w, static_cast<std::int64_t>(out) * in, key);
   kernels::gemm_bf16(false, true, n, out, in, 1.0f, x16, in, w16, in, beta, y, out);
 }
@@ -178,7 +182,8 @@ void linear_gemm_dw(TensorLinearWorkspace& ws, kernels::GemmLibrary lib, int out
       rounded ? ws.bf16->b.data() : kernels::cpu::Bf16Scratch::round(ws.bf16->b, dy, n * out);
   ws.bf16->b_owner = nullptr;
   ws.dy16 = nullptr;
-  const std::uint16_t* x16 = kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
+  const std::uint16_t* x16 =
+      ws.x16 ? ws.x16 : kernels::cpu::Bf16Scratch::round(ws.bf16->a, x, n * in);
   kernels::gemm_bf16(true, false, out, in, n, 1.0f, dy16, out, x16, in, beta, dw, in);
 }
 

@@ -128,6 +128,10 @@ struct TensorLinearWorkspace {
   // The output gradient the last dX GEMM rounded into bf16->b (while bf16->b_owner is this
   // workspace): the dW GEMM that follows on the same gradient reads it instead of rounding again.
   const float* dy16 = nullptr;
+  // The bf16 copy of the input that the caller keeps for the current call (null: none): the
+  // forward GEMM rounds its input into it instead of the shared scratch, and the weight-gradient
+  // GEMM reads it as is, so the caller need not keep the fp32 input between the two.
+  std::uint16_t* x16 = nullptr;
 };
 
 // ---- the slices of global tensors that a rank holds (for tests, checkpoints, initialisation) ----

@@ -123,18 +123,29 @@ TensorModelOptions with_chunks(const model::ModelConfig& cfg, TensorModelOptions
 
 // One layer's activations (model::BlockActs; the output is the slot's next residual). n_att rows
 // in the region between a normal and a transposed linear: n, or n/tx with sequence parallelism.
+// bf16 (without sequence parallelism) keeps the three activations that only GEMMs read -- the
+// norms' outputs and the MLP's activation, inputs of qkv, fc and fcproj -- as the bf16 copies
+// those GEMMs round them to anyway (ln1_16, ln2_16, act16): the backward's weight-gradient GEMMs
+// read the same bits, and the fp32 ones live only from their op to the GEMM (State::transient).
 struct TensorModel::Layer {
   std::vector<float> ln1, ln1_mean, ln1_rstd;  // (n, cl), (n), (n)
   std::vector<float> qkv, atty, lse;           // (n_att, qkv/ty), (n_att, C/ty), (b_att, NH/ty, T)
   std::vector<float> res2;                     // (n, cl) residual after attention
   std::vector<float> ln2, ln2_mean, ln2_rstd;  // (n, cl), (n), (n)
   std::vector<float> fch, fch_gelu;            // (n_att, fc_rows/ty), (n_att, F/ty)
-  std::size_t numel() const {
+  std::vector<std::uint16_t> ln1_16, ln2_16, act16;  // bf16: instead of ln1, ln2, fch_gelu
+  std::size_t bytes() const {
     std::size_t f = 0;
     for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &lse, &res2, &ln2, &ln2_mean,
                           &ln2_rstd, &fch, &fch_gelu})
-      f += v->size();
+      f += v->size() * sizeof(float);
+    for (const auto* v : {&ln1_16, &ln2_16, &act16}) f += v->size() * sizeof(std::uint16_t);
     return f;
+  }
+  bool keeps_bf16() const { return !ln1_16.empty(); }
+  TensorOps::KeptInputs kept() {  // BlockLinear's order: qkv, proj (none), fc, fcproj
+    if (!keeps_bf16()) return {};
+    return {ln1_16.data(), nullptr, ln2_16.data(), act16.data()};
   }
 };
 
@@ -154,8 +165,9 @@ struct TensorModel::Slot {
     std::size_t f = ids.size() + targets.size() + lnf.size() + lnf_mean.size() + lnf_rstd.size() +
                     losses.size() + head_numel;
     for (const auto& r : resid) f += r.size();
-    for (const auto& a : layers) f += a.numel();
-    return f * sizeof(float);
+    f *= sizeof(float);
+    for (const auto& a : layers) f += a.bytes();
+    return f;
   }
 };
 
@@ -163,6 +175,8 @@ struct TensorModel::State {
   int B = 0, T = 0;
   std::int64_t n = 0;               // local rows
   std::vector<Layer> shared_layer;  // recomputation: the one layer's activations, rebuilt
+  // bf16: the fp32 ln1, ln2 and fch_gelu of the layer being computed (Layer: kept in bf16)
+  std::vector<float> ln1_tmp, ln2_tmp, act_tmp;
   // 1, or 2 alternating by layer parity (overlap); bf16 without tz: one per layer (each keeps
   // its layer's bf16 weights for the step)
   std::vector<TensorBlockWorkspace> sets;
@@ -414,9 +428,10 @@ std::size_t TensorModel::activation_bytes() const {
   const State& s = *st_;
   std::size_t f = 0;
   auto add = [&](const std::vector<float>& v) { f += v.size(); };
-  for (const auto& a : s.shared_layer) f += a.numel();
-  add(s.vocab_ws.logits), add(s.vocab_ws.h_full);
-  return f * sizeof(float) + s.stats.live_bytes;
+  add(s.vocab_ws.logits), add(s.vocab_ws.h_full), add(s.ln1_tmp), add(s.ln2_tmp), add(s.act_tmp);
+  f *= sizeof(float);
+  for (const auto& a : s.shared_layer) f += a.bytes();
+  return f + s.stats.live_bytes;
 }
 
 const TensorModel::ActivationStats& TensorModel::activation_stats() const {
@@ -491,18 +506,20 @@ model::BlockShape TensorModel::local_shape(int B, int T) const {
 }
 
 model::BlockActs<float> TensorModel::block_acts(Layer& a, float* y) {
-  return {a.ln1.data(),
+  State& s = *st_;
+  const bool k = a.keeps_bf16();
+  return {k ? s.ln1_tmp.data() : a.ln1.data(),
           a.ln1_mean.data(),
           a.ln1_rstd.data(),
           a.qkv.data(),
           a.atty.data(),
           a.lse.data(),
           a.res2.data(),
-          a.ln2.data(),
+          k ? s.ln2_tmp.data() : a.ln2.data(),
           a.ln2_mean.data(),
           a.ln2_rstd.data(),
           a.fch.data(),
-          a.fch_gelu.data(),
+          k ? s.act_tmp.data() : a.fch_gelu.data(),
           y};
 }
 
@@ -510,7 +527,7 @@ void TensorModel::layer_forward(kernels::GemmLibrary lib, int l, const float* bl
                                 float* y, int B, int T, Layer& a) {
   State& s = *st_;
   const auto w = model::block_weights(local_.layers[l], blk);
-  TensorOps ops(grid_, ws_of(l), s.ops, lib, s.n, opt_.sequence_parallel, w, l, {});
+  TensorOps ops(grid_, ws_of(l), s.ops, lib, s.n, opt_.sequence_parallel, w, l, {}, a.kept());
   model::block_forward(ops, w, block_acts(a, y), x, local_shape(B, T));
 }
 
@@ -530,8 +547,9 @@ void TensorModel::layer_backward(kernels::GemmLibrary lib, int l, const float* b
     tensor_linear_acquire_weight(g.fc, g.fc_c, w.fc_w, ws.fc, l);
     tensor_linear_acquire_weight(g.fcproj, g.fcproj_c, w.fcproj_w, ws.fcproj, l);
   }
-  TensorOps ops(grid_, ws, s.ops, lib, s.n, opt_.sequence_parallel, w, l,
-                [this, &store] { progress_all(store); });
+  TensorOps ops(
+      grid_, ws, s.ops, lib, s.n, opt_.sequence_parallel, w, l,
+      [this, &store] { progress_all(store); }, a.kept());
   const model::BlockScratch<float> d{s.d_res.data(),
                                      s.d_res.data(),
                                      s.d_ln.data(),
@@ -551,18 +569,25 @@ void TensorModel::init_layer(Layer& a, int B, int T) const {
   const model::BlockShape sh = local_shape(B, T);
   const std::int64_t n_att = sh.N();  // rows of the replicated region
   const bool ln = !cfg_.llama();      // RMSNorm keeps no mean
-  a.ln1.resize(n * cl);
+  const bool bf16 = keeps_bf16();
+  auto fp32_or_bf16 = [bf16](std::vector<float>& f, std::vector<std::uint16_t>& h, std::int64_t k) {
+    if (bf16)
+      h.resize(k);
+    else
+      f.resize(k);
+  };
+  fp32_or_bf16(a.ln1, a.ln1_16, n * cl);
   a.ln1_mean.resize(ln ? n : 0);
   a.ln1_rstd.resize(n);
   a.qkv.resize(n_att * grid_.qkv.out_local);
   a.atty.resize(n_att * grid_.proj.in_local);
   a.lse.resize(static_cast<std::size_t>(sh.B) * sh.NH * T);
   a.res2.resize(n * cl);
-  a.ln2.resize(n * cl);
+  fp32_or_bf16(a.ln2, a.ln2_16, n * cl);
   a.ln2_mean.resize(ln ? n : 0);
   a.ln2_rstd.resize(n);
   a.fch.resize(n_att * grid_.fc.out_local);
-  a.fch_gelu.resize(n_att * grid_.fcproj.in_local);
+  fp32_or_bf16(a.fch_gelu, a.act16, n_att * grid_.fcproj.in_local);
 }
 
 void TensorModel::prepare(int B, int T) {
@@ -589,6 +614,11 @@ void TensorModel::prepare(int B, int T) {
   s.T = T;
   s.n = N / tz_;
   const std::int64_t n = s.n, cl = grid_.c_local;
+  if (keeps_bf16()) {  // without sequence parallelism the replicated region has the n rows too
+    s.ln1_tmp.resize(n * cl);
+    s.ln2_tmp.resize(n * cl);
+    s.act_tmp.resize(n * grid_.fcproj.in_local);
+  }
   if (opt_.recompute) {
     s.shared_layer.resize(1);
     init_layer(s.shared_layer[0], B, T);

@@ -224,12 +224,14 @@ class TensorModel {
   Slot& live_slot(int chunk, int mb) const;
   void release_slot(int chunk, int mb);
   void init_layer(Layer& a, int B, int T) const;
+  // bf16 without sequence parallelism: the GEMM-only activations are kept in bf16 (Layer)
+  bool keeps_bf16() const { return opt_.bf16 && !opt_.sequence_parallel; }
   TensorBlockWorkspace& ws_of(int layer);
   void prefetch_layer(int layer, const float* blk);
   void progress_all(model::ParamStore& store);
   // A layer is model::block_forward / block_backward through TensorOps (tensor_ops.hpp).
   model::BlockShape local_shape(int B, int T) const;
-  static model::BlockActs<float> block_acts(Layer& a, float* y);
+  model::BlockActs<float> block_acts(Layer& a, float* y);
   void layer_forward(kernels::GemmLibrary lib, int l, const float* blk, const float* x, float* y,
                      int B, int T, Layer& acts);
   void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,

@@ -103,10 +103,12 @@ void TensorOps::linear(float* out, const float* inp, const float* w, const float
   const BlockLinear id = which(w);
   const TensorLinearLayout& l = g_.layout(id);
   TESSERA_CHECK(!l.transposed, "linear() is a normal linear (qkv, fc)");
-  if (sp_)
+  if (sp_) {
     sp_normal_forward(out, inp, w, b, l.out_local);
-  else
-    tensor_linear_forward(lib_, l, g_.comms(id), out, inp, w, b, n_, ws_.of(id), key_);
+    return;
+  }
+  const KeepInput k = keep(id);
+  tensor_linear_forward(lib_, l, g_.comms(id), out, inp, w, b, n_, ws_.of(id), key_);
 }
 
 void TensorOps::linear_residual(float* out, const float* residual, const float* inp, const float* w,
@@ -116,14 +118,17 @@ void TensorOps::linear_residual(float* out, const float* residual, const float* 
   TESSERA_CHECK(l.transposed, "linear_residual() is a transposed linear (attproj, fcproj)");
   if (!sp_ && l.in_parts == 1) {  // no partial sums: the GEMM adds onto the residual
     k::copy(out, residual, n_ * g_.c_local);
+    const KeepInput k = keep(id);
     tensor_linear_forward(lib_, l, g_.comms(id), out, inp, w, b, n_, ws_.of(id), key_, true);
     return;
   }
   float* y = s_.proj_out.data();
-  if (sp_)
+  if (sp_) {
     sp_transposed_forward(y, inp, w, b, l.in_local);
-  else
+  } else {
+    const KeepInput k = keep(id);
     tensor_linear_forward(lib_, l, g_.comms(id), y, inp, w, b, n_, ws_.of(id), key_);
+  }
   k::add(out, residual, y, n_ * g_.c_local);
 }
 
@@ -148,6 +153,7 @@ void TensorOps::linear_backward(float* dinp, float* dw, float* db, const float* 
     return;
   }
   TensorLinearWorkspace& ws = ws_.of(id);
+  const KeepInput k = keep(id);
   if (dgelu_dinp_) {  // the second half of GPT-2's fcproj backward
     TESSERA_CHECK(!dinp && id == BlockLinear::FcProj, "fcproj's weight gradient must follow");
     tensor_linear_backward_weight(lib_, l, g_.comms(id), dw, db, dout, inp, n_, ws, dx_pending_);

@@ -30,6 +30,7 @@
 // (tensor_linear_finish). Collectives start in the same order on every rank: the block's order.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -78,11 +79,15 @@ class TensorOps {
  public:
   using A = float;
   using W = float;
+  // The bf16 copies of a layer's GEMM inputs kept for its backward (bf16 without sequence
+  // parallelism; null: the linear keeps none), in BlockLinear's order.
+  using KeptInputs = std::array<std::uint16_t*, 4>;
   // w: the layer's local parameters (identify the linears); key: the layer (weight cache);
   // progress: drives the non-blocking communication in flight (the store's, the workspaces').
   TensorOps(const TensorBlockGrid& g, TensorBlockWorkspace& ws, TensorOpsScratch& s,
             kernels::GemmLibrary lib, std::int64_t n, bool sequence_parallel,
-            const model::BlockWeights<float>& w, int key, std::function<void()> progress)
+            const model::BlockWeights<float>& w, int key, std::function<void()> progress,
+            KeptInputs kept = {})
       : g_(g),
         ws_(ws),
         s_(s),
@@ -91,7 +96,8 @@ class TensorOps {
         sp_(sequence_parallel),
         w_(w),
         key_(key),
-        progress_(std::move(progress)) {}
+        progress_(std::move(progress)),
+        kept_(kept) {}
 
   void mark(kernels::OpFamily) {}
   void finish() {}
@@ -149,6 +155,16 @@ class TensorOps {
   model::BlockWeights<float> w_;
   int key_;
   std::function<void()> progress_;
+  KeptInputs kept_;
+  // Points linear id's workspace at its kept input for one call (TensorLinearWorkspace::x16).
+  struct KeepInput {
+    KeepInput(TensorLinearWorkspace& ws, std::uint16_t* x16) : ws_(ws) { ws_.x16 = x16; }
+    ~KeepInput() { ws_.x16 = nullptr; }
+    KeepInput(const KeepInput&) = delete;
+    KeepInput& operator=(const KeepInput&) = delete;
+    TensorLinearWorkspace& ws_;
+  };
+  KeepInput keep(BlockLinear id) { return KeepInput(ws_.of(id), kept_[static_cast<int>(id)]); }
   // GPT-2's fcproj between its two backward calls: dx's all-reduce in flight, GELU's derivative
   // still to apply.
   comm::Request dx_pending_;

@@ -572,8 +572,15 @@ Memory step_memory(const PredictContext& x) {
     const int inflight = parallel::in_flight_formula(spec, stg);
     int layers = 0;  // the stage's largest chunk (the in-flight count is in chunk units)
     for (int ch = 0; ch < x.v; ++ch) layers = std::max(layers, x.chunk_layers(stg, ch));
-    mem.activations = static_cast<double>(inflight) * layers * act_layer;
-    if (p.recompute == Recompute::Full) mem.activations += act_full;  // the layer being redone
+    // fp32 storage with a bf16 GEMM, without sequence parallelism: a layer keeps its norms'
+    // outputs and the MLP's activation (GEMM inputs only) as the bf16 copies the GEMMs read, 2
+    // bytes fewer each; the fp32 ones are computed into one set of buffers shared by the layers
+    const bool keeps_bf16 = x.o.fp32_storage && x.o.dtype != DType::FP32 && !p.sequence_parallel;
+    const double gemm_inputs = n * (2 * h / tx + x.cfg.ffn() / x.ty);  // ln1, ln2 (n, h/tx); act
+    const double kept = keeps_bf16 ? 2 * gemm_inputs : 0;
+    mem.activations = static_cast<double>(inflight) * layers *
+                      (p.recompute == Recompute::Full ? act_layer : act_layer - kept);
+    if (p.recompute == Recompute::Full) mem.activations += act_full - kept;  // the layer redone
     // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them
     if (stg == g.pp - 1) mem.logits = n * x.V / t * 4;
     // backward scratch (residual, LayerNorm, attention-output, qkv and MLP gradients of one
@@ -587,6 +594,7 @@ Memory step_memory(const PredictContext& x) {
     // and, on the last stage, the logits' gradient rounded for the head's GEMMs
     if (x.o.fp32_storage && x.o.dtype != DType::FP32) {
       mem.buffers += 2 * stage_params(x, stg) + 2 * 2 * n * 4 * h / t;
+      if (keeps_bf16) mem.buffers += 4 * gemm_inputs;
       if (stg == g.pp - 1) mem.logits += 2 * n * x.V / t;
     }
     if (g.tz > 1) mem.buffers += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
