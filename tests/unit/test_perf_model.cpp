@@ -495,9 +495,10 @@ TEST(PerfModel, Bf16WithFp32StorageAddsTheBf16CopiesOnly) {
   }
 }
 
-// The pipeline's wire in bf16 as the CPU trainer sends it (fp32 storage, each tensor rank its own
-// block): half the bytes of every activation and gradient message, nothing else changed.
-TEST(PerfModel, Bf16PipelineWireHalvesThePipelineBytes) {
+// The pipeline's and the tensor axes' messages in bf16 as the CPU trainer sends them (fp32
+// storage, each tensor rank its own block): half the bytes of every activation and gradient
+// message on that axis, nothing else changed.
+TEST(PerfModel, Bf16WiresHalveThePipelineAndTensorBytes) {
   auto m = gpt(8, 12, 768, 50257);
   auto c = load_cluster(path("configs/clusters/dgx-h100.toml"));
   Workload w{m.cfg, 1024, 16};
@@ -515,6 +516,13 @@ TEST(PerfModel, Bf16PipelineWireHalvesThePipelineBytes) {
   EXPECT_DOUBLE_EQ(bf16.comm[pp].bytes, fp32.comm[pp].bytes / 2);
   EXPECT_LT(bf16.p2p_s, fp32.p2p_s);
   EXPECT_DOUBLE_EQ(bf16.memory.total(), fp32.memory.total());
+  const int tx = static_cast<int>(Axis::TX);
+  EXPECT_DOUBLE_EQ(bf16.comm[tx].bytes, fp32.comm[tx].bytes);  // the pipeline's only
+  o.bf16_tensor = true;
+  const auto both = predict(w, p, c, o);
+  EXPECT_GT(fp32.comm[tx].bytes, 0);
+  EXPECT_NEAR(both.comm[tx].bytes, fp32.comm[tx].bytes / 2, 1e-6 * fp32.comm[tx].bytes);
+  EXPECT_DOUBLE_EQ(both.comm[pp].bytes, bf16.comm[pp].bytes);
 }
 
 TEST(PerfModel, ModelStatesMatchTheTrainersLayoutAndZeroStages) {

@@ -1,6 +1,7 @@
 #include "tessera/comm/communicator.hpp"
 
 #include <chrono>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -104,6 +105,34 @@ std::string CollectiveLog::dump() const {
                                 : std::string("IN FLIGHT"));
   }
   return s;
+}
+
+namespace {
+struct Then final : Request::Impl {
+  Then(Request r, std::function<void()> f) : inner(std::move(r)), after(std::move(f)) {}
+  bool test() override {
+    if (!inner.test()) return false;
+    run();
+    return true;
+  }
+  void wait() override {
+    inner.wait();
+    run();
+  }
+  void run() {
+    if (after) std::exchange(after, nullptr)();
+  }
+  Request inner;
+  std::function<void()> after;
+};
+}  // namespace
+
+Request Request::then(std::function<void()> f) && {
+  if (!impl_) {
+    f();
+    return {};
+  }
+  return Request(std::make_unique<Then>(std::move(*this), std::move(f)));
 }
 
 }  // namespace tessera::comm

@@ -46,6 +46,9 @@ class Request {
     impl_.reset();
   }
   bool pending() const { return impl_ != nullptr; }
+  // This request followed by f, run once when it completes (by test() or wait(); at once when
+  // nothing is in flight): e.g. widening a bf16 result into its fp32 destination.
+  Request then(std::function<void()> f) &&;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -66,6 +69,8 @@ class Communicator {
   virtual void reduce_scatter_sum(const float* in, float* out, std::size_t n_per_rank) = 0;
   // in: n_per_rank floats; out: size() * n_per_rank floats, rank i's contribution at i*n_per_rank.
   virtual void all_gather(const float* in, float* out, std::size_t n_per_rank) = 0;
+  // The same for bf16 bit patterns.
+  virtual void all_gather(const std::uint16_t* in, std::uint16_t* out, std::size_t n_per_rank) = 0;
   virtual void broadcast(float* buf, std::size_t n, int root) = 0;
   virtual void broadcast_bytes(void* buf, std::size_t n, int root) = 0;
   virtual void send(const float* buf, std::size_t n, int dst, int tag) = 0;

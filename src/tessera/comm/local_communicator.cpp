@@ -12,6 +12,9 @@ void LocalCommunicator::reduce_scatter_sum(const float* in, float* out, std::siz
 void LocalCommunicator::all_gather(const float* in, float* out, std::size_t n) {
   if (in != out) std::copy(in, in + n, out);
 }
+void LocalCommunicator::all_gather(const std::uint16_t* in, std::uint16_t* out, std::size_t n) {
+  if (in != out) std::copy(in, in + n, out);
+}
 void LocalCommunicator::send(const float*, std::size_t, int, int) {
   throw InternalError("send on a single-rank communicator");
 }

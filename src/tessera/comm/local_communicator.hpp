@@ -30,6 +30,7 @@ class LocalCommunicator final : public Communicator {
   Request iall_gather(const float* in, float* out, const std::vector<std::size_t>& counts) override;
   Request isend(const float*, std::size_t, int, int) override;
   Request irecv(float*, std::size_t, int, int) override;
+  void all_gather(const std::uint16_t* in, std::uint16_t* out, std::size_t n) override;
   Request isend(const std::uint16_t*, std::size_t, int, int) override;
   Request irecv(std::uint16_t*, std::size_t, int, int) override;
 

@@ -111,6 +111,11 @@ class MpiCommunicator final : public Communicator {
     const void* send = in == out + n * rank_ ? MPI_IN_PLACE : in;
     MPI_Allgather(send, to_int(n), MPI_FLOAT, out, to_int(n), MPI_FLOAT, comm_);
   }
+  void all_gather(const std::uint16_t* in, std::uint16_t* out, std::size_t n) override {
+    auto s = scope("all_gather_bf16", n * 2 * size_);
+    const void* send = in == out + n * rank_ ? MPI_IN_PLACE : in;
+    MPI_Allgather(send, to_int(n), MPI_UINT16_T, out, to_int(n), MPI_UINT16_T, comm_);
+  }
   void broadcast(float* buf, std::size_t n, int root) override {
     auto s = scope("broadcast", n * 4);
     MPI_Bcast(buf, to_int(n), MPI_FLOAT, root, comm_);

@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "tessera/core/bf16.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/timer.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 
 namespace tessera::parallel {
 
@@ -245,7 +245,7 @@ PipelineExecutor::Pending PipelineExecutor::post_send(const float* src, std::siz
   if (bf16_wire_) {
     auto& buf = send16_[b];
     buf.resize(n);
-    for (std::size_t i = 0; i < n; ++i) buf[i] = fp32_to_bf16(src[i]);
+    kernels::cpu::to_bf16(buf.data(), src, static_cast<std::int64_t>(n));
     return Pending{pp_.isend(buf.data(), n, peer, tag), b};
   }
   send_bufs_[b].assign(src, src + n);
@@ -268,7 +268,7 @@ double PipelineExecutor::receive(float* dst, std::size_t n, int peer, int tag) {
     recv16_.resize(n);
     comm::Request r = pp_.irecv(recv16_.data(), n, peer, tag);
     poll_wait(r);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(recv16_[i]);
+    kernels::cpu::from_bf16(dst, recv16_.data(), static_cast<std::int64_t>(n));
   } else {
     comm::Request r = pp_.irecv(dst, n, peer, tag);
     poll_wait(r);

@@ -141,6 +141,18 @@ const std::uint16_t* weight_bf16(TensorLinearWorkspace& ws, const float* w, std:
   return ws.w16.data();
 }
 
+// Sums y (n) over g: in fp32, or (bf16) rounded into buf, summed as bf16 and widened back into y
+// when the request completes. A group of one sums nothing and rounds nothing.
+comm::Request sum_over(comm::Communicator& g, float* y, std::size_t n,
+                       std::vector<std::uint16_t>& buf, bool bf16) {
+  if (!bf16 || g.size() == 1) return g.iall_reduce_sum(y, n);
+  buf.resize(n);
+  std::uint16_t* b = buf.data();
+  const auto len = static_cast<std::int64_t>(n);
+  kernels::cpu::to_bf16(b, y, len);
+  return g.iall_reduce_sum_bf16(b, n).then([y, b, len] { kernels::cpu::from_bf16(y, b, len); });
+}
+
 // db (cols) += the column sums of dy (rows, cols).
 void add_column_sums(float* db, const float* dy, std::int64_t rows, int cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -264,7 +276,8 @@ void tensor_linear_forward(kernels::GemmLibrary lib, const TensorLinearLayout& l
   // y (n, out_local) = x (n, in_local) @ w_block^T: the partial sum over this rank's in-range.
   linear_gemm_forward(ws, lib, n, l.out_local, l.in_local, x, w, key, accumulate ? 1.0f : 0.0f, y);
   if (l.in_parts > 1)
-    c.in_group->iall_reduce_sum(y, static_cast<std::size_t>(n) * l.out_local).wait();
+    sum_over(*c.in_group, y, static_cast<std::size_t>(n) * l.out_local, ws.sum16, ws.bf16_wire)
+        .wait();
   // The bias once, after the sum (each input-axis rank adds it to its copy of the full sum).
   if (bias) {
 #pragma omp parallel for schedule(static)
@@ -300,7 +313,8 @@ comm::Request tensor_linear_backward_input(kernels::GemmLibrary lib, const Tenso
   comm::Request dx_req;
   if (!dx) return dx_req;
   linear_gemm_dx(ws, lib, n, l.in_local, l.out_local, dy, w_block, ws.cached_key, dx);
-  dx_req = c.out_group->iall_reduce_sum(dx, static_cast<std::size_t>(n) * l.in_local);
+  dx_req = sum_over(*c.out_group, dx, static_cast<std::size_t>(n) * l.in_local, ws.dx_sum16,
+                    ws.bf16_wire);
   if (!ws.overlap_dx) dx_req.wait();  // the measured baseline: no overlap with the dW GEMM
   return dx_req;
 }

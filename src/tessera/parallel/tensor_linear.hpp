@@ -128,6 +128,11 @@ struct TensorLinearWorkspace {
   // The output gradient the last dX GEMM rounded into bf16->b (while bf16->b_owner is this
   // workspace): the dW GEMM that follows on the same gradient reads it instead of rounding again.
   const float* dy16 = nullptr;
+  // The partial sums over the input axis (forward) and the input gradient's over the output axis
+  // travel in bf16 (rounded, summed as bf16 at every addition, widened back): half the bytes;
+  // sum16 and dx_sum16 hold them on the wire.
+  bool bf16_wire = false;
+  std::vector<std::uint16_t> sum16, dx_sum16;
   // The bf16 copy of the input that the caller keeps for the current call (null: none): the
   // forward GEMM rounds its input into it instead of the shared scratch, and the weight-gradient
   // GEMM reads it as is, so the caller need not keep the fp32 input between the two.

@@ -636,9 +636,11 @@ void TensorModel::prepare(int B, int T) {
       lw->overlap_dx = opt_.overlap_dx;
       lw->defer_reduce = opt_.defer_dw && two;
       lw->bf16 = opt_.bf16 ? &s.bf16 : nullptr;
+      lw->bf16_wire = opt_.bf16_tensor_wire;
     }
   }
   s.ops.resize(grid_, n, sp);
+  s.ops.bf16_wire = opt_.bf16_tensor_wire;
   s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
   s.vocab_ws.bf16 = opt_.bf16 ? &s.bf16 : nullptr;
   s.logits_numel = s.vocab_ws.logits.size();

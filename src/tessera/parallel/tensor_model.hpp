@@ -115,6 +115,10 @@ struct TensorModelOptions {
   // fp32. A weight's bf16 copy is made once per step where the rank holds its block whole (tz =
   // 1), after the gather otherwise. The tuner (tune_gemm) tunes fp32 GEMMs only.
   bool bf16 = false;
+  // The activations and their gradients that the tensor axes sum or gather travel in bf16
+  // (rounded, sums rounded at every addition, widened back): the linears' partial-sum
+  // all-reduces and sequence parallelism's reduce-scatters and all-gathers (any precision).
+  bool bf16_tensor_wire = false;
 };
 
 class TensorModel {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/parallel/tensor_layernorm.hpp"
 
@@ -187,7 +188,7 @@ void TensorOps::sp_normal_forward(float* out, const float* inp, const float* w, 
   const std::int64_t ns = sp_rows();
   float* part = s_.sp_part.data();
   linear_gemm_forward(ws_.of(which(w)), lib_, n_, OC, cl, inp, w, key_, 0.0f, part);
-  g_.tx->reduce_scatter_sum(part, out, static_cast<std::size_t>(ns) * OC);
+  sp_reduce_scatter(part, out, static_cast<std::size_t>(ns) * OC);
   if (b) add_bias_rows(out, b, ns, OC);
 }
 
@@ -195,7 +196,7 @@ void TensorOps::sp_transposed_forward(float* out, const float* inp, const float*
                                       int IC) {
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
-  g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
+  sp_all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
   linear_gemm_forward(ws_.of(which(w)), lib_, n_, cl, IC, full, w, key_, 0.0f, out);
   if (b) add_bias_rows(out, b, n_, cl);
 }
@@ -204,7 +205,7 @@ void TensorOps::sp_normal_backward(float* dinp, float* dw, float* db, const floa
                                    const float* inp, const float* w, int OC) {
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
-  g_.tx->all_gather(dout, full, static_cast<std::size_t>(sp_rows()) * OC);
+  sp_all_gather(dout, full, static_cast<std::size_t>(sp_rows()) * OC);
   TensorLinearWorkspace& ws = ws_.of(which(w));
   if (dinp) linear_gemm_dx(ws, lib_, n_, cl, OC, full, w, key_, dinp);
   linear_gemm_dw(ws, lib_, OC, cl, n_, full, inp, 1.0f, dw);  // bf16: reads full as dX rounded it
@@ -216,16 +217,42 @@ void TensorOps::sp_transposed_backward_input(float* dinp, const float* dout, con
   const int cl = g_.c_local;
   float* part = s_.sp_part.data();
   linear_gemm_dx(ws_.of(which(w)), lib_, n_, IC, cl, dout, w, key_, part);
-  g_.tx->reduce_scatter_sum(part, dinp, static_cast<std::size_t>(sp_rows()) * IC);
+  sp_reduce_scatter(part, dinp, static_cast<std::size_t>(sp_rows()) * IC);
 }
 
 void TensorOps::sp_transposed_backward_weight(BlockLinear id, float* dw, float* db,
                                               const float* dout, const float* inp, int IC) {
   const int cl = g_.c_local;
   float* full = s_.sp_full.data();
-  g_.tx->all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
+  sp_all_gather(inp, full, static_cast<std::size_t>(sp_rows()) * IC);
   linear_gemm_dw(ws_.of(id), lib_, cl, IC, n_, dout, full, 1.0f, dw);
   if (db) col_sums_into(db, dout, n_, cl);
+}
+
+// In bf16 (bf16_wire): rounded before, widened after; the reduce-scatter's sums rounded at every
+// addition, the all-gather exact (its values are GEMM inputs the GEMMs round to bf16 anyway,
+// except the bias gradient's column sums of a gathered output gradient).
+void TensorOps::sp_reduce_scatter(const float* part, float* out, std::size_t n) {
+  if (!s_.bf16_wire) return g_.tx->reduce_scatter_sum(part, out, n);
+  const std::size_t p = g_.tx->size();
+  s_.wire_full.resize(p * n);
+  s_.wire_part.resize(n);
+  k::to_bf16(s_.wire_full.data(), part, static_cast<std::int64_t>(p * n));
+  g_.tx
+      ->ireduce_scatter_sum_bf16(s_.wire_full.data(), s_.wire_part.data(),
+                                 std::vector<std::size_t>(p, n))
+      .wait();
+  k::from_bf16(out, s_.wire_part.data(), static_cast<std::int64_t>(n));
+}
+
+void TensorOps::sp_all_gather(const float* in, float* full, std::size_t n) {
+  if (!s_.bf16_wire) return g_.tx->all_gather(in, full, n);
+  const std::size_t p = g_.tx->size();
+  s_.wire_full.resize(p * n);
+  s_.wire_part.resize(n);
+  k::to_bf16(s_.wire_part.data(), in, static_cast<std::int64_t>(n));
+  g_.tx->all_gather(s_.wire_part.data(), s_.wire_full.data(), n);
+  k::from_bf16(full, s_.wire_full.data(), static_cast<std::int64_t>(p * n));
 }
 
 // ---- the rank's heads and columns ----

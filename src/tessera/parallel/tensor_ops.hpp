@@ -72,6 +72,10 @@ struct TensorOpsScratch {
   std::vector<float> norm_params;  // (2 cl) norm parameter gradients before the tz sum
   std::vector<float> proj_out;     // (n, cl) a transposed linear's output before the residual add
   std::vector<float> sp_full, sp_part;  // sequence parallelism: (n, the widest linear)
+  // sequence parallelism's reduce-scatters and all-gathers in bf16 (TensorLinearWorkspace::
+  // bf16_wire), through these
+  bool bf16_wire = false;
+  std::vector<std::uint16_t> wire_full, wire_part;
   void resize(const TensorBlockGrid& g, std::int64_t n, bool sequence_parallel);
 };
 
@@ -145,6 +149,9 @@ class TensorOps {
   void sp_transposed_backward_input(float* dinp, const float* dout, const float* w, int IC);
   void sp_transposed_backward_weight(BlockLinear id, float* dw, float* db, const float* dout,
                                      const float* inp, int IC);
+  // tx's reduce-scatter (part: tx x n values) and all-gather (in: n values), in fp32 or bf16
+  void sp_reduce_scatter(const float* part, float* out, std::size_t n);
+  void sp_all_gather(const float* in, float* full, std::size_t n);
 
   const TensorBlockGrid& g_;
   TensorBlockWorkspace& ws_;

@@ -140,7 +140,8 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
     const GroupLink& li = ai == 0 ? lx : ly;
     const GroupLink& lo = ao == 0 ? lx : ly;
     const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
-    const double fb = n * N * e, bb = n * K * e;
+    const double ae = o.bf16_tensor ? 2 : e;  // the activations' bytes on the wire
+    const double fb = n * N * ae, bb = n * K * ae;
     if (p.sequence_parallel) {
       const SpComm sc = sp_linear_comm(lx, g.tx, L.transposed, fb, bb);
       fwd_ar[0] += sc.fwd;

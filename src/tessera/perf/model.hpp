@@ -48,6 +48,9 @@ struct ModelOptions {
   // The pipeline's activations and gradients sent in bf16 (2 bytes per element) whatever the
   // storage.
   bool bf16_pipeline = false;
+  // Tensor parallelism's sums and gathers of activations and their gradients in bf16 (2 bytes per
+  // element) whatever the storage.
+  bool bf16_tensor = false;
 };
 
 // One configuration of a training step: the trainer's plan (parallel/plan.hpp). Its micro-batches

@@ -20,6 +20,7 @@ perf::ModelOptions trainer_model_options(const RunConfig& cfg) {
   options.fp32_storage = true;
   options.bf16_grad_reduce = cfg.parallel.grad_reduce == "bf16";
   options.bf16_pipeline = cfg.parallel.pipeline_dtype == "bf16";
+  options.bf16_tensor = cfg.parallel.tensor_dtype == "bf16";
   options.pp_scatter_gather = false;  // each tensor rank sends its own block of activations
   return options;
 }

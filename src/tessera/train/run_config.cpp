@@ -98,6 +98,7 @@ void for_each_field(Config& c, F&& f) {
   f("parallel", "zero", c.parallel.zero);
   f("parallel", "overlap", c.parallel.overlap);
   f("parallel", "grad_reduce", c.parallel.grad_reduce);
+  f("parallel", "tensor_dtype", c.parallel.tensor_dtype);
   f("parallel", "recompute", c.parallel.recompute);
   f("parallel", "sequence_parallel", c.parallel.sequence_parallel);
   f("parallel", "overlap_dx", c.parallel.overlap_dx);
@@ -626,6 +627,9 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.parallel.grad_reduce != "fp32" && c.parallel.grad_reduce != "bf16")
     v.fail("parallel.grad_reduce", c.parallel.grad_reduce, "must be \"fp32\" or \"bf16\"",
            "bf16 halves the bytes of the data-parallel gradient reduction");
+  if (c.parallel.tensor_dtype != "fp32" && c.parallel.tensor_dtype != "bf16")
+    v.fail("parallel.tensor_dtype", c.parallel.tensor_dtype, "must be \"fp32\" or \"bf16\"",
+           "bf16 halves the bytes tensor parallelism sums and gathers");
   if (c.parallel.pipeline_dtype != "fp32" && c.parallel.pipeline_dtype != "bf16")
     v.fail("parallel.pipeline_dtype", c.parallel.pipeline_dtype, "must be \"fp32\" or \"bf16\"",
            "bf16 halves the bytes sent between pipeline stages");

@@ -129,6 +129,9 @@ struct ParallelSection {
   // rounded to bf16 at every addition)
   std::string grad_reduce = "fp32";
   // tensor parallelism (tx, ty, tz):
+  // the dtype of the activations and their gradients summed or gathered over the tensor axes:
+  // "fp32", or "bf16" (half the bytes; sums rounded to bf16 at every addition)
+  std::string tensor_dtype = "fp32";
   bool recompute = false;          // recompute each layer's activations in backward
   bool sequence_parallel = false;  // 1D (tx only): split the replicated regions by sequences
   bool overlap_dx = true;          // input-gradient all-reduce during the weight-gradient GEMM

@@ -22,6 +22,7 @@ parallel::TensorModelOptions tensor_model_options(const RunConfig& cfg, const Ru
   options.tune_gemm = cfg.hardware.tune_gemm;
   options.gemm_tuning_file = cfg.hardware.gemm_tuning_file;
   options.bf16 = cfg.train.precision == "bf16";
+  options.bf16_tensor_wire = cfg.parallel.tensor_dtype == "bf16";
   return options;
 }
 

@@ -11,6 +11,11 @@ void to_bf16(std::uint16_t* out, const float* in, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(in[i]);
 }
 
+void from_bf16(float* out, const std::uint16_t* in, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
+}
+
 const std::uint16_t* Bf16Scratch::round(Buffer<std::uint16_t>& buf, const float* in,
                                         std::int64_t n) {
   if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));

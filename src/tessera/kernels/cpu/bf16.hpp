@@ -17,6 +17,8 @@ using tessera::fp32_to_bf16;
 
 // out (n) = bf16(in (n))
 void to_bf16(std::uint16_t* out, const float* in, std::int64_t n);
+// out = in widened (exact).
+void from_bf16(float* out, const std::uint16_t* in, std::int64_t n);
 
 // The GEMM operands rounded to bf16, reused by every linear of a pass: grown on demand, never
 // shrunk.
