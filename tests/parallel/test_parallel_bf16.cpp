@@ -108,7 +108,6 @@ TEST(DataParallelBf16, GradientsReducedInBf16StayWithinTheirRounding) {
   if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
   const auto data = data_dir();
   const fs::path ref = reference_run(data);
-  const auto want = losses(ref / "metrics.jsonl");
   for (int zero : {0, 2}) {
     const std::string what = "bf16 reduction, dp=2 zero=" + std::to_string(zero);
     auto out = scratch("bf16_reduce_z" + std::to_string(zero));
@@ -116,18 +115,7 @@ TEST(DataParallelBf16, GradientsReducedInBf16StayWithinTheirRounding) {
         sh(mpirun(2) + train_args(data, out, 4, 1, 20) + k_bf16 +
            " parallel.dp=2 'parallel.grad_reduce=\"bf16\"' parallel.zero=" + std::to_string(zero));
     ASSERT_EQ(run.code, 0) << what << "\n" << run.output;
-    const auto got = losses(out / "metrics.jsonl");
-    ASSERT_EQ(got.size(), want.size()) << what;
-    double worst = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
-      EXPECT_LE(std::fabs(got[i] - want[i]), 1e-2 * want[i]) << what << " step " << i + 1;
-    }
-    const auto diff = sorted_param_diffs(ref, out);
-    EXPECT_LE(diff[diff.size() * 99 / 100], 1e-3) << what << " (99th percentile)";
-    EXPECT_LE(diff.back(), 4e-2) << what << " (max |param diff|)";
-    std::printf("[ %s ] worst loss rel diff %.3g, |param diff| 99th percentile %.3g, max %.3g\n",
-                what.c_str(), worst, diff[diff.size() * 99 / 100], diff.back());
+    expect_bf16_wire_run_matches(ref, out, what);
   }
 }
 
@@ -166,7 +154,6 @@ TEST(TensorPipelineBf16, ActivationsSentInBf16StayWithinTheirRounding) {
   if (!have_tokenizer()) GTEST_SKIP() << "data/gpt2 missing (run scripts/setup)";
   const auto data = data_dir();
   const fs::path ref = reference_run(data);
-  const auto want = losses(ref / "metrics.jsonl");
   const std::string what = "bf16 pp2 1f1b, bf16 wire";
   auto out = scratch("bf16_pp2_wire");
   auto run = sh(mpirun(2) + train_args(data, out, 4, 2, 20) + k_bf16 +

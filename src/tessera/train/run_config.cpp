@@ -624,15 +624,18 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.train.precision != "fp32" && c.train.precision != "bf16")
     v.fail("train.precision", c.train.precision, "must be \"fp32\" or \"bf16\"",
            "fp32 everywhere, or bf16 mixed precision (fp32 master weights)");
-  if (c.parallel.grad_reduce != "fp32" && c.parallel.grad_reduce != "bf16")
-    v.fail("parallel.grad_reduce", c.parallel.grad_reduce, "must be \"fp32\" or \"bf16\"",
-           "bf16 halves the bytes of the data-parallel gradient reduction");
-  if (c.parallel.tensor_dtype != "fp32" && c.parallel.tensor_dtype != "bf16")
-    v.fail("parallel.tensor_dtype", c.parallel.tensor_dtype, "must be \"fp32\" or \"bf16\"",
-           "bf16 halves the bytes tensor parallelism sums and gathers");
-  if (c.parallel.pipeline_dtype != "fp32" && c.parallel.pipeline_dtype != "bf16")
-    v.fail("parallel.pipeline_dtype", c.parallel.pipeline_dtype, "must be \"fp32\" or \"bf16\"",
-           "bf16 halves the bytes sent between pipeline stages");
+  // the dtypes of the messages: fp32, or bf16 (half the bytes)
+  auto message_dtype = [&](const char* key, const std::string& value, const char* what) {
+    if (value != "fp32" && value != "bf16")
+      v.fail(key, value, "must be \"fp32\" or \"bf16\"",
+             std::string("bf16 halves the bytes ") + what);
+  };
+  message_dtype("parallel.grad_reduce", c.parallel.grad_reduce,
+                "of the data-parallel gradient reduction");
+  message_dtype("parallel.tensor_dtype", c.parallel.tensor_dtype,
+                "tensor parallelism sums and gathers");
+  message_dtype("parallel.pipeline_dtype", c.parallel.pipeline_dtype,
+                "sent between pipeline stages");
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
