@@ -160,7 +160,7 @@ void DataParallel::complete(Pending& p) {
   const std::size_t mine = counts_in(bb, be)[comm_.rank()];
   if (!p.half.empty()) {  // bf16: the reduced values back where the fp32 reduction leaves them
     const std::size_t n = stage_ == 0 ? be - bb : mine;
-    for (std::size_t i = 0; i < n; ++i) p.data[i] = kernels::cpu::bf16_to_fp32(p.half[i]);
+    kernels::cpu::from_bf16(p.data, p.half.data(), static_cast<std::int64_t>(n));
     std::vector<std::uint16_t>().swap(p.half);
   }
   const std::size_t at = std::max(bb, shard_begin_);  // where this rank's part starts (flat index)
