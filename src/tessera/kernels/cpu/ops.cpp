@@ -56,7 +56,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 // ---------------------------------------------------------------- layernorm
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     float s = 0.0f;
@@ -327,7 +327,7 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
                      int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     float ss = 0.0f;
@@ -388,7 +388,7 @@ void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, const double*
     }
   const QkvRow row{NH, KV, hs};
   const std::int64_t W = row.width();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * T > 1)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       float* r = qkv + (static_cast<std::int64_t>(b) * T + t) * W;
@@ -416,7 +416,7 @@ void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const doub
 }
 
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
   for (std::int64_t i = 0; i < N; ++i) {
     const float* gate = inp + i * 2 * F;
     const float* up = gate + F;
