@@ -174,8 +174,8 @@ void check_case(const Case& k) {
   }
 }
 
-// 39 rows: the int8 4-bit kernel takes rows four, two and one at a time within chunks of 16
-// (16, 16, 7 = 4 + 2 + 1), so every path runs.
+// 39 rows: four tiles of 8 and a last one of 7 (its eighth row padding), which every kernel
+// must read without writing past the output.
 TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
   for (int bits : {4, 8, 3, 2})
     for (int group : {32, 128, -1})

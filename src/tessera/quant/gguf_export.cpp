@@ -31,25 +31,18 @@ std::string grid_problem(const PackedLinear& p, GgmlType type) {
   return "";
 }
 
-// The code of column j of row r (0..2^bits - 1).
-int code_at(const PackedLinear& p, int r, int j) {
-  return packed_code(p.codes.data() + static_cast<std::int64_t>(r) * p.row_bytes(), p.storage_bits,
-                     j);
-}
-
 // Row r of p as `type` blocks at out (grid_problem(p, type) must be "").
 void encode_row(const PackedLinear& p, int r, GgmlType type, std::byte* out) {
   const std::int64_t block_bytes = io::ggml_type_info(type).block_bytes;
   for (int b = 0; b < p.cols / 32; ++b) {
     const int g = b * 32 / p.group;
-    const std::uint16_t d = p.scales[static_cast<std::size_t>(r) * p.ngroups + g];
-    const int zero = p.sym ? p.zero_code() : p.zeros[static_cast<std::size_t>(r) * p.ngroups + g];
+    const std::uint16_t d = p.scales[p.group_index(r, g)];
+    const int zero = p.zero(r, g);
     std::byte* blk = out + b * block_bytes;
     std::memcpy(blk, &d, 2);
     if (type == GgmlType::Q8_0) {
       for (int i = 0; i < 32; ++i)
-        blk[2 + i] =
-            static_cast<std::byte>(static_cast<std::int8_t>(code_at(p, r, b * 32 + i) - zero));
+        blk[2 + i] = static_cast<std::byte>(static_cast<std::int8_t>(p.code(r, b * 32 + i) - zero));
       continue;
     }
     std::byte* qs = blk + (type == GgmlType::Q4_1 ? 4 : 2);
@@ -59,7 +52,7 @@ void encode_row(const PackedLinear& p, int r, GgmlType type, std::byte* out) {
     }
     const int shift = type == GgmlType::Q4_0 ? 8 - zero : 0;  // Q4_0: n = q - zero + 8
     for (int i = 0; i < 16; ++i) {
-      const int lo = code_at(p, r, b * 32 + i) + shift, hi = code_at(p, r, b * 32 + i + 16) + shift;
+      const int lo = p.code(r, b * 32 + i) + shift, hi = p.code(r, b * 32 + i + 16) + shift;
       qs[i] = static_cast<std::byte>(lo | (hi << 4));
     }
   }

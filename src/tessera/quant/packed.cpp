@@ -96,18 +96,29 @@ std::string PackedLinear::describe() const {
 
 namespace {
 
-// Writes the code of packed column j of a row (the block layout in packed.hpp); the row starts
-// zeroed.
-void set_code(std::uint8_t* row, int storage_bits, int j, int code) {
-  const int i = j % 32;
-  if (storage_bits == 8) {
-    row[j] = static_cast<std::uint8_t>(code);
-  } else if (storage_bits == 4) {
-    row[(j / 32) * 16 + i % 16] |= static_cast<std::uint8_t>(i < 16 ? code : code << 4);
+// Where the code of (row r, packed column j) lives in its block (the layout in packed.hpp):
+// byte (in the block) and bit shift; the 3-bit third bit in hi_byte / hi_shift.
+struct CodeSite {
+  int byte, shift, hi_byte, hi_shift;
+};
+CodeSite code_site(int storage_bits, int r, int j) {
+  const int c = j % 32, m = c / 4, lane = 4 * (r % k_tile_rows) + c % 4;
+  if (storage_bits == 8) return {32 * m + lane, 0, 0, 0};
+  if (storage_bits == 4) return {32 * (m / 2) + lane, 4 * (m % 2), 0, 0};
+  return {32 * (m / 4) + lane, 2 * (m % 4), 64 + lane, m};
+}
+
+// Sets the code of (row r, packed column j) in codes that start zeroed.
+void set_code(PackedLinear& p, int r, int j, int code) {
+  const CodeSite at = code_site(p.storage_bits, r, j);
+  std::uint8_t* blk =
+      p.codes.data() +
+      (static_cast<std::size_t>(r / k_tile_rows) * (p.colsp / 32) + j / 32) * p.block_bytes();
+  if (p.storage_bits == 3) {
+    blk[at.byte] |= static_cast<std::uint8_t>((code & 3) << at.shift);
+    blk[at.hi_byte] |= static_cast<std::uint8_t>(((code >> 2) & 1) << at.hi_shift);
   } else {
-    std::uint8_t* blk = row + (j / 32) * 12;
-    blk[i % 8] |= static_cast<std::uint8_t>((code & 3) << (2 * (i / 8)));
-    blk[8 + i / 8] |= static_cast<std::uint8_t>(((code >> 2) & 1) << (i % 8));
+    blk[at.byte] |= static_cast<std::uint8_t>(code << at.shift);
   }
 }
 
@@ -154,11 +165,13 @@ void check_shapes(const QuantizedLinear& ql, int ng) {
 // Scales and zeros of every (row, group); sym stays true only if every zero is the middle code.
 void pack_scales(PackedLinear& p, const QuantizedLinear& ql) {
   const int maxq = (1 << p.bits) - 1;
-  p.scales.resize(ql.scales.size());
+  const std::size_t n = static_cast<std::size_t>(p.tiles()) * p.ngroups * k_tile_rows;
+  p.scales.assign(n, 0);  // padding rows: scale 0
   for (std::size_t i = 0; i < ql.scales.size(); ++i) {
     const float s = ql.scales[i];
-    p.scales[i] = encode_scale(s, p.scale_type);
-    const float back = decode_scale(p.scales[i], p.scale_type);
+    const std::size_t at = p.group_index(static_cast<int>(i / p.ngroups), i % p.ngroups);
+    p.scales[at] = encode_scale(s, p.scale_type);
+    const float back = decode_scale(p.scales[at], p.scale_type);
     if (!std::isfinite(back) || (back == 0.0f && s != 0.0f))
       throw Error(fmt::format("scale {} does not fit {}", s, scale_type_name(p.scale_type)),
                   "pack with bf16 scales, which have fp32's range");
@@ -170,9 +183,10 @@ void pack_scales(PackedLinear& p, const QuantizedLinear& ql) {
     p.sym = p.sym && static_cast<int>(z) == p.zero_code();
   }
   if (!p.sym) {
-    p.zeros.resize(ql.zeros.size());
+    p.zeros.assign(n, 0);
     for (std::size_t i = 0; i < ql.zeros.size(); ++i)
-      p.zeros[i] = static_cast<std::uint8_t>(ql.zeros[i]);
+      p.zeros[p.group_index(static_cast<int>(i / p.ngroups), i % p.ngroups)] =
+          static_cast<std::uint8_t>(ql.zeros[i]);
   }
 }
 
@@ -201,16 +215,15 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   pack_scales(p, ql);
   std::vector<std::int32_t> order = group_order(ql, G, ng);
   const int maxq = (1 << p.bits) - 1;
-  p.codes.assign(static_cast<std::size_t>(p.rows) * p.row_bytes(), 0);
+  p.codes.assign(static_cast<std::size_t>(p.tiles()) * (p.colsp / 32) * p.block_bytes(), 0);
   for (int r = 0; r < p.rows; ++r) {
     const std::uint8_t* qr = ql.q.data() + static_cast<std::size_t>(r) * cols;
-    std::uint8_t* dst = p.codes.data() + static_cast<std::size_t>(r) * p.row_bytes();
     for (int j = 0; j < cols; ++j) {
       const int code = qr[order.empty() ? j : order[j]];
       if (code > maxq)
         throw Error(fmt::format("code {} exceeds the {}-bit maximum {}", code, p.bits, maxq),
                     "the linear's codes and bit width disagree; re-quantize it");
-      set_code(dst, p.storage_bits, j, code);
+      set_code(p, r, j, code);
     }
   }
   if (!order.empty()) {
@@ -224,13 +237,23 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   return p;
 }
 
+float PackedLinear::scale(int r, int g) const {
+  return decode_scale(scales[group_index(r, g)], scale_type);
+}
+
+int PackedLinear::code(int r, int j) const {
+  const CodeSite at = code_site(storage_bits, r, j);
+  const std::uint8_t* blk = block(r / k_tile_rows, j / 32);
+  if (storage_bits == 8) return blk[at.byte];
+  if (storage_bits == 4) return (blk[at.byte] >> at.shift) & 15;
+  return ((blk[at.byte] >> at.shift) & 3) | (((blk[at.hi_byte] >> at.hi_shift) & 1) << 2);
+}
+
 void PackedLinear::dequantize_row(int r, float* w) const {
-  const std::uint8_t* row = codes.data() + static_cast<std::size_t>(r) * row_bytes();
   for (int j = 0; j < cols; ++j) {
-    const std::size_t gi = static_cast<std::size_t>(r) * ngroups + j / group;
-    const float s = decode_scale(scales[gi], scale_type);
-    const float z = sym ? static_cast<float>(zero_code()) : static_cast<float>(zeros[gi]);
-    float v = s * (static_cast<float>(packed_code(row, storage_bits, j)) - z);
+    const float s = scale(r, j / group);
+    const float z = static_cast<float>(zero(r, j / group));
+    float v = s * (static_cast<float>(code(r, j)) - z);
     if (!in_scale.empty()) v /= in_scale[j];
     w[perm.empty() ? j : perm[j]] = v;
   }

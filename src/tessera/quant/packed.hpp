@@ -8,16 +8,25 @@
 //    the columns by group (perm[j] = the original column stored at j), so every group is a run of
 //    contiguous columns; the kernels gather the input through perm. Each row is padded with
 //    zero-code columns to colsp (a multiple of 32); the padded inputs are zero.
-//  - Codes of a row come in blocks of 32 columns. 3-bit storage (bits 2..3): 12 bytes per block,
-//    bytes 0..7 the low two bits (byte i: column i in bits 0-1, i + 8 in bits 2-3, i + 16 in bits
-//    4-5, i + 24 in bits 6-7), bytes 8..11 the third bit (bit c of their little-endian uint32:
-//    column c). 4-bit storage (bits 4): 16 bytes per block, byte i holds column i in its low
-//    nibble and column i + 16 in its high nibble. 8-bit storage (bits 5..8): 32 bytes per block.
+//  - Rows come in tiles of 8 (k_tile_rows), the last one padded with zero rows (zero codes and
+//    scales). A tile is stored block after block (a block: 32 columns of its 8 rows), and inside
+//    a block the rows are interleaved four columns at a time: the codes of columns 4m..4m+3 of
+//    the 8 rows form one 32-byte vector, row r in its bytes 4r..4r+3 (the "vector m" of the
+//    block, m = 0..7). A matrix-vector kernel multiplies vector m by columns 4m..4m+3 of the
+//    input broadcast to every row, so 8 output rows accumulate in the lanes of one register and
+//    the weights stream from one place. Storage of a block's vectors:
+//      8-bit (bits 5..8): 256 bytes, vector m at byte 32m;
+//      4-bit (bits 4): 128 bytes, the low nibbles of bytes 32k..32k+31 are vector 2k, the high
+//        nibbles vector 2k + 1;
+//      3-bit (bits 2..3): 96 bytes: bits 2s..2s+1 of bytes 0..31 hold the low two bits of vector
+//        s and those of bytes 32..63 of vector 4 + s (s = 0..3); bit m of bytes 64..95 holds the
+//        third bit of vector m.
 //  - A group is `group` columns (a multiple of 32; per channel: the whole padded row); the last
 //    group of a row may be shorter (576 = 4 x 128 + 64). Block b of a row belongs to group
 //    b * 32 / group.
-//  - scales (rows, ngroups) as fp16 or bf16 bits; zeros (rows, ngroups) as uint8 codes for
-//    asymmetric formats (symmetric formats store none: zero = (maxq + 1) / 2).
+//  - scales as fp16 or bf16 bits and zeros as uint8 codes (asymmetric formats; symmetric ones
+//    store none: zero = (maxq + 1) / 2), tiled as the codes: the 8 rows of a tile side by side
+//    per group, (row, group) at group_index(row, group).
 //  - in_scale (AWQ, colsp in packed order, or empty): the input is divided by it before the dot
 //    product, which is the dequantized weight's division of its columns.
 // Dequantized weight: w[r, perm[j]] = scale[r, j / group] * (q[r, j] - zero[r, j / group]) /
@@ -48,6 +57,8 @@ const char* isa_name(Isa isa);  // "portable" | "avx2" | "avx512"
 bool isa_supported(Isa isa);    // by this CPU
 Isa best_isa();
 
+constexpr int k_tile_rows = 8;
+
 struct PackedLinear {
   int rows = 0, cols = 0;  // (OC, IC) of the original linear
   int colsp = 0;           // cols padded to a multiple of 32
@@ -57,14 +68,26 @@ struct PackedLinear {
   int ngroups = 0;
   bool sym = false;
   ScaleType scale_type = ScaleType::F16;
-  std::vector<std::uint8_t> codes;    // (rows, row_bytes())
-  std::vector<std::uint16_t> scales;  // (rows, ngroups)
-  std::vector<std::uint8_t> zeros;    // (rows, ngroups); empty if sym
+  std::vector<std::uint8_t> codes;    // (tiles(), colsp / 32, block_bytes())
+  std::vector<std::uint16_t> scales;  // (tiles(), ngroups, 8)
+  std::vector<std::uint8_t> zeros;    // (tiles(), ngroups, 8); empty if sym
   std::vector<std::int32_t> perm;  // (colsp): original column of packed column j; empty = identity
   std::vector<float> in_scale;     // (colsp) in packed order (1 in the padding), or empty
 
-  std::int64_t row_bytes() const { return std::int64_t(colsp) * storage_bits / 8; }
+  int tiles() const { return (rows + k_tile_rows - 1) / k_tile_rows; }
+  int block_bytes() const { return 32 * storage_bits; }  // 8 rows x 32 columns
+  // The codes of block b (columns 32b..32b+31) of tile t.
+  const std::uint8_t* block(int t, int b) const {
+    return codes.data() + (static_cast<std::size_t>(t) * (colsp / 32) + b) * block_bytes();
+  }
+  std::size_t group_index(int r, int g) const {  // of (row, group) in scales and zeros
+    return (static_cast<std::size_t>(r / k_tile_rows) * ngroups + g) * k_tile_rows +
+           r % k_tile_rows;
+  }
   int zero_code() const { return (1 << (bits - 1)); }  // symmetric formats: (maxq + 1) / 2
+  int zero(int r, int g) const { return sym ? zero_code() : zeros[group_index(r, g)]; }
+  float scale(int r, int g) const;
+  int code(int r, int j) const;  // of row r, packed column j
   // Bytes of the weight as the kernels read it (codes, scales, zeros; perm and in_scale too).
   std::int64_t bytes() const;
   // bytes() * 8 / (rows * cols): 4 + 16/128 + 8/128 = 4.19 for W4 g128 asym, 3.19 for W3.
@@ -73,18 +96,6 @@ struct PackedLinear {
   void dequantize(float* w) const;             // w (rows, cols), original column order
   void dequantize_row(int r, float* w) const;  // w (cols): row r, original column order
 };
-
-// The code of packed column j of a row stored with storage_bits (the block layout above).
-inline int packed_code(const std::uint8_t* row, int storage_bits, int j) {
-  const int i = j % 32;
-  if (storage_bits == 8) return row[j];
-  if (storage_bits == 4) {
-    const std::uint8_t b = row[(j / 32) * 16 + i % 16];
-    return i < 16 ? (b & 15) : (b >> 4);
-  }
-  const std::uint8_t* blk = row + (j / 32) * 12;
-  return ((blk[i % 8] >> (2 * (i / 8))) & 3) | (((blk[8 + i / 8] >> (i % 8)) & 1) << 2);
-}
 
 // Packs a quantized linear. Throws tessera::Error (with a hint) for what the packed form cannot
 // hold: a group size that is not a multiple of 32 (or per channel), non-integer or out-of-range

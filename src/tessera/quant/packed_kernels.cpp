@@ -1,6 +1,8 @@
 // The packed kernels (see packed.hpp): the input is prepared once per call (gathered through
 // perm, divided by in_scale, zero-padded to colsp, plus its sum per group), then every output row
 // is sum_g scale[g] * (sum_{c in g} q[c] * x[c] - zero[g] * sum_{c in g} x[c]).
+// The codes are read a tile of 8 rows at a time, unpacked to one byte per column (the
+// interleaved tile layout is made for the int8 kernels' broadcasts, not for row-wise fp32 dots).
 // The SIMD bodies (packed_simd.inc) are compiled once per ISA in a target region (GCC's
 // target pragma, clang's target attribute on every function of the region); the portable
 // path is plain C++. The ISA is an argument, so tests run every path on one machine.
@@ -30,7 +32,7 @@ namespace {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 namespace avx512 {
-#include "tessera/quant/packed_unpack3.inc"
+#include "tessera/quant/packed_tile.inc"
 struct V {
   using T = __m512;
   static constexpr int W = 16, K = 2;
@@ -49,20 +51,9 @@ struct V {
     return _mm_cvtss_f32(s);
   }
   static T cvt(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
-  static void decode4(const std::uint8_t* p, T* q) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i m = _mm_set1_epi8(0x0F);
-    q[0] = cvt(_mm_and_si128(b, m));
-    q[1] = cvt(_mm_and_si128(_mm_srli_epi16(b, 4), m));
-  }
-  static void decode8(const std::uint8_t* p, T* q) {
+  static void decode(const std::uint8_t* p, T* q) {
     q[0] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     q[1] = cvt(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-  }
-  static void decode3(const std::uint8_t* p, T* q) {
-    const __m256i c = unpack3(p);
-    q[0] = cvt(_mm256_castsi256_si128(c));
-    q[1] = cvt(_mm256_extracti128_si256(c, 1));
   }
 };
 #include "tessera/quant/packed_simd.inc"
@@ -80,7 +71,7 @@ struct V {
 #pragma GCC target("avx2,fma,f16c")
 #endif
 namespace avx2 {
-#include "tessera/quant/packed_unpack3.inc"
+#include "tessera/quant/packed_tile.inc"
 struct V {
   using T = __m256;
   static constexpr int W = 8, K = 4;
@@ -101,20 +92,9 @@ struct V {
     q[0] = cvt(b);
     q[1] = cvt(_mm_srli_si128(b, 8));
   }
-  static void decode4(const std::uint8_t* p, T* q) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i m = _mm_set1_epi8(0x0F);
-    split(_mm_and_si128(b, m), q);
-    split(_mm_and_si128(_mm_srli_epi16(b, 4), m), q + 2);
-  }
-  static void decode8(const std::uint8_t* p, T* q) {
+  static void decode(const std::uint8_t* p, T* q) {
     split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), q);
     split(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)), q + 2);
-  }
-  static void decode3(const std::uint8_t* p, T* q) {
-    const __m256i c = unpack3(p);
-    split(_mm256_castsi256_si128(c), q);
-    split(_mm256_extracti128_si256(c, 1), q + 2);
   }
 };
 #include "tessera/quant/packed_simd.inc"
@@ -126,16 +106,18 @@ struct V {
 #endif
 
 namespace portable {
-int code(const std::uint8_t* row, int sb, int j) {
-  return packed_code(row, sb, j);
+void unpack_tile(const PackedLinear& w, int t, std::uint8_t* out) {
+  for (int i = 0; i < k_tile_rows; ++i)
+    for (int j = 0; j < w.colsp; ++j)
+      out[static_cast<std::size_t>(i) * w.colsp + j] =
+          static_cast<std::uint8_t>(w.code(t * k_tile_rows + i, j));
 }
-float row_dot(const std::uint8_t* row, int sb, const float* xp, const float* s, int colsp,
-              int group) {
+float row_dot(const std::uint8_t* row, const float* xp, const float* s, int colsp, int group) {
   float total = 0.0f;
   for (int c0 = 0, g = 0; c0 < colsp; c0 += group, ++g) {
     float acc = 0.0f;
     for (int c = c0; c < std::min(c0 + group, colsp); ++c)
-      acc += static_cast<float>(code(row, sb, c)) * xp[c];
+      acc += static_cast<float>(row[c]) * xp[c];
     total += s[g] * acc;
   }
   return total;
@@ -173,61 +155,63 @@ void prepare(const PackedLinear& w, const float* X, std::int64_t N, float* xp, f
   }
 }
 
-// s (ngroups) = the row's decoded scales; returns sum_g s[g] * zero[g] * xsum[g].
+// out (8 rows x colsp) = the code bytes of tile t.
+void unpack_tile(const PackedLinear& w, int t, std::uint8_t* out, Isa isa) {
+  switch (isa) {
+    case Isa::Avx512:
+      return avx512::unpack_tile(w, t, out);
+    case Isa::Avx2:
+      return avx2::unpack_tile(w, t, out);
+    case Isa::Portable:
+      break;
+  }
+  portable::unpack_tile(w, t, out);
+}
+
+// s (ngroups) = row r's decoded scales; returns sum_g s[g] * zero[g] * xsum[g].
 float row_scales(const PackedLinear& w, int r, const float* xsum, float* s) {
   float zterm = 0.0f;
   for (int g = 0; g < w.ngroups; ++g) {
-    const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
-    s[g] = decode_scale(w.scales[i], w.scale_type);
-    const int z = w.sym ? w.zero_code() : w.zeros[i];
-    zterm += s[g] * static_cast<float>(z) * xsum[g];
+    s[g] = w.scale(r, g);
+    zterm += s[g] * static_cast<float>(w.zero(r, g)) * xsum[g];
   }
   return zterm;
 }
 
-float row_dot(const PackedLinear& w, int r, const float* xp, const float* s, Isa isa) {
-  const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
-  const int nb = w.colsp / 32, bpg = w.group / 32, sb = w.storage_bits;
+// The dot of one row of code bytes with xp, scaled per group by s.
+float row_dot(const PackedLinear& w, const std::uint8_t* row, const float* xp, const float* s,
+              Isa isa) {
+  const int nb = w.colsp / 32, bpg = w.group / 32;
   switch (isa) {
     case Isa::Avx512:
-      return sb == 4   ? avx512::row_dot<4>(row, xp, s, nb, bpg)
-             : sb == 3 ? avx512::row_dot<3>(row, xp, s, nb, bpg)
-                       : avx512::row_dot<8>(row, xp, s, nb, bpg);
+      return avx512::row_dot(row, xp, s, nb, bpg);
     case Isa::Avx2:
-      return sb == 4   ? avx2::row_dot<4>(row, xp, s, nb, bpg)
-             : sb == 3 ? avx2::row_dot<3>(row, xp, s, nb, bpg)
-                       : avx2::row_dot<8>(row, xp, s, nb, bpg);
+      return avx2::row_dot(row, xp, s, nb, bpg);
     case Isa::Portable:
       break;
   }
-  return portable::row_dot(row, w.storage_bits, xp, s, w.colsp, w.group);
+  return portable::row_dot(row, xp, s, w.colsp, w.group);
 }
 
-// wt (colsp) = the decoded row r in packed order: scale * q - scale * zero (in_scale is in the
-// input); s, sz (ngroups) scratch.
-void decode_row(const PackedLinear& w, int r, float* wt, float* s, float* sz, Isa isa) {
-  const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
+// wt (colsp) = row r (its code bytes: row) decoded in packed order: scale * q - scale * zero
+// (in_scale is in the input); s, sz (ngroups) scratch.
+void decode_row(const PackedLinear& w, int r, const std::uint8_t* row, float* wt, float* s,
+                float* sz, Isa isa) {
   for (int g = 0; g < w.ngroups; ++g) {
-    const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
-    s[g] = decode_scale(w.scales[i], w.scale_type);
-    sz[g] = s[g] * static_cast<float>(w.sym ? w.zero_code() : w.zeros[i]);
+    s[g] = w.scale(r, g);
+    sz[g] = s[g] * static_cast<float>(w.zero(r, g));
   }
-  const int nb = w.colsp / 32, bpg = w.group / 32, sb = w.storage_bits;
+  const int nb = w.colsp / 32, bpg = w.group / 32;
   switch (isa) {
     case Isa::Avx512:
-      return sb == 4   ? avx512::decode_row<4>(row, s, sz, nb, bpg, wt)
-             : sb == 3 ? avx512::decode_row<3>(row, s, sz, nb, bpg, wt)
-                       : avx512::decode_row<8>(row, s, sz, nb, bpg, wt);
+      return avx512::decode_row(row, s, sz, nb, bpg, wt);
     case Isa::Avx2:
-      return sb == 4   ? avx2::decode_row<4>(row, s, sz, nb, bpg, wt)
-             : sb == 3 ? avx2::decode_row<3>(row, s, sz, nb, bpg, wt)
-                       : avx2::decode_row<8>(row, s, sz, nb, bpg, wt);
+      return avx2::decode_row(row, s, sz, nb, bpg, wt);
     case Isa::Portable:
       break;
   }
   for (int j = 0; j < w.colsp; ++j)
-    wt[j] = s[j / w.group] * static_cast<float>(portable::code(row, w.storage_bits, j)) -
-            sz[j / w.group];
+    wt[j] = s[j / w.group] * static_cast<float>(row[j]) - sz[j / w.group];
 }
 
 // Y[n, i] (ldy apart) = dot(xp[n], wt[i]) for n < N, i < R; xp (N, n32), wt (R, n32). The SIMD
@@ -249,16 +233,23 @@ void tile_product(float* Y, std::int64_t ldy, const float* xp, std::int64_t N, c
 
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
   check_isa(isa);
-  std::vector<float> xp(w.colsp), xsum(w.ngroups);
+  const int cp = w.colsp;
+  std::vector<float> xp(cp), xsum(w.ngroups);
   prepare(w, x, 1, xp.data(), xsum.data());
 #pragma omp parallel
   {
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(k_tile_rows) * cp);
     std::vector<float> s(w.ngroups);
 #pragma omp for schedule(static)
-    for (int r = 0; r < w.rows; ++r) {
-      const float zterm = row_scales(w, r, xsum.data(), s.data());
-      const float v = row_dot(w, r, xp.data(), s.data(), isa) - zterm;
-      y[r] = bias ? v + bias[r] : v;
+    for (int t = 0; t < w.tiles(); ++t) {
+      unpack_tile(w, t, q.data(), isa);
+      for (int i = 0; i < k_tile_rows && t * k_tile_rows + i < w.rows; ++i) {
+        const int r = t * k_tile_rows + i;
+        const float zterm = row_scales(w, r, xsum.data(), s.data());
+        const float v =
+            row_dot(w, q.data() + std::size_t(i) * cp, xp.data(), s.data(), isa) - zterm;
+        y[r] = bias ? v + bias[r] : v;
+      }
     }
   }
 }
@@ -267,7 +258,7 @@ void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float*
                    std::int64_t N, Isa isa) {
   check_isa(isa);
   if (N <= 0) return;
-  constexpr int kTile = 64;
+  constexpr int kTile = 64;  // rows decoded at once: 8 tiles of the layout
   const int cp = w.colsp;
   std::vector<float> xp(static_cast<std::size_t>(N) * cp),
       xsum(static_cast<std::size_t>(N) * w.ngroups);
@@ -276,11 +267,16 @@ void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float*
 #pragma omp parallel
   {
     std::vector<float> wt(static_cast<std::size_t>(kTile) * cp), s(w.ngroups), sz(w.ngroups);
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(k_tile_rows) * cp);
 #pragma omp for schedule(static)
     for (int t = 0; t < ntiles; ++t) {
       const int r0 = t * kTile, R = std::min(kTile, w.rows - r0);
-      for (int i = 0; i < R; ++i)
-        decode_row(w, r0 + i, wt.data() + std::size_t(i) * cp, s.data(), sz.data(), isa);
+      for (int i = 0; i < R; ++i) {
+        const int r = r0 + i;
+        if (r % k_tile_rows == 0) unpack_tile(w, r / k_tile_rows, q.data(), isa);
+        decode_row(w, r, q.data() + std::size_t(r % k_tile_rows) * cp,
+                   wt.data() + std::size_t(i) * cp, s.data(), sz.data(), isa);
+      }
       tile_product(Y + r0, w.rows, xp.data(), N, wt.data(), R, cp, isa);
       if (bias)
         for (std::int64_t n = 0; n < N; ++n)

@@ -7,11 +7,14 @@
 //   y[r] = sum_g s[g] * (sum_{b in g} d[b] * sum_{c in b} q[c] xq[c] - z[g] * xs[g]),
 //   xs[g] = sum_{b in g} d[b] * sum_{c in b} xq[c]   (the quantized input's group sum).
 //
-// 4-bit codes (0..15) are unsigned bytes: AVX2's maddubs (u8 x s8 pairs summed in int16) cannot
-// overflow (2 x 15 x 127). 8-bit storage holds codes up to 255, whose pairs would: the codes are
-// shifted to signed (q - 128, the zero with them) and multiplied as |q - 128| x (xq with the sign
-// of q - 128), at most 2 x 128 x 127 = 32512 per pair. With AVX-512 VNNI the pairs and the
-// int16 step become one dpbusd (u8 x s8 sums of four into int32).
+// The SIMD kernels take a tile of 8 rows at a time (the layout in packed.hpp): each vector of
+// codes (4 columns of the 8 rows) is multiplied by those 4 inputs broadcast, so the 8 rows' sums
+// build up in the lanes of one register. 3- and 4-bit codes are unsigned bytes: AVX2's maddubs
+// (u8 x s8 pairs summed in int16) cannot overflow (2 x 15 x 127), and the int16 pairs of a whole
+// block add up before one widening to int32. 8-bit storage holds codes up to 255, whose pairs
+// would overflow: the codes are shifted to signed (q - 128, the zero with them) and multiplied as
+// |q - 128| x (xq with the sign of q - 128), at most 2 x 128 x 127 = 32512 per pair. With AVX-512
+// VNNI the pairs and the int16 step become one dpbusd (u8 x s8 sums of four into int32).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -30,23 +33,11 @@ namespace tessera::quant {
 namespace {
 
 // The input of one product: xq (colsp) int8 codes in column order, d (colsp / 32) block scales,
-// xs (ngroups, zero-padded to a multiple of 8) group sums of the quantized input; for the 4-bit
-// SIMD path also xpair, xq in pair order (see pair_order), and dd, d as 8 lanes per pair of
-// blocks (d[b] x 4, d[b + 1] x 4).
+// xs (ngroups, zero-padded to a multiple of 8) group sums of the quantized input.
 struct Q8Input {
-  std::vector<std::int8_t> xq, xpair;
-  std::vector<float> d, xs, dd;
+  std::vector<std::int8_t> xq;
+  std::vector<float> d, xs;
 };
-
-// Whether the 4-bit SIMD path reads two blocks at a time: the blocks 2k, 2k + 1 of a row are 32
-// contiguous bytes whose low nibbles are the first 16 columns of each block and the high nibbles
-// the last 16. Pair order puts the input the same way: per pair, block 2k's columns 0..15, block
-// 2k + 1's 0..15, block 2k's 16..31, block 2k + 1's 16..31 (a last unpaired block stays in column
-// order). It needs every pair inside one group, or one group per block (groups of 32).
-bool pair_order(const PackedLinear& w) {
-  const int bpg = w.group / 32;
-  return w.storage_bits == 4 && (bpg % 2 == 0 || bpg == 1 || w.ngroups == 1);
-}
 
 // Rounds to the nearest integer, ties to even (the default rounding mode), in one instruction.
 inline int round_even(float v) {
@@ -79,14 +70,11 @@ int codes_scalar(const float* xp, float inv, std::int8_t* xq) {
 
 constexpr BlockQuantizer k_scalar_quantizer{absmax_scalar, codes_scalar};
 
-Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActScale scale,
+Q8Input quantize_input(const PackedLinear& w, const float* x, ActScale scale,
                        const BlockQuantizer& bq) {
   const int cp = w.colsp, nb = cp / 32;
-  Q8Input in{std::vector<std::int8_t>(cp),
-             {},
-             std::vector<float>(nb),
-             std::vector<float>((static_cast<std::size_t>(w.ngroups) + 7) / 8 * 8),
-             {}};
+  Q8Input in{std::vector<std::int8_t>(cp), std::vector<float>(nb),
+             std::vector<float>((static_cast<std::size_t>(w.ngroups) + 7) / 8 * 8)};
   std::vector<float> xp(cp, 0.0f);
   for (int j = 0; j < w.cols; ++j) {
     const float v = x[w.perm.empty() ? j : w.perm[j]];
@@ -103,26 +91,7 @@ Q8Input quantize_input(const PackedLinear& w, const float* x, bool pairs, ActSca
     in.d[b] = d;
     in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
   }
-  if (!pairs) return in;
-  in.xpair = in.xq;
-  in.dd.assign(static_cast<std::size_t>(nb / 2) * 8, 0.0f);
-  for (int b = 0; b + 1 < nb; b += 2) {
-    const std::int8_t* src = in.xq.data() + b * 32;
-    std::int8_t* dst = in.xpair.data() + b * 32;
-    std::memcpy(dst, src, 16);            // block b, columns 0..15
-    std::memcpy(dst + 16, src + 32, 16);  // block b + 1, columns 0..15
-    std::memcpy(dst + 32, src + 16, 16);  // block b, columns 16..31
-    std::memcpy(dst + 48, src + 48, 16);  // block b + 1, columns 16..31
-    for (int i = 0; i < 8; ++i) in.dd[b * 4 + i] = in.d[b + i / 4];
-  }
   return in;
-}
-
-inline float bf16_bits_to_float(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 #if defined(__clang__)
@@ -132,16 +101,16 @@ inline float bf16_bits_to_float(std::uint16_t h) {
 #pragma GCC target("avx2,fma,f16c")
 #endif
 namespace avx2 {
-#include "tessera/quant/packed_unpack3.inc"
+#include "tessera/quant/packed_tile.inc"
 struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands above), then int32
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
     return _mm256_add_epi32(acc, p);
   }
-  static __m256i dot2(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  static __m256i dot16(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s));
   }
+  static __m256i widen(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 };
 #include "tessera/quant/packed_q8_simd.inc"
 
@@ -196,12 +165,11 @@ const BlockQuantizer& quantizer(Isa isa) {
 #pragma GCC target("avx512vnni,avx512vl,avx512f,avx512bw,avx2,fma,f16c")
 #endif
 namespace vnni {
-#include "tessera/quant/packed_unpack3.inc"
+#include "tessera/quant/packed_tile.inc"
 struct D {  // dpbusd: u8 x s8 sums of four straight into int32
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
-  static __m256i dot2(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
-  }
+  static __m256i dot16(__m256i acc, __m256i u, __m256i s) { return dot(acc, u, s); }
+  static __m256i widen(__m256i acc) { return acc; }
 };
 #include "tessera/quant/packed_q8_simd.inc"
 }  // namespace vnni
@@ -212,30 +180,36 @@ struct D {  // dpbusd: u8 x s8 sums of four straight into int32
 #endif
 
 void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, float* y,
-                   const float* bias, float* s) {
-  const int sb = w.storage_bits, shift = sb == 8 ? 128 : 0;
+                   const float* bias) {
+  const int shift = w.storage_bits == 8 ? 128 : 0;
   for (int r = r0; r < r1; ++r) {
-    const std::uint8_t* row = w.codes.data() + static_cast<std::size_t>(r) * w.row_bytes();
     float total = 0.0f, zterm = 0.0f;
     for (int g = 0; g < w.ngroups; ++g) {
-      const std::size_t i = static_cast<std::size_t>(r) * w.ngroups + g;
-      s[g] = decode_scale(w.scales[i], w.scale_type);
-      const int z = (w.sym ? w.zero_code() : w.zeros[i]) - shift;
-      zterm += s[g] * static_cast<float>(z) * in.xs[g];
+      const float s = w.scale(r, g);
+      zterm += s * static_cast<float>(w.zero(r, g) - shift) * in.xs[g];
       float acc = 0.0f;
       for (int b = g * w.group / 32; b < std::min((g + 1) * w.group, w.colsp) / 32; ++b) {
         std::int32_t dot = 0;
-        for (int c = b * 32; c < b * 32 + 32; ++c) {
-          const int q = packed_code(row, sb, c) - shift;
-          dot += q * in.xq[c];
-        }
+        for (int c = b * 32; c < b * 32 + 32; ++c) dot += (w.code(r, c) - shift) * in.xq[c];
         acc += in.d[b] * static_cast<float>(dot);
       }
-      total += s[g] * acc;
+      total += s * acc;
     }
     const float v = total - zterm;
     y[r] = bias ? v + bias[r] : v;
   }
+}
+
+// The tiles t0 <= t < t1 with isa's SIMD body for the storage width.
+template <typename Body3, typename Body4, typename Body8>
+void run_tiles(const PackedLinear& w, const Q8Input& in, int t0, int t1, float* y,
+               const float* bias, Body3 b3, Body4 b4, Body8 b8) {
+  if (w.storage_bits == 3)
+    b3(w, in, t0, t1, y, bias);
+  else if (w.storage_bits == 4)
+    b4(w, in, t0, t1, y, bias);
+  else
+    b8(w, in, t0, t1, y, bias);
 }
 
 bool cpu_has_vnni() {
@@ -261,30 +235,26 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   if (!isa_supported(isa))
     throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
                 "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-  const Q8Input in =
-      quantize_input(w, x, isa != Isa::Portable && pair_order(w), scale, quantizer(isa));
+  const Q8Input in = quantize_input(w, x, scale, quantizer(isa));
   const bool vnni = isa == Isa::Avx512 && cpu_has_vnni();
-  constexpr int kChunk = 16;  // rows per scheduling unit
-  const int nchunks = (w.rows + kChunk - 1) / kChunk;
+  const int ntiles = w.tiles();
 #pragma omp parallel
-  {
-    std::vector<float> s(4 * static_cast<std::size_t>(w.ngroups) + 8);  // four rows' scales
-#pragma omp for schedule(static)
-    for (int t = 0; t < nchunks; ++t) {
-      const int r0 = t * kChunk, r1 = std::min(w.rows, r0 + kChunk);
-      if (vnni)
-        vnni::rows(w, in, r0, r1, y, bias, s.data());
-      else if (isa != Isa::Portable)
-        avx2::rows(w, in, r0, r1, y, bias, s.data());
-      else
-        portable_rows(w, in, r0, r1, y, bias, s.data());
-    }
+  {  // contiguous runs of tiles, one per thread (the prefetch runs ahead inside a run)
+    const int n = omp_get_num_threads(), i = omp_get_thread_num();
+    const int t0 = static_cast<int>(std::int64_t(ntiles) * i / n);
+    const int t1 = static_cast<int>(std::int64_t(ntiles) * (i + 1) / n);
+    if (vnni)
+      run_tiles(w, in, t0, t1, y, bias, vnni::tiles<3>, vnni::tiles<4>, vnni::tiles<8>);
+    else if (isa != Isa::Portable)
+      run_tiles(w, in, t0, t1, y, bias, avx2::tiles<3>, avx2::tiles<4>, avx2::tiles<8>);
+    else
+      portable_rows(w, in, t0 * k_tile_rows, std::min(w.rows, t1 * k_tile_rows), y, bias);
   }
 }
 
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
                        ActScale scale, Isa isa) {
-  const Q8Input in = quantize_input(w, x, false, scale, quantizer(isa));
+  const Q8Input in = quantize_input(w, x, scale, quantizer(isa));
   std::copy(in.xq.begin(), in.xq.end(), xq);
   std::copy(in.d.begin(), in.d.end(), d);
 }
