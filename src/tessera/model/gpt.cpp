@@ -381,13 +381,15 @@ float dot8(const float* a, const float* b, int n) {
 }  // namespace
 
 // Causal attention of the newest position over the cache; out (NH * hs). Heads in parallel once
-// the cache is long enough to pay for the threads (each head has its own row of scores_).
+// the cache is long enough to pay for the threads (each head has its own row of scores_): from 16
+// positions, where SmolLM2-135M's 30 layers measured 0.43 -> 0.28 ms per token with 2 threads
+// (the cache is read back from memory each token, after the weights streamed through).
 void Decoder::attend(float* out, const float* q, const float* kc, const float* vc, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, hs = cfg.head_dim(), group = NH / cfg.kv_heads();
   const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-#pragma omp parallel for schedule(static) if (t >= 64)
+#pragma omp parallel for schedule(static) if (t >= 16)
   for (int h = 0; h < NH; ++h) {
     const float* qh = q + h * hs;
     const std::size_t g = static_cast<std::size_t>(h / group) * hs;
