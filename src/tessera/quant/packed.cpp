@@ -111,9 +111,7 @@ CodeSite code_site(int storage_bits, int r, int j) {
 // Sets the code of (row r, packed column j) in codes that start zeroed.
 void set_code(PackedLinear& p, int r, int j, int code) {
   const CodeSite at = code_site(p.storage_bits, r, j);
-  std::uint8_t* blk =
-      p.codes.data() +
-      (static_cast<std::size_t>(r / k_tile_rows) * (p.colsp / 32) + j / 32) * p.block_bytes();
+  std::uint8_t* blk = p.codes.data() + p.block_offset(r / k_tile_rows, j / 32);
   if (p.storage_bits == 3) {
     blk[at.byte] |= static_cast<std::uint8_t>((code & 3) << at.shift);
     blk[at.hi_byte] |= static_cast<std::uint8_t>(((code >> 2) & 1) << at.hi_shift);

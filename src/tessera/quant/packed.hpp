@@ -76,10 +76,11 @@ struct PackedLinear {
 
   int tiles() const { return (rows + k_tile_rows - 1) / k_tile_rows; }
   int block_bytes() const { return 32 * storage_bits; }  // 8 rows x 32 columns
-  // The codes of block b (columns 32b..32b+31) of tile t.
-  const std::uint8_t* block(int t, int b) const {
-    return codes.data() + (static_cast<std::size_t>(t) * (colsp / 32) + b) * block_bytes();
+  // Where block b (columns 32b..32b+31) of tile t starts in codes, and its codes.
+  std::size_t block_offset(int t, int b) const {
+    return (static_cast<std::size_t>(t) * (colsp / 32) + b) * block_bytes();
   }
+  const std::uint8_t* block(int t, int b) const { return codes.data() + block_offset(t, b); }
   std::size_t group_index(int r, int g) const {  // of (row, group) in scales and zeros
     return (static_cast<std::size_t>(r / k_tile_rows) * ngroups + g) * k_tile_rows +
            r % k_tile_rows;
