@@ -33,7 +33,7 @@ namespace tessera::quant {
 namespace {
 
 // The input of one product: xq (colsp) int8 codes in column order, d (colsp / 32) block scales,
-// xs (ngroups, zero-padded to a multiple of 8) group sums of the quantized input.
+// xs (ngroups) group sums of the quantized input.
 struct Q8Input {
   std::vector<std::int8_t> xq;
   std::vector<float> d, xs;
@@ -73,8 +73,7 @@ constexpr BlockQuantizer k_scalar_quantizer{absmax_scalar, codes_scalar};
 Q8Input quantize_input(const PackedLinear& w, const float* x, ActScale scale,
                        const BlockQuantizer& bq) {
   const int cp = w.colsp, nb = cp / 32;
-  Q8Input in{std::vector<std::int8_t>(cp), std::vector<float>(nb),
-             std::vector<float>((static_cast<std::size_t>(w.ngroups) + 7) / 8 * 8)};
+  Q8Input in{std::vector<std::int8_t>(cp), std::vector<float>(nb), std::vector<float>(w.ngroups)};
   std::vector<float> xp(cp, 0.0f);
   for (int j = 0; j < w.cols; ++j) {
     const float v = x[w.perm.empty() ? j : w.perm[j]];
