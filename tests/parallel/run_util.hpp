@@ -62,8 +62,12 @@ inline Run sh(const std::string& cmd) {
   return r;
 }
 
+// The launcher found at configure time, or $TESSERA_MPIEXEC (e.g. a relocated Open MPI on a
+// machine that has none installed).
 inline std::string mpirun(int n) {
-  return std::string(k_env) + "'" TESSERA_MPIEXEC "' -n " + std::to_string(n) + " ";
+  const char* env = std::getenv("TESSERA_MPIEXEC");
+  const std::string exe = env && *env ? env : TESSERA_MPIEXEC;
+  return std::string(k_env) + "'" + exe + "' -n " + std::to_string(n) + " ";
 }
 
 // tiny.toml with the test corpus; B is the per-rank micro-batch.

@@ -347,6 +347,7 @@ TEST(RunConfig, EveryValidationFailure) {
       {"sample.temperature=-0.5", "invalid sample.temperature = -0.5 in t.toml: must be >= 0"},
       {"sample.top_k=-1", "invalid sample.top_k = -1 in t.toml: must be >= 0"},
       {"hardware.peak_tflops=-1", "invalid hardware.peak_tflops = -1.0"},
+      {"hardware.gpu_reduce=mpi", "invalid hardware.gpu_reduce = \"mpi\""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set);
@@ -408,6 +409,7 @@ TEST(RunConfig, ToTomlRoundTrips) {
   c.sample.temperature = 0.0;
   c.sample.top_k = 0;
   c.hardware.peak_tflops = 989.4;
+  c.hardware.gpu_reduce = "host";
   ASSERT_NO_THROW(validate(c));
 
   std::string text = to_toml(c);

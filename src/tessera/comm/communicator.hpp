@@ -1,6 +1,7 @@
 // Collective communication over a group of ranks. Backends: MPI (CPU runs, and the bootstrap of
 // GPU runs) and a single-process one (size 1, no MPI) so that every code path is the same with
-// and without a launcher. NCCL joins behind this interface with the CUDA backend.
+// and without a launcher. Buffers in GPU memory are summed by device_reduce.hpp (NCCL, or staged
+// through this interface).
 //
 // Non-blocking calls return a Request. Open MPI does not progress non-blocking collectives by
 // itself, so compute loops call progress() between ops (it tests every outstanding request).

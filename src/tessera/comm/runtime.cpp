@@ -241,6 +241,10 @@ std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& opt) {
     rt->mpi_ = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &rt->world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &rt->world_size_);
+    MPI_Comm node = MPI_COMM_NULL;  // the ranks sharing this machine's memory
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &rt->local_rank_);
+    MPI_Comm_free(&node);
     rt->world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", rt->log_.get(), false);
     rt->timeout_s_ = opt.collective_timeout_s;
     if (rt->world_size_ > 1) rt->start_watchdog();

@@ -31,6 +31,8 @@ class Runtime {
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  // This rank's index among the ranks on its machine (0 without MPI): which GPU it drives.
+  int local_rank() const { return local_rank_; }
   bool uses_mpi() const { return mpi_; }
   Communicator& world();
   // The communicator of this rank's group over `axes` in `topo`; the first call for a
@@ -47,7 +49,7 @@ class Runtime {
   void start_watchdog();
   std::atomic<double> timeout_s_{60.0};
   bool mpi_ = false;
-  int world_rank_ = 0, world_size_ = 1;
+  int world_rank_ = 0, world_size_ = 1, local_rank_ = 0;
   std::unique_ptr<CollectiveLog> log_;
   std::unique_ptr<Communicator> world_;
   std::map<std::string, std::unique_ptr<Communicator>> groups_;

@@ -615,6 +615,14 @@ void DeviceGpt::download_moments(float* m_host, float* v_host) const {
   cu::to_host(m_host, p_->moments.as<float>(), n * sizeof(float));
   cu::to_host(v_host, p_->moments.as<float>() + n, n * sizeof(float));
 }
+float* DeviceGpt::device_grads() {
+  return p_->grads.as<float>();
+}
+
+void* DeviceGpt::stream() const {
+  return p_->st;
+}
+
 void DeviceGpt::zero_grads() {
   cu::memset_zero(p_->grads.data(), p_->grads.bytes(), p_->st);
 }

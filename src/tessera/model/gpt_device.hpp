@@ -1,7 +1,8 @@
-// The model (both families, model/config.hpp) on one CUDA device: the blocks of model/gpt_block.hpp (the ones the CPU model runs) over
-// the CUDA op table (kernels/cuda/ops.hpp), with the parameters (fp32 masters), gradients (fp32),
-// AdamW moments and activations each in one device allocation, and the same ParamLayout as the CPU
-// model, so parameters and gradients move between the two as flat buffers.
+// The model (both families, model/config.hpp) on one CUDA device: the blocks of model/gpt_block.hpp
+// (the ones the CPU model runs) over the CUDA op table (kernels/cuda/ops.hpp), with the parameters
+// (fp32 masters), gradients (fp32), AdamW moments and activations each in one device allocation,
+// and the same ParamLayout as the CPU model, so parameters and gradients move between the two as
+// flat buffers.
 //
 // Precision::Bf16 is mixed precision: the tensors that feed GEMMs and attention (LayerNorm
 // outputs, qkv, attention output, MLP activations, logits) are bf16, read by bf16 GEMMs with fp32
@@ -71,6 +72,12 @@ class DeviceGpt {
   // The logits of the last non-training forward, (B, T, Vp) in fp32; or one row of them (Vp).
   std::vector<float> download_logits() const;
   void download_logits_row(std::int64_t row, float* host) const;
+
+  // The gradient buffer in device memory (layout().total() floats) and the stream every call of
+  // this model queues its work on: data parallelism sums the gradients over its ranks between
+  // the last backward() of a step and grad_norm().
+  float* device_grads();
+  void* stream() const;
 
   double grad_norm();  // L2 norm of the whole gradient buffer
   // One AdamW update of every tensor (decay per ParamTensor::decay), gradients multiplied by

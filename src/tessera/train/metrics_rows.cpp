@@ -95,7 +95,7 @@ StepCost step_cost(const model::ModelConfig& mcfg, const RunPlan& plan, int dp_s
 
 Peak agree_peak(const RunConfig& cfg, comm::Runtime& rt, bool lead) {
   const bool bf16 = cfg.train.precision == "bf16";
-  if (cfg.hardware.device == "cuda") {  // one process: nothing to agree on
+  if (cfg.hardware.device == "cuda") {  // each rank reads its own GPU's peak
     Peak peak;
     const double bf16_tflops = kernels::cuda::dense_bf16_peak_tflops();
     if (cfg.hardware.peak_tflops > 0) {

@@ -84,6 +84,7 @@ void for_each_field(Config& c, F&& f) {
   f("sample", "top_k", c.sample.top_k);
 
   f("hardware", "device", c.hardware.device);
+  f("hardware", "gpu_reduce", c.hardware.gpu_reduce);
   f("hardware", "peak_tflops", c.hardware.peak_tflops);
   f("hardware", "tune_gemm", c.hardware.tune_gemm);
   f("hardware", "gemm_tuning_file", c.hardware.gemm_tuning_file);
@@ -639,6 +640,10 @@ void validate_sample_and_hardware(Validator& v, const RunConfig& c) {
   if (c.hardware.device != "cpu" && c.hardware.device != "cuda")
     v.fail("hardware.device", c.hardware.device, "must be \"cpu\" or \"cuda\"",
            "cuda trains on the current NVIDIA GPU (CUDA_VISIBLE_DEVICES picks it)");
+  if (c.hardware.gpu_reduce != "auto" && c.hardware.gpu_reduce != "nccl" &&
+      c.hardware.gpu_reduce != "host")
+    v.fail("hardware.gpu_reduce", c.hardware.gpu_reduce, "must be \"auto\", \"nccl\" or \"host\"",
+           "auto uses NCCL where every rank has its own GPU and sums through the host otherwise");
   v.finite("hardware.peak_tflops", c.hardware.peak_tflops);
   if (!(c.hardware.peak_tflops >= 0))
     v.fail("hardware.peak_tflops", c.hardware.peak_tflops, "must be >= 0",

@@ -107,7 +107,10 @@ struct SampleSection {
 
 struct HardwareSection {
   std::string device = "cpu";    // "cpu", or "cuda": the model, its gradients and optimizer
-                                 // state on the current GPU (one process, no parallel axes yet)
+                                 // state on a GPU per rank (data parallelism only so far)
+  // cuda with dp > 1: how the gradients are summed: "auto" (NCCL where every rank has its own
+  // GPU, through the host otherwise), "nccl", or "host"
+  std::string gpu_reduce = "auto";
   double peak_tflops = 0.0;      // peak dense TFLOP/s for MFU; 0 = look up / unknown
   bool tune_gemm = false;        // tensor parallelism: GEMM layout tuning of the linears
   std::string gemm_tuning_file;  // tuner choices: loaded if present, saved after training

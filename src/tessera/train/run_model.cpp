@@ -48,11 +48,19 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
   model.dp = std::make_unique<parallel::DataParallel>(*model.dp_comm, model.local_layout(),
                                                       plan.par.zero, plan.par.overlap_dp);
   model.dp->set_bf16_reduction(cfg.parallel.grad_reduce == "bf16");
-  if (cfg.hardware.device == "cuda")
+  if (cfg.hardware.device == "cuda") {
     model.device = std::make_unique<model::DeviceGpt>(
         mcfg,
         cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
         plan.B(), plan.T);
+    if (model.dp_comm->size() > 1) {
+      const auto& how = cfg.hardware.gpu_reduce;
+      model.device_reduce =
+          comm::make_device_reducer(*model.dp_comm, how == "nccl"   ? comm::DeviceReduce::Nccl
+                                                    : how == "host" ? comm::DeviceReduce::Host
+                                                                    : comm::DeviceReduce::Auto);
+    }
+  }
   return model;
 }
 

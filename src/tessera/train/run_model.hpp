@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "tessera/comm/device_reduce.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/data/loader.hpp"
@@ -39,6 +40,9 @@ struct RunModel {
   // hardware.device = "cuda": the model, gradients and AdamW moments live on the GPU; dp's host
   // buffers are the staging copy, refreshed by to_host() for checkpoints and samples.
   std::unique_ptr<model::DeviceGpt> device;
+  // On GPUs with dp > 1: sums the device gradients over the dp group after each step's last
+  // backward (NCCL, or through the host). Null otherwise.
+  std::unique_ptr<comm::DeviceReducer> device_reduce;
 
   // The layout of the parameters this rank stores: its slices, or the whole model.
   const model::ParamLayout& local_layout() const {

@@ -105,18 +105,27 @@ PredictionCluster find_prediction_cluster(const RunConfig& cfg) {
   return cluster;
 }
 
-void check_device_options(const RunConfig& cfg, const RunPlan& plan, int world_size) {
+void check_device_options(const RunConfig& cfg, const RunPlan& plan, const comm::Runtime& rt) {
   if (cfg.hardware.device != "cuda") return;
-  if (world_size != 1 || plan.grid().world_size() != 1)
-    throw Error(fmt::format("hardware.device = \"cuda\" trains in one process on one GPU so far; "
-                            "this run has {} ranks, grid {}",
-                            world_size, plan.grid().describe()),
-                "run one process with every parallel axis at 1, or train on the CPU "
-                "(hardware.device = \"cpu\") for data, tensor and pipeline parallelism");
-  if (kernels::cuda::device_count() == 0)
+  const auto& g = plan.grid();
+  if (g.world_size() != g.dp || plan.par.zero != 0)
+    throw Error(fmt::format("hardware.device = \"cuda\" runs data parallelism with replicated "
+                            "optimizer state so far; this run has grid {}, ZeRO-{}",
+                            g.describe(), plan.par.zero),
+                "set every parallel axis but dp to 1 and parallel.zero = 0, or train on the CPU "
+                "(hardware.device = \"cpu\") for tensor and pipeline parallelism and ZeRO");
+  if (cfg.parallel.grad_reduce != "fp32")
+    throw Error("parallel.grad_reduce = \"" + cfg.parallel.grad_reduce +
+                    "\" is a CPU option; on GPUs the gradients are summed in fp32",
+                "remove parallel.grad_reduce");
+  const int n = kernels::cuda::device_count();
+  if (n == 0)
     throw Error("hardware.device = \"cuda\", but there is no usable GPU: " +
                     kernels::cuda::describe_devices(),
                 "run on a machine with an NVIDIA GPU and driver, or set hardware.device = \"cpu\"");
+  // Each rank of a machine drives the GPU of its index there; more ranks than GPUs share them
+  // (correct, and the gradients are then summed through the host).
+  kernels::cuda::use_device(rt.local_rank() % n);
 }
 
 RunDirLock claim_out_dir(const fs::path& out, const TrainOptions& opt, comm::Runtime& rt) {

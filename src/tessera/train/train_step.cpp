@@ -175,6 +175,13 @@ StepResult train_step(const RunConfig& cfg, const RunPlan& plan, RunModel& model
   run_device_schedule(
       plan, *model.device, work,
       [&](double loss_sum) {
+        if (model.device_reduce) {  // data parallelism: every rank's gradients summed
+          Timer reduce;
+          model.device_reduce->all_reduce_sum(model.device->device_grads(), model.layout->total(),
+                                              model.device->stream());
+          model.device->synchronize();  // grad_norm() would wait for it anyway
+          result.comm_wait_s = reduce.seconds();
+        }
         result.loss = global_mean_loss(cfg, model, loss_sum, result.kept_targets, step);
         if (std::isfinite(result.loss)) update_params(cfg, model, work, step, rt, result);
       },

@@ -343,7 +343,7 @@ TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, c
   const RunPlan plan = plan_run(cfg, mcfg, rt.world_size());
   const PredictionCluster cluster = chosen ? chosen->cluster : find_prediction_cluster(cfg);
   comm::Topology topo(plan.grid(), rt.world_rank());
-  check_device_options(cfg, plan, rt.world_size());
+  check_device_options(cfg, plan, rt);
   // The run directory: checked and locked before any output; the old run's files (with
   // --overwrite) are deleted only once everything else has been checked.
   const fs::path out = tc.out_dir;
@@ -371,6 +371,9 @@ TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, c
     const std::string why = model.device->attention_fallback_reason();
     log_info("GPU attention: {}{}", model.device->attention_backend(),
              why.empty() ? "" : " (cuDNN not used: " + why + ")");
+    if (model.device_reduce)
+      log_info("GPU gradients summed over {} data-parallel ranks: {}", ndp,
+               model.device_reduce->describe());
   }
   announce_start(cfg, opt, out, lead, started, progress.step);
   // Metrics: resuming continues the file from the checkpoint's step, else it starts afresh.

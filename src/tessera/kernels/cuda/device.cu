@@ -43,6 +43,16 @@ std::string describe_devices() {
   return s;
 }
 
+void use_device(int index) {
+  TESSERA_CUDA_CHECK(cudaSetDevice(index));
+}
+
+int current_device() {
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
 std::string device_name() {
   int dev = 0;
   cudaDeviceProp p{};

@@ -13,6 +13,9 @@ bool compiled_with_cuda();
 int device_count();
 // "CUDA 13.0, 1 device(s): NVIDIA H100 ..." or the reason there is none.
 std::string describe_devices();
+// Makes device `index` (0 <= index < device_count()) the current one of this thread.
+void use_device(int index);
+int current_device();
 // The current device's name ("" without one).
 std::string device_name();
 // Dense bf16 tensor-core peak of the current device in TFLOP/s from its name (the SXM parts:

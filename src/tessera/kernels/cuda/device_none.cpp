@@ -13,6 +13,12 @@ int device_count() {
 std::string describe_devices() {
   return "built without CUDA (WITH_CUDA=OFF or no nvcc found)";
 }
+void use_device(int) {
+  throw Error("built without CUDA: there is no device to use");
+}
+int current_device() {
+  return -1;
+}
 std::string device_name() {
   return "";
 }
