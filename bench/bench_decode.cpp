@@ -3,17 +3,21 @@
 // channel, symmetric) and W4 (g128, asymmetric), the quantized ones with an 8-bit embedding and
 // head (quantize --vocab-bits 8), all RTN, in one run, each beside its roofline measured in the
 // same run:
-//  - decode against memory: the bytes of weights one token reads (block linears and head; fp32:
-//    4 bytes per weight; packed: codes, scales, zeros) / the measured read bandwidth;
+//  - decode against memory: the time one streaming read of the bytes of weights a token reads
+//    takes (block linears and head; fp32: 4 bytes per weight; packed: codes, scales, zeros),
+//    measured on those very bytes just before each decode round (on shared VMs a separate test
+//    buffer reads at rates that differ by up to 2x from one allocation or minute to the next),
+//    over the round's step time: the median over the rounds and their range. The old reference,
+//    the bytes at the read bandwidth of a 2 GiB buffer measured at start over the best round, is
+//    printed beside it ("at start");
 //  - prefill against compute: the linears' FLOPs / oneDNN's fp32 GEMM rate on the model's largest
 //    shape (the packed prefill decodes tiles of the weight to fp32 and multiplies them with it).
 // Decode time is split into the block linears, the head and the rest (norms, rotary, attention
-// over the cache, sampling excluded: the bench feeds fixed tokens). Every figure is the best of
-// --rounds, as the bandwidth and the GEMM rate are best of 5 and 3: both sides of a ratio are
-// measured the same way, and this shared 2-vCPU machine's slow phases do not enter it; the
-// median decode round is printed beside the best. The default context is short
-// so that the weights are what a token reads: the fp32 KV cache adds 46 KB per position of
-// context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which --context shows.
+// over the cache, sampling excluded: the bench feeds fixed tokens). ms/tok is the best of
+// --rounds, the median round printed beside it; the GEMM rate is the best of 3. The default
+// context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
+// position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
+// --context shows.
 //
 //   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 16] [--prefill 128]
 //                [--stream_mib 2048] [--rounds 5]
@@ -54,10 +58,18 @@ struct Format {
   quant::WeightQuant wq;  // bits 0: fp32
 };
 
-// Decode seconds per token and their split (the best round), the median round's seconds.
+// Decode seconds per token and their split (the best round), the median round's seconds, and
+// every round's seconds per token with the seconds one streaming read of the weights took just
+// before it.
 struct Decode {
   double step_s = 0, linear_s = 0, head_s = 0, median_s = 0;
+  std::vector<double> round_s, round_read_s;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // The kernels of one format with timers around the block linears and the head. fp32: the
 // decoder's own fp32 products (oneDNN), written out here so that they can be timed too.
@@ -95,12 +107,15 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
 }
 
 // Feeds `context` tokens, then times `tokens` more steps (positions context .. context+tokens);
-// `rounds` times, each with a fresh cache.
+// `rounds` times, each with a fresh cache and preceded by a streaming read of the bytes a step
+// reads (`weights`, best of 3), so that each round has the memory's rate of its own moment
+// beside it.
 Decode time_decode(const model::ParamLayout& layout, const float* params,
-                   const model::DecoderKernels& packed, int context, int tokens, int rounds) {
+                   const model::DecoderKernels& packed, int context, int tokens, int rounds,
+                   const std::vector<bench::Span>& weights) {
   Decode best;
-  std::vector<double> steps;
   for (int round = 0; round < rounds; ++round) {
+    const double read_s = bench::read_spans_seconds(weights);
     double linear_s = 0, head_s = 0;
     model::Decoder dec(layout, params, context + tokens, kernels::GemmLibrary::OneDnn,
                        timed(packed, layout, params, linear_s, head_s));
@@ -110,12 +125,15 @@ Decode time_decode(const model::ParamLayout& layout, const float* params,
     const auto t0 = clock_type::now();
     for (int t = 0; t < tokens; ++t) dec.step((t * 104729) % V, true);
     const double step_s = since(t0) / tokens;
-    steps.push_back(step_s);
-    if (round == 0 || step_s < best.step_s)
-      best = Decode{step_s, linear_s / tokens, head_s / tokens, 0};
+    if (round == 0 || step_s < best.step_s) {
+      best.step_s = step_s;
+      best.linear_s = linear_s / tokens;
+      best.head_s = head_s / tokens;
+    }
+    best.round_s.push_back(step_s);
+    best.round_read_s.push_back(read_s);
   }
-  std::sort(steps.begin(), steps.end());
-  best.median_s = steps[steps.size() / 2];
+  best.median_s = median(best.round_s);
   return best;
 }
 
@@ -179,6 +197,33 @@ double gemm_rate(int N, int M, int K) {
   return best;
 }
 
+// What one decode step reads of the weights: the block linears and the head (fp32: `params`;
+// packed: their codes, scales and zeros).
+std::vector<bench::Span> step_weights(const model::ParamLayout& layout, const float* params,
+                                      const quant::PackedModel* pm) {
+  const auto& cfg = layout.config();
+  std::vector<bench::Span> out;
+  auto add_packed = [&out](const quant::PackedLinear& p) {
+    out.push_back({p.codes.data(), p.codes.size()});
+    out.push_back({p.scales.data(), p.scales.size() * sizeof(p.scales[0])});
+    if (!p.zeros.empty()) out.push_back({p.zeros.data(), p.zeros.size()});
+  };
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (int k = 0; k < quant::k_num_lin; ++k) {
+      const auto kind = static_cast<quant::Lin>(k);
+      if (pm)
+        add_packed(pm->linears[std::size_t(l) * quant::k_num_lin + k]);
+      else
+        out.push_back({params + quant::lin_weight_offset(layout, l, kind),
+                       sizeof(float) * quant::lin_rows(cfg, kind) * quant::lin_cols(cfg, kind)});
+    }
+  if (pm && pm->head_matrix())
+    add_packed(*pm->head_matrix());
+  else
+    out.push_back({params + layout.head, sizeof(float) * cfg.padded_vocab() * cfg.n_embd});
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,8 +255,9 @@ int main(int argc, char** argv) {
       "activations: %s\n\n",
       model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
       tokens, context, prefill, rounds, quant::q8_dot_name(quant::best_isa()));
-  std::printf("%-8s %8s %9s %8s %9s %8s %8s %8s %9s | %10s %9s\n", "format", "MB/tok", "ms/tok",
-              "median", "tok/s", "vs fp32", "of bw", "linears", "head", "prefill/s", "of GEMM");
+  std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
+              "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
+              "head", "prefill/s", "of GEMM");
   const Format formats[] = {
       {"fp32", {0, 0, false}}, {"W8 pc", {8, -1, true}}, {"W4 g128", {4, 128, false}}};
   const fs::path tmp = fs::temp_directory_path() / ("bench_decode_" + std::to_string(::getpid()));
@@ -235,19 +281,35 @@ int main(int argc, char** argv) {
     } else {
       bytes = 4.0 * linear_flops_per_token(cfg) / 2.0;  // one fp32 weight per multiply-add
     }
-    const Decode d = time_decode(layout, params, kernels, context, tokens, rounds);
+    const auto weights = step_weights(layout, params, f.wq.bits > 0 ? &pm : nullptr);
+    double read_bytes = 0;
+    for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
+    const Decode d = time_decode(layout, params, kernels, context, tokens, rounds, weights);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
     if (f.wq.bits == 0) fp32_step = d.step_s;
-    std::printf("%-8s %8.1f %9.2f %8.2f %9.1f %7.2fx %7.0f%% %7.2fms %7.2fms | %10.0f %8.0f%%\n",
-                f.name, bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s,
-                fp32_step / d.step_s, 100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3,
-                d.head_s * 1e3, prefill / pre,
-                100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
+    // Each round against the read of the weights just before it; the median and range of those.
+    std::vector<double> of_bw;
+    for (std::size_t r = 0; r < d.round_s.size(); ++r)
+      of_bw.push_back(100.0 * d.round_read_s[r] / d.round_s[r]);
+    const auto [lo, hi] = std::minmax_element(of_bw.begin(), of_bw.end());
+    std::printf(
+        "%-8s %8.1f %9.2f %8.2f %9.1f %7.2fx %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | "
+        "%10.0f "
+        "%8.0f%%\n",
+        f.name, bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s, fp32_step / d.step_s,
+        median(of_bw), *lo, *hi, 100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3,
+        d.head_s * 1e3, prefill / pre, 100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
+    const auto [rlo, rhi] = std::minmax_element(d.round_read_s.begin(), d.round_read_s.end());
+    std::printf("%-8s (its weights, %.1f MB, read at %.1f-%.1f GB/s before its rounds)\n", "",
+                read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9);
   }
   fs::remove_all(tmp);
   std::printf(
       "\nms/tok: the best round (median: the median round); of bw: the time the weights take to "
-      "read at the measured bandwidth / the best round's step;\nlinears, head: their share of "
-      "that step (the rest: norms, rotary, attention, embedding)\n");
+      "read (one streaming read of those very bytes, timed just before a round) / that round's "
+      "step, the median over the rounds (range: lowest and highest round);\nat start: the weights' "
+      "bytes at the bandwidth of a separate buffer measured at start / the best round; linears, "
+      "head: their share of the best round's "
+      "step (the rest: norms, rotary, attention, embedding)\n");
   return 0;
 }

@@ -14,14 +14,14 @@
 namespace tessera::bench {
 
 // The parallel read rate of a buffer much larger than the caches: each thread sums its chunk
-// with 4 independent AVX2 accumulators (so the adds never limit the loads), best of 5.
-inline double stream_read_gbs(std::size_t mib) {
+// with 4 independent AVX2 accumulators (so the adds never limit the loads), best of `reps`.
+inline double stream_read_gbs(std::size_t mib, int reps = 5) {
   std::vector<float> buf(mib * 1024 * 1024 / 4);
 #pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = float(i & 1023);
   const std::int64_t n32 = static_cast<std::int64_t>(buf.size() / 32);
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     float sum = 0;
     const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(static) reduction(+ : sum)
@@ -34,6 +34,45 @@ inline double stream_read_gbs(std::size_t mib) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sum < 0) std::printf("%f", sum);
     best = std::max(best, buf.size() * 4.0 / s / 1e9);
+  }
+  return best;
+}
+
+// Bytes a decode step reads, where they lie.
+struct Span {
+  const void* data;
+  std::size_t bytes;
+};
+
+// Seconds for one streaming read of every span, the best of `reps`: one parallel region, each
+// thread reading its share of each span in turn (no barrier between spans) with the same loads as
+// stream_read_gbs. Reading the weights themselves makes the reference independent of where a
+// separate test buffer's pages happen to lie (on shared machines the same loop reads a fresh
+// buffer at rates that differ by 1.7x from one allocation to the next).
+inline double read_spans_seconds(const std::vector<Span>& spans, int reps = 3) {
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    float sum = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel reduction(+ : sum)
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      __m256 acc = _mm256_setzero_ps();
+      for (const Span& sp : spans) {
+        const std::size_t n128 = sp.bytes / 128;
+        const auto* base = static_cast<const char*>(sp.data);
+        for (std::size_t b = n128 * t / nt; b < n128 * (t + 1) / nt; ++b) {
+          const float* p = reinterpret_cast<const float*>(base + 128 * b);
+          __m256 a = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+          a = _mm256_add_ps(a, _mm256_add_ps(_mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)));
+          acc = _mm256_max_ps(acc, a);  // keeps the loads; codes read as floats may be NaN
+        }
+      }
+      sum += _mm256_cvtss_f32(acc);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sum == 12345.0f) std::printf(" ");
+    best = rep == 0 ? s : std::min(best, s);
   }
   return best;
 }

@@ -109,6 +109,7 @@ struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands abo
   static __m256i dot16(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s));
   }
+  static __m256i add16(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
   static __m256i widen(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 };
 #include "tessera/quant/packed_q8_simd.inc"
@@ -168,6 +169,7 @@ namespace vnni {
 struct D {  // dpbusd: u8 x s8 sums of four straight into int32
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static __m256i dot16(__m256i acc, __m256i u, __m256i s) { return dot(acc, u, s); }
+  static __m256i add16(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
   static __m256i widen(__m256i acc) { return acc; }
 };
 #include "tessera/quant/packed_q8_simd.inc"
