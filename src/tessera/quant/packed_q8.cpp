@@ -102,6 +102,7 @@ Q8Input quantize_input(const PackedLinear& w, const float* x, ActScale scale,
 namespace avx2 {
 #include "tessera/quant/packed_tile.inc"
 struct D {  // maddubs: u8 x s8 pairs in int16 (no overflow for the operands above), then int32
+  static constexpr bool k_u8_int32 = false;  // any u8 x s8 pair would not fit int16
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
     return _mm256_add_epi32(acc, p);
@@ -166,7 +167,8 @@ const BlockQuantizer& quantizer(Isa isa) {
 #endif
 namespace vnni {
 #include "tessera/quant/packed_tile.inc"
-struct D {  // dpbusd: u8 x s8 sums of four straight into int32
+struct D {                                  // dpbusd: u8 x s8 sums of four straight into int32
+  static constexpr bool k_u8_int32 = true;  // any u8 x s8 products: 255 x 128 x 4 per lane and dot
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static __m256i dot16(__m256i acc, __m256i u, __m256i s) { return dot(acc, u, s); }
   static __m256i add16(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
