@@ -67,14 +67,20 @@ void report(const fs::path& one, const fs::path& two, const std::string& what) {
       what.c_str(), a.front(), a.back(), worst, diff[diff.size() * 999 / 1000], diff.back());
 }
 
+// fp32: the two-rank run is the one-rank run within the CPU data-parallel bounds.
+void expect_two_ranks_equal_one(const std::string& name, const std::string& set,
+                                const std::string& what) {
+  auto [one, two] = one_and_two_ranks(name, set);
+  if (::testing::Test::HasFailure()) return;
+  report(one, two, what);
+  expect_same_run(one, two, "GPU " + what);
+}
+
 }  // namespace
 
 TEST(GpuDataParallel, TwoRanksEqualOneRankFp32) {
   REQUIRE_GPU_AND_DATA();
-  auto [one, two] = one_and_two_ranks("fp32", "");
-  if (HasFailure()) return;
-  report(one, two, "dp=2 fp32");
-  expect_same_run(one, two, "GPU fp32 dp=2");
+  expect_two_ranks_equal_one("fp32", "", "dp=2 fp32");
 }
 
 TEST(GpuDataParallel, TwoRanksEqualOneRankBf16) {
@@ -93,10 +99,7 @@ TEST(GpuDataParallel, TwoRanksEqualOneRankBf16) {
 // fallback where NCCL is missing) equals one rank too.
 TEST(GpuDataParallel, HostStagedSumEqualsTheDefault) {
   REQUIRE_GPU_AND_DATA();
-  auto [one, two] = one_and_two_ranks("host", " hardware.gpu_reduce=host");
-  if (HasFailure()) return;
-  report(one, two, "dp=2 fp32, host-staged");
-  expect_same_run(one, two, "GPU fp32 dp=2, host-staged");
+  expect_two_ranks_equal_one("host", " hardware.gpu_reduce=host", "dp=2 fp32, host-staged");
 }
 
 // NCCL with a GPU per rank: the real thing, on a machine with two GPUs or more.
@@ -104,10 +107,7 @@ TEST(GpuDataParallel, NcclTwoRanksEqualOneRank) {
   REQUIRE_GPU_AND_DATA();
   if (gpu::device_count() < 2)
     GTEST_SKIP() << "one GPU: NCCL refuses two ranks on one device (needs 2 GPUs)";
-  auto [one, two] = one_and_two_ranks("nccl", " hardware.gpu_reduce=nccl");
-  if (HasFailure()) return;
-  report(one, two, "dp=2 fp32, NCCL");
-  expect_same_run(one, two, "GPU fp32 dp=2, NCCL");
+  expect_two_ranks_equal_one("nccl", " hardware.gpu_reduce=nccl", "dp=2 fp32, NCCL");
 }
 
 // NCCL forced where the ranks share the one GPU: one error line naming why, exit 2.

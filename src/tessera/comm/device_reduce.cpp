@@ -34,20 +34,13 @@ namespace tessera::comm {
 
 namespace {
 
-void cuda_check(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return;
-  cudaGetLastError();
-  kernels::cuda::detail::throw_api_error("CUDA", call, static_cast<int>(e), cudaGetErrorName(e),
-                                         cudaGetErrorString(e), __FILE__, __LINE__);
-}
-
 // Which GPU this rank drives, as one 64-bit value: FNV-1a of the host name and the device's PCI
 // bus id, so that two ranks on one device (of one host) give the same value.
 std::uint64_t device_identity() {
   int dev = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   char bus[64] = {};
-  cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, dev), "cudaDeviceGetPCIBusId");
+  TESSERA_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   std::uint64_t h = 1469598103934665603ull;
@@ -81,18 +74,17 @@ class HostStagedReducer final : public DeviceReducer {
   void all_reduce_sum(float* device_buf, std::size_t n, void* stream) override {
     auto st = static_cast<cudaStream_t>(stream);
     if (n > capacity_) {
-      if (host_) cuda_check(cudaFreeHost(host_), "cudaFreeHost");
+      if (host_) TESSERA_CUDA_CHECK(cudaFreeHost(host_));
       host_ = nullptr;
-      cuda_check(cudaMallocHost(reinterpret_cast<void**>(&host_), n * sizeof(float)),
-                 "cudaMallocHost");
+      TESSERA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), n * sizeof(float)));
       capacity_ = n;
     }
-    cuda_check(cudaMemcpyAsync(host_, device_buf, n * sizeof(float), cudaMemcpyDeviceToHost, st),
-               "cudaMemcpyAsync (to host)");
-    cuda_check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(host_, device_buf, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(st));
     group_.all_reduce_sum(host_, n);
-    cuda_check(cudaMemcpyAsync(device_buf, host_, n * sizeof(float), cudaMemcpyHostToDevice, st),
-               "cudaMemcpyAsync (to device)");
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(device_buf, host_, n * sizeof(float), cudaMemcpyHostToDevice, st));
     // The host buffer is read by the copy just queued; the next call's copy into it is queued
     // on the same stream behind it, and it waits for that stream before the host sum.
   }

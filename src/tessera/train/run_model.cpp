@@ -2,6 +2,7 @@
 
 #include "tessera/comm/runtime.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/device.hpp"
 
 namespace tessera::train {
 
@@ -49,6 +50,9 @@ RunModel build_run_model(const RunConfig& cfg, const model::ModelConfig& mcfg,
                                                       plan.par.zero, plan.par.overlap_dp);
   model.dp->set_bf16_reduction(cfg.parallel.grad_reduce == "bf16");
   if (cfg.hardware.device == "cuda") {
+    // Each rank of a machine drives the GPU of its index there; more ranks than GPUs share them
+    // (correct, and the gradients are then summed through the host).
+    kernels::cuda::use_device(rt.local_rank() % kernels::cuda::device_count());
     model.device = std::make_unique<model::DeviceGpt>(
         mcfg,
         cfg.train.precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,

@@ -105,7 +105,7 @@ PredictionCluster find_prediction_cluster(const RunConfig& cfg) {
   return cluster;
 }
 
-void check_device_options(const RunConfig& cfg, const RunPlan& plan, const comm::Runtime& rt) {
+void check_device_options(const RunConfig& cfg, const RunPlan& plan) {
   if (cfg.hardware.device != "cuda") return;
   const auto& g = plan.grid();
   if (g.world_size() != g.dp || plan.par.zero != 0)
@@ -118,14 +118,10 @@ void check_device_options(const RunConfig& cfg, const RunPlan& plan, const comm:
     throw Error("parallel.grad_reduce = \"" + cfg.parallel.grad_reduce +
                     "\" is a CPU option; on GPUs the gradients are summed in fp32",
                 "remove parallel.grad_reduce");
-  const int n = kernels::cuda::device_count();
-  if (n == 0)
+  if (kernels::cuda::device_count() == 0)
     throw Error("hardware.device = \"cuda\", but there is no usable GPU: " +
                     kernels::cuda::describe_devices(),
                 "run on a machine with an NVIDIA GPU and driver, or set hardware.device = \"cpu\"");
-  // Each rank of a machine drives the GPU of its index there; more ranks than GPUs share them
-  // (correct, and the gradients are then summed through the host).
-  kernels::cuda::use_device(rt.local_rank() % n);
 }
 
 RunDirLock claim_out_dir(const fs::path& out, const TrainOptions& opt, comm::Runtime& rt) {

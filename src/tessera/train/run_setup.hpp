@@ -7,7 +7,6 @@
 #include <optional>
 #include <vector>
 
-#include "tessera/comm/runtime.hpp"
 #include "tessera/comm/topology.hpp"
 #include "tessera/model/config.hpp"
 #include "tessera/model/gpt.hpp"
@@ -56,8 +55,8 @@ struct PredictionCluster {
 PredictionCluster find_prediction_cluster(const RunConfig& cfg);
 
 // hardware.device = "cuda": data parallelism alone (every other axis 1, ZeRO-0, fp32 gradient
-// sums) and a CUDA device present; makes the GPU of this rank's index on its machine current.
-void check_device_options(const RunConfig& cfg, const RunPlan& plan, const comm::Runtime& rt);
+// sums) and a CUDA device present.
+void check_device_options(const RunConfig& cfg, const RunPlan& plan);
 
 // Takes the lock of train.out_dir (the lead rank; every rank gets its answer), and refuses a fresh
 // run into a directory holding a run unless told to overwrite it.

@@ -343,7 +343,7 @@ TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, c
   const RunPlan plan = plan_run(cfg, mcfg, rt.world_size());
   const PredictionCluster cluster = chosen ? chosen->cluster : find_prediction_cluster(cfg);
   comm::Topology topo(plan.grid(), rt.world_rank());
-  check_device_options(cfg, plan, rt);
+  check_device_options(cfg, plan);
   // The run directory: checked and locked before any output; the old run's files (with
   // --overwrite) are deleted only once everything else has been checked.
   const fs::path out = tc.out_dir;

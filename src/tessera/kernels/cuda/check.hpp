@@ -1,5 +1,6 @@
 // Error checks of the CUDA backend. The throwing helpers are plain C++ (check.cpp, compiled by
-// the host compiler, so nvcc never sees fmt); the macros are for .cu files only.
+// the host compiler, so nvcc never sees fmt); the macros are for .cu files and for host .cpp
+// files that include the CUDA runtime (include it before this header).
 #pragma once
 
 namespace tessera::kernels::cuda::detail {
@@ -15,7 +16,7 @@ namespace tessera::kernels::cuda::detail {
 
 }  // namespace tessera::kernels::cuda::detail
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(CUDART_VERSION)
 #define TESSERA_CUDA_CHECK(call)                                                             \
   do {                                                                                       \
     cudaError_t tessera_err_ = (call);                                                       \
