@@ -71,8 +71,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The kernels of one format with timers around the block linears and the head. fp32: the
-// decoder's own fp32 products (oneDNN), written out here so that they can be timed too.
+// The kernels of one format with timers around the block linears and the head, read on the
+// team's thread 0 (a product ends with the team's barrier: its time is the slowest share's).
+// fp32: the decoder's own fp32 products (model::team_linear), written out here so that they can
+// be timed too.
 model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& layout,
                             const float* params, double& linear_s, double& head_s) {
   const auto& cfg = layout.config();
@@ -80,28 +82,28 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
     k.linear = [&layout, params](int l, int which, float* out, const float* in, const float* bias,
                                  bool acc) {
       const auto kind = static_cast<quant::Lin>(which);
-      kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, out, in,
-                                   params + quant::lin_weight_offset(layout, l, kind), bias, 1,
-                                   quant::lin_cols(layout.config(), kind),
-                                   quant::lin_rows(layout.config(), kind), acc);
+      model::team_linear(kernels::GemmLibrary::OneDnn, out, in,
+                         params + quant::lin_weight_offset(layout, l, kind), bias,
+                         quant::lin_cols(layout.config(), kind),
+                         quant::lin_rows(layout.config(), kind), acc);
     };
   if (!k.head)
     k.head = [&layout, params, &cfg](float* logits, const float* x) {
-      kernels::cpu::linear_forward(kernels::GemmLibrary::OneDnn, logits, x, params + layout.head,
-                                   nullptr, 1, cfg.n_embd, cfg.padded_vocab());
+      model::team_linear(kernels::GemmLibrary::OneDnn, logits, x, params + layout.head, nullptr,
+                         cfg.n_embd, cfg.padded_vocab(), false);
     };
   auto lin = k.linear;
   k.linear = [lin, &linear_s](int l, int which, float* out, const float* in, const float* bias,
                               bool acc) {
     const auto t0 = clock_type::now();
     lin(l, which, out, in, bias, acc);
-    linear_s += since(t0);
+    if (omp_get_thread_num() == 0) linear_s += since(t0);
   };
   auto head = k.head;
   k.head = [head, &head_s](float* logits, const float* x) {
     const auto t0 = clock_type::now();
     head(logits, x);
-    head_s += since(t0);
+    if (omp_get_thread_num() == 0) head_s += since(t0);
   };
   return k;
 }

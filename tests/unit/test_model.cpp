@@ -1,6 +1,7 @@
 // Model-level properties beyond the PyTorch fixture: initialization statistics, gradient
 // accumulation, the KV-cache decoder against the full forward, and the optimizer pieces.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -136,6 +137,53 @@ TEST_P(ModelFamilies, KvCacheDecoderMatchesFullForward) {
       ASSERT_NEAR(l[v], ref[v], 2e-5) << "t=" << t << " v=" << v;
   }
   EXPECT_THROW(dec.step(x[0]), Error);  // context full
+}
+
+TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
+  // A step runs as one thread team, each thread taking a share of every product's rows and of
+  // the attention's positions, merged per head. Teams of 1, 2 and 3 (more threads than positions
+  // at first: empty shares) give the same logits up to the order of fp32 sums (bound 2e-5 as
+  // against the full forward).
+  auto cfg = config();
+  model::ParamLayout layout(cfg);
+  Buffer<float> p(layout.total());
+  model::init_params(layout, p.data(), 11);
+  const int T = cfg.block_size, Vp = cfg.padded_vocab();
+  auto x = random_tokens(T, cfg.vocab_size, 5);
+  std::vector<std::vector<float>> logits;
+  const int before = omp_get_max_threads();
+  for (int team : {1, 2, 3}) {
+    omp_set_num_threads(team);
+    model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+    logits.emplace_back();
+    for (int t = 0; t < T; ++t) {
+      const float* l = dec.step(x[t]);
+      logits.back().insert(logits.back().end(), l, l + Vp);
+    }
+  }
+  omp_set_num_threads(before);
+  for (std::size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_NEAR(logits[1][i], logits[0][i], 2e-5) << "team of 2, at " << i;
+    ASSERT_NEAR(logits[2][i], logits[0][i], 2e-5) << "team of 3, at " << i;
+  }
+}
+
+TEST(Model, TeamSharesCoverTheRangeInOrder) {
+  for (int team : {1, 2, 3, 5})
+    for (int n : {0, 1, 2, 7, 576}) {
+      std::vector<model::TeamShare> shares(team);
+#pragma omp parallel num_threads(team)
+      shares[omp_get_thread_num()] = model::team_share(n);
+      int next = 0;
+      for (const auto& s : shares) {
+        EXPECT_EQ(s.begin, next) << team << " threads, " << n << " items";
+        EXPECT_LE(s.end - s.begin, n / team + 1);
+        EXPECT_GE(s.end - s.begin, n / team);
+        next = s.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+  EXPECT_EQ(model::team_share(9).end, 9);  // outside a parallel region: all of it
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, ModelFamilies,

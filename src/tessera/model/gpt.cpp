@@ -327,6 +327,22 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 }
 
 // ---------------------------------------------------------------- decoding
+TeamShare team_share(int n) {
+  const std::int64_t nt = omp_get_num_threads(), i = omp_get_thread_num();
+  return {static_cast<int>(n * i / nt), static_cast<int>(n * (i + 1) / nt)};
+}
+
+void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const float* weight,
+                 const float* bias, int IC, int OC, bool accumulate) {
+  const auto [r0, r1] = team_share(OC);
+  if (r1 > r0)  // (the bias added here: linear_forward's loop for it is a parallel region)
+    k::linear_forward(lib, out + r0, in, weight + static_cast<std::size_t>(r0) * IC, nullptr, 1, IC,
+                      r1 - r0, accumulate);
+  if (bias)
+    for (int r = r0; r < r1; ++r) out[r] += bias[r];
+#pragma omp barrier
+}
+
 Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
                  kernels::GemmLibrary gemm, DecoderKernels kernels)
     : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm), kernels_(std::move(kernels)) {
@@ -338,36 +354,28 @@ Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
   k_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
   v_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
   x_.resize(C);
-  ln_.resize(C);
   qkv_.resize(cfg.qkv_rows());
-  att_.resize(C);
   fch_.resize(cfg.fc_rows());
   act_.resize(cfg.ffn());
-  if (cfg.llama()) inv_freq_ = rope_inv_freq(cfg);
+  if (cfg.llama()) {
+    inv_freq_ = rope_inv_freq(cfg);
+    cos_.resize(cfg.head_dim() / 2);
+    sin_.resize(cfg.head_dim() / 2);
+  }
   logits_.resize(cfg.padded_vocab());
   scores_.resize(static_cast<std::size_t>(cfg.n_head) * max_T);  // a row per head
 }
 
 namespace {
-// One row's norm, each family's kind.
+// One row's norm, each family's kind, on the calling thread.
 void norm_row(const ModelConfig& cfg, float* out, const float* x, const float* w, const float* b) {
   float mean, rstd;
   if (cfg.llama())
-    k::rmsnorm_forward(out, &rstd, x, w, 1, cfg.n_embd, static_cast<float>(cfg.norm_eps));
+    k::rmsnorm_row(out, x, w, cfg.n_embd, static_cast<float>(cfg.norm_eps));
   else
-    k::layernorm_forward(out, &mean, &rstd, x, w, b, 1, cfg.n_embd);
-}
-}  // namespace
-
-void Decoder::linear(int layer, int which, float* out, const float* in, const float* weight,
-                     const float* bias, int IC, int OC, bool accumulate) {
-  if (kernels_.linear)
-    kernels_.linear(layer, which, out, in, bias, accumulate);
-  else
-    k::linear_forward(gemm_, out, in, weight, bias, 1, IC, OC, accumulate);
+    k::layernorm_row(out, &mean, &rstd, x, w, b, cfg.n_embd);
 }
 
-namespace {
 // sum_c a[c] b[c] in 8 interleaved partial sums (which the compiler keeps in one vector register).
 float dot8(const float* a, const float* b, int n) {
   float acc[8] = {};
@@ -380,36 +388,133 @@ float dot8(const float* a, const float* b, int n) {
 }
 }  // namespace
 
-// Causal attention of the newest position over the cache; out (NH * hs). Heads in parallel once
-// the cache is long enough to pay for the threads (each head has its own row of scores_): from 16
-// positions, where SmolLM2-135M's 30 layers measured 0.43 -> 0.28 ms per token with 2 threads
-// (the cache is read back from memory each token, after the weights streamed through).
-void Decoder::attend(float* out, const float* q, const float* kc, const float* vc, int t) {
+void Decoder::linear(int layer, int which, float* out, const float* in, const float* weight,
+                     const float* bias, int IC, int OC, bool accumulate) {
+  if (kernels_.linear)
+    kernels_.linear(layer, which, out, in, bias, accumulate);
+  else
+    team_linear(gemm_, out, in, weight, bias, IC, OC, accumulate);
+}
+
+// The newest position's q and k heads rotated (llama) and its k and v heads written to layer
+// l's cache, the heads shared among the team.
+void Decoder::rotate_and_cache(int l, int t) {
+  const auto& cfg = layout_.config();
+  const int NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim();
+  const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
+  float* q = qkv_.data();
+  float* kc = k_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+  float* vc = v_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+  const auto [h0, h1] = team_share(NH + 2 * KV);  // q heads, k heads, v heads
+  for (int h = h0; h < h1; ++h) {
+    if (cfg.llama() && h < NH + KV) k::rope_rotate_heads(q, h, h + 1, hs, cos_.data(), sin_.data());
+    const float* src = q + static_cast<std::size_t>(h) * hs;
+    if (h >= NH + KV)
+      std::copy(src, src + hs, vc + static_cast<std::size_t>(h - NH - KV) * hs);
+    else if (h >= NH)
+      std::copy(src, src + hs, kc + static_cast<std::size_t>(h - NH) * hs);
+  }
+}
+
+// Causal attention of the newest position (t) over the cache, split by positions: this thread's
+// share of positions 0..t for every head gives its partials (max score m, sum of exp(s - m),
+// sum of exp(s - m) v), which attend_combine merges. The cache is read a position's row at a
+// time (all heads' keys or values, contiguous), so each thread streams its part of it once, in
+// order, from memory (the weights of a step push it out of the caches): per head, a strided walk
+// measured twice as slow on SmolLM2-135M. The shares are even, where a split by heads leaves 9
+// heads 5 and 4 and reads a group's rows on both threads.
+void Decoder::attend_share(const float* kc, const float* vc, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, hs = cfg.head_dim(), group = NH / cfg.kv_heads();
   const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-#pragma omp parallel for schedule(static) if (t >= 16)
+  const auto [j0, j1] = team_share(t + 1);
+  const std::size_t stride = static_cast<std::size_t>(hs) + 2;
+  float* part = part_.data() + static_cast<std::size_t>(omp_get_thread_num()) * NH * stride;
+  auto scores = [this](int h) { return scores_.data() + static_cast<std::size_t>(h) * max_T_; };
+  auto kv_head = [hs, group](int h) { return static_cast<std::size_t>(h / group) * hs; };
+  for (int j = j0; j < j1; ++j)
+    for (int h = 0; h < NH; ++h)
+      scores(h)[j] =
+          dot8(qkv_.data() + static_cast<std::size_t>(h) * hs, kc + j * KVC + kv_head(h), hs) *
+          scale;
   for (int h = 0; h < NH; ++h) {
-    const float* qh = q + h * hs;
-    const std::size_t g = static_cast<std::size_t>(h / group) * hs;
-    float* sc = scores_.data() + static_cast<std::size_t>(h) * max_T_;
+    float* sc = scores(h);
     float mx = -INFINITY;
-    for (int j = 0; j <= t; ++j) {
-      sc[j] = dot8(qh, kc + j * KVC + g, hs) * scale;
-      mx = std::max(mx, sc[j]);
-    }
-    for (int j = 0; j <= t; ++j) sc[j] = k::exp_approx(sc[j] - mx);  // no sum here: vectorizes
+    for (int j = j0; j < j1; ++j) mx = std::max(mx, sc[j]);
+    for (int j = j0; j < j1; ++j) sc[j] = k::exp_approx(sc[j] - mx);  // no sum here: vectorizes
     float sum = 0.0f;
-    for (int j = 0; j <= t; ++j) sum += sc[j];
-    float* o = out + h * hs;
-    std::fill(o, o + hs, 0.0f);
-    for (int j = 0; j <= t; ++j) {
-      const float* vj = vc + j * KVC + g;
-      const float pj = sc[j] / sum;
+    for (int j = j0; j < j1; ++j) sum += sc[j];
+    float* p = part + h * stride;
+    p[0] = mx;
+    p[1] = sum;
+    std::fill(p + 2, p + 2 + hs, 0.0f);
+  }
+  for (int j = j0; j < j1; ++j)
+    for (int h = 0; h < NH; ++h) {
+      const float* vj = vc + j * KVC + kv_head(h);
+      const float pj = scores(h)[j];
+      float* o = part + h * stride + 2;
       for (int c = 0; c < hs; ++c) o[c] += pj * vj[c];
     }
+}
+
+// out (NH * hs) = the team's partials merged: per head, each share's values weighted by
+// exp(m_share - m) over the same-weighted sum of their exp sums (an empty share weighs 0).
+void Decoder::attend_combine(float* out) const {
+  const auto& cfg = layout_.config();
+  const int NH = cfg.n_head, hs = cfg.head_dim(), nt = omp_get_num_threads();
+  const std::size_t stride = static_cast<std::size_t>(NH) * (hs + 2);
+  for (int h = 0; h < NH; ++h) {
+    const float* p0 = part_.data() + static_cast<std::size_t>(h) * (hs + 2);
+    float mx = -INFINITY;
+    for (int i = 0; i < nt; ++i) mx = std::max(mx, p0[i * stride]);
+    float* o = out + static_cast<std::size_t>(h) * hs;
+    std::fill(o, o + hs, 0.0f);
+    float sum = 0.0f;
+    for (int i = 0; i < nt; ++i) {
+      const float* p = p0 + i * stride;
+      if (p[1] == 0.0f) continue;  // no positions
+      const float w = k::exp_approx(p[0] - mx);
+      sum += w * p[1];
+      for (int c = 0; c < hs; ++c) o[c] += w * p[2 + c];
+    }
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < hs; ++c) o[c] *= inv;
   }
+}
+
+// Layer l at position t, by every thread of the team.
+void Decoder::layer(int l, int t) {
+  const auto& cfg = layout_.config();
+  const int C = cfg.n_embd, F = cfg.ffn(), i = omp_get_thread_num();
+  const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const auto& w = layout_.layers[l];
+  auto at = [this](std::size_t off) { return off == k_absent ? nullptr : params_ + off; };
+  float* x = x_.data();
+  float* ln = ln_.data() + static_cast<std::size_t>(i) * C;
+  float* att = att_.data() + static_cast<std::size_t>(i) * C;
+  norm_row(cfg, ln, x, at(w.ln1_w), at(w.ln1_b));
+  linear(l, 0, qkv_.data(), ln, at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
+  rotate_and_cache(l, t);
+#pragma omp barrier
+  attend_share(k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC,
+               v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC, t);
+#pragma omp barrier
+  attend_combine(att);
+  linear(l, 1, x, att, at(w.attproj_w), at(w.attproj_b), C, C, true);
+  norm_row(cfg, ln, x, at(w.ln2_w), at(w.ln2_b));
+  linear(l, 2, fch_.data(), ln, at(w.fc_w), at(w.fc_b), C, cfg.fc_rows(), false);
+  const auto [f0, f1] = team_share(F);
+  float* act = fch_.data();
+  if (cfg.llama()) {
+    k::swiglu_slice(act_.data() + f0, fch_.data() + f0, fch_.data() + F + f0, f1 - f0);
+    act = act_.data();
+  } else {
+    k::gelu_slice(act + f0, act + f0, f1 - f0);
+  }
+#pragma omp barrier
+  linear(l, 3, x, act, at(w.fcproj_w), at(w.fcproj_b), F, C, true);
 }
 
 const float* Decoder::step(std::int32_t token, bool want_logits) {
@@ -418,11 +523,8 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
   if (token < 0 || token >= cfg.vocab_size)
     throw Error(fmt::format("token id {} is outside the vocabulary of {}", token, cfg.vocab_size));
-  const int C = cfg.n_embd, NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim(), t = pos_;
-  const int F = cfg.ffn();
-  const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
+  const int C = cfg.n_embd, t = pos_;
   const float* P = params_;
-  auto at = [&](std::size_t off) { return off == k_absent ? nullptr : P + off; };
   float* x = x_.data();
   if (kernels_.embed) {
     kernels_.embed(token, x);
@@ -432,38 +534,30 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   }
   if (layout_.wpe != k_absent)
     for (int c = 0; c < C; ++c) x[c] += P[layout_.wpe + static_cast<std::size_t>(t) * C + c];
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const auto& w = layout_.layers[l];
-    norm_row(cfg, ln_.data(), x, at(w.ln1_w), at(w.ln1_b));
-    linear(l, 0, qkv_.data(), ln_.data(), at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
-    if (cfg.llama()) k::rope_forward(qkv_.data(), 1, 1, NH, KV, hs, inv_freq_.data(), t);
-    float* kc = k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
-    float* vc = v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC;
-    const float* kv = qkv_.data() + static_cast<std::size_t>(NH) * hs;
-    std::copy(kv, kv + KVC, kc + t * KVC);
-    std::copy(kv + KVC, kv + 2 * KVC, vc + t * KVC);
-    attend(att_.data(), qkv_.data(), kc, vc, t);
-    linear(l, 1, x, att_.data(), at(w.attproj_w), at(w.attproj_b), C, C, true);
-    norm_row(cfg, ln_.data(), x, at(w.ln2_w), at(w.ln2_b));
-    linear(l, 2, fch_.data(), ln_.data(), at(w.fc_w), at(w.fc_b), C, cfg.fc_rows(), false);
-    float* act = fch_.data();
-    if (cfg.llama()) {
-      k::swiglu_forward(act_.data(), fch_.data(), 1, F);
-      act = act_.data();
-    } else {
-      k::gelu_forward(act, act, F);
+  if (cfg.llama()) k::rope_table(cos_.data(), sin_.data(), 1, cfg.head_dim(), inv_freq_.data(), t);
+  const int team = omp_get_max_threads();  // a region's team is never larger
+  if (team > team_) {
+    team_ = team;
+    ln_.resize(static_cast<std::size_t>(team) * C);
+    att_.resize(static_cast<std::size_t>(team) * C);
+    part_.resize(static_cast<std::size_t>(team) * cfg.n_head * (cfg.head_dim() + 2));
+  }
+#pragma omp parallel
+  {
+    for (int l = 0; l < cfg.n_layer; ++l) layer(l, t);
+    if (want_logits) {
+      float* ln = ln_.data() + static_cast<std::size_t>(omp_get_thread_num()) * C;
+      norm_row(cfg, ln, x, P + layout_.lnf_w,
+               layout_.lnf_b == k_absent ? nullptr : P + layout_.lnf_b);
+      if (kernels_.head)
+        kernels_.head(logits_.data(), ln);
+      else
+        team_linear(gemm_, logits_.data(), ln, P + layout_.head, nullptr, C, cfg.padded_vocab(),
+                    false);
     }
-    linear(l, 3, x, act, at(w.fcproj_w), at(w.fcproj_b), F, C, true);
   }
   ++pos_;
-  if (!want_logits) return nullptr;
-  norm_row(cfg, ln_.data(), x, at(layout_.lnf_w), at(layout_.lnf_b));
-  if (kernels_.head)
-    kernels_.head(logits_.data(), ln_.data());
-  else
-    k::linear_forward(gemm_, logits_.data(), ln_.data(), P + layout_.head, nullptr, 1, C,
-                      cfg.padded_vocab());
-  return logits_.data();
+  return want_logits ? logits_.data() : nullptr;
 }
 
 }  // namespace tessera::model

@@ -109,6 +109,11 @@ QuantizedLinear with_rounded_scales(const QuantizedLinear& ql, ScaleType scale_t
 
 // y (OC) = W x (IC) + bias (OC, may be null). OpenMP over output rows; fp32 accumulation.
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa);
+// Its body on the calling thread alone (the caller shares the tiles among threads and has
+// checked isa_supported): y[r] = (or += when accumulate) (W x)[r] + bias[r] for the rows of tiles
+// t0 <= t < t1.
+void packed_matvec_tiles(const PackedLinear& w, float* y, const float* x, const float* bias,
+                         bool accumulate, int t0, int t1, Isa isa);
 // How packed_matvec_q8 scales the int8 input: one scale per block of 32 columns (the decoder's
 // default for weight-only files, as llama.cpp quantizes activations), or one for the whole input
 // (per token: what W8A8 and SmoothQuant files quantize their activations with).
@@ -124,6 +129,19 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
 // The integer dot product packed_matvec_q8 uses with isa: "avx512-vnni dpbusd", "avx2 maddubs"
 // or "portable".
 const char* q8_dot_name(Isa isa);
+// The int8 input of packed_matvec_q8 in packed order: xq (colsp) codes, d (colsp / 32) block
+// scales, xs (ngroups) the quantized input's group sums; xp the prepared fp32 input it came from.
+// A caller that keeps one between products reuses its storage.
+struct Q8Input {
+  std::vector<std::int8_t> xq;
+  std::vector<float> d, xs, xp;
+};
+void quantize_q8(const PackedLinear& w, const float* x, ActScale scale, Isa isa, Q8Input& in);
+// packed_matvec_q8's body on the calling thread alone, for callers that share the tiles among
+// threads themselves (and have checked isa_supported): y[r] = (or += when accumulate) (W x^)[r] +
+// bias[r] for the rows of tiles t0 <= t < t1, x^ as quantize_q8 made it for w.
+void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, const float* bias,
+                            bool accumulate, int t0, int t1, Isa isa);
 // The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order,
 // as isa's kernels quantize it (SIMD or plain loops: the same values bit for bit).
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,

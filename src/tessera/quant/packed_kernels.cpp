@@ -135,24 +135,26 @@ void check_isa(Isa isa) {
                 "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
 }
 
-// xp (N, colsp) = X (N, IC) gathered through perm, divided by in_scale, zero-padded;
-// xsum (N, ngroups) = the sum of xp over each group.
-void prepare(const PackedLinear& w, const float* X, std::int64_t N, float* xp, float* xsum) {
+// o (colsp) = x (IC) gathered through perm, divided by in_scale, zero-padded; xsum (ngroups) =
+// the sum of o over each group.
+void prepare_row(const PackedLinear& w, const float* x, float* o, float* xsum) {
   const int cp = w.colsp;
-#pragma omp parallel for schedule(static) if (N > 1)
-  for (std::int64_t n = 0; n < N; ++n) {
-    const float* x = X + n * w.cols;
-    float* o = xp + n * cp;
-    for (int j = 0; j < cp; ++j) {
-      float v = j < w.cols ? x[w.perm.empty() ? j : w.perm[j]] : 0.0f;
-      o[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
-    }
-    for (int g = 0; g < w.ngroups; ++g) {
-      float s = 0.0f;
-      for (int j = g * w.group; j < std::min((g + 1) * w.group, cp); ++j) s += o[j];
-      xsum[n * w.ngroups + g] = s;
-    }
+  for (int j = 0; j < cp; ++j) {
+    float v = j < w.cols ? x[w.perm.empty() ? j : w.perm[j]] : 0.0f;
+    o[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
   }
+  for (int g = 0; g < w.ngroups; ++g) {
+    float s = 0.0f;
+    for (int j = g * w.group; j < std::min((g + 1) * w.group, cp); ++j) s += o[j];
+    xsum[g] = s;
+  }
+}
+
+// prepare_row for each of the N rows of X (N, IC) into xp (N, colsp), xsum (N, ngroups).
+void prepare(const PackedLinear& w, const float* X, std::int64_t N, float* xp, float* xsum) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n)
+    prepare_row(w, X + n * w.cols, xp + n * w.colsp, xsum + n * w.ngroups);
 }
 
 // out (8 rows x colsp) = the code bytes of tile t.
@@ -229,29 +231,46 @@ void tile_product(float* Y, std::int64_t ldy, const float* xp, std::int64_t N, c
       Y[n * ldy + i] = portable::dot(xp + n * n32, wt + std::int64_t(i) * n32, n32);
 }
 
+// The rows of tiles t0 <= t < t1 of y = (or += when accumulate) W x + bias, on the calling
+// thread, from the prepared input (xp, xsum).
+void matvec_tiles(const PackedLinear& w, const float* xp, const float* xsum, float* y,
+                  const float* bias, bool accumulate, int t0, int t1, Isa isa) {
+  const int cp = w.colsp;
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(k_tile_rows) * cp);
+  std::vector<float> s(w.ngroups);
+  for (int t = t0; t < t1; ++t) {
+    unpack_tile(w, t, q.data(), isa);
+    for (int i = 0; i < k_tile_rows && t * k_tile_rows + i < w.rows; ++i) {
+      const int r = t * k_tile_rows + i;
+      const float zterm = row_scales(w, r, xsum, s.data());
+      float v = row_dot(w, q.data() + std::size_t(i) * cp, xp, s.data(), isa) - zterm;
+      if (bias) v += bias[r];
+      y[r] = accumulate ? y[r] + v : v;
+    }
+  }
+}
+
 }  // namespace
 
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
   check_isa(isa);
-  const int cp = w.colsp;
-  std::vector<float> xp(cp), xsum(w.ngroups);
-  prepare(w, x, 1, xp.data(), xsum.data());
+  std::vector<float> xp(w.colsp), xsum(w.ngroups);
+  prepare_row(w, x, xp.data(), xsum.data());
+  const int ntiles = w.tiles();
 #pragma omp parallel
   {
-    std::vector<std::uint8_t> q(static_cast<std::size_t>(k_tile_rows) * cp);
-    std::vector<float> s(w.ngroups);
-#pragma omp for schedule(static)
-    for (int t = 0; t < w.tiles(); ++t) {
-      unpack_tile(w, t, q.data(), isa);
-      for (int i = 0; i < k_tile_rows && t * k_tile_rows + i < w.rows; ++i) {
-        const int r = t * k_tile_rows + i;
-        const float zterm = row_scales(w, r, xsum.data(), s.data());
-        const float v =
-            row_dot(w, q.data() + std::size_t(i) * cp, xp.data(), s.data(), isa) - zterm;
-        y[r] = bias ? v + bias[r] : v;
-      }
-    }
+    const int n = omp_get_num_threads(), i = omp_get_thread_num();
+    matvec_tiles(w, xp.data(), xsum.data(), y, bias, false,
+                 static_cast<int>(std::int64_t(ntiles) * i / n),
+                 static_cast<int>(std::int64_t(ntiles) * (i + 1) / n), isa);
   }
+}
+
+void packed_matvec_tiles(const PackedLinear& w, float* y, const float* x, const float* bias,
+                         bool accumulate, int t0, int t1, Isa isa) {
+  std::vector<float> xp(w.colsp), xsum(w.ngroups);
+  prepare_row(w, x, xp.data(), xsum.data());
+  matvec_tiles(w, xp.data(), xsum.data(), y, bias, accumulate, t0, t1, isa);
 }
 
 void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float* bias,

@@ -1,5 +1,7 @@
 #include "tessera/quant/packed_model.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <memory>
 
@@ -35,37 +37,48 @@ const PackedLinear* PackedModel::head_matrix() const {
 }
 
 model::DecoderKernels PackedModel::decoder_kernels() const {
-  int max_rows = 0;
-  for (const auto& l : linears) max_rows = std::max(max_rows, l.rows);
-  auto tmp = std::make_shared<std::vector<float>>(max_rows);  // (OC) for accumulating linears
   if (act_scale == ActScale::PerRow && !int8_activations)
     throw Error(
         "this file quantizes its activations per token: the packed decoder needs int8 "
         "activations",
         "use the default kernels (or the dequantized fp32 weights)");
-  auto matvec = [this](const PackedLinear& w, float* y, const float* x, const float* bias,
-                       ActScale scale) {
-    if (int8_activations)
-      packed_matvec_q8(w, y, x, bias, isa, scale);
-    else
-      packed_matvec(w, y, x, bias, isa);
+  if (!isa_supported(isa))  // checked here: the products run inside the decoder's team
+    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
+                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
+  // Each thread's int8 input, its storage kept between products (a cache line apart); a thread
+  // beyond them (the team grew after this) uses one of its own.
+  struct alignas(64) Scratch {
+    Q8Input in;
+  };
+  auto scratch = std::make_shared<std::vector<Scratch>>(omp_get_max_threads());
+  // The calling thread's share of w's tiles, then the team's barrier. Each thread quantizes
+  // (or prepares) its own copy of the input: the same values, without waiting for one another.
+  auto product = [this, scratch](const PackedLinear& w, float* y, const float* x, const float* bias,
+                                 bool accumulate, ActScale scale) {
+    const auto [t0, t1] = model::team_share(w.tiles());
+    if (int8_activations) {
+      const auto i = static_cast<std::size_t>(omp_get_thread_num());
+      Q8Input own;
+      Q8Input& in = i < scratch->size() ? (*scratch)[i].in : own;
+      quantize_q8(w, x, scale, isa, in);
+      packed_matvec_q8_tiles(w, in, y, bias, accumulate, t0, t1, isa);
+    } else {
+      packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa);
+    }
+#pragma omp barrier
   };
   model::DecoderKernels k;
-  k.linear = [this, tmp, matvec](int layer, int which, float* out, const float* in,
-                                 const float* bias, bool accumulate) {
-    const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + which];
-    if (!accumulate) {
-      matvec(w, out, in, bias, act_scale);
-      return;
-    }
-    matvec(w, tmp->data(), in, bias, act_scale);
-    for (int r = 0; r < w.rows; ++r) out[r] += (*tmp)[r];
+  k.linear = [this, product](int layer, int which, float* out, const float* in, const float* bias,
+                             bool accumulate) {
+    product(linears[static_cast<std::size_t>(layer) * k_num_lin + which], out, in, bias, accumulate,
+            act_scale);
   };
   const PackedLinear* h = head_matrix();
   if (h)
-    k.head = [this, h, matvec](float* logits, const float* x) {
-      matvec(*h, logits, x, nullptr, ActScale::PerBlock);  // the padding rows (not packed): 0
-      std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
+    k.head = [this, h, product](float* logits, const float* x) {
+      if (omp_get_thread_num() == 0)  // the padding rows (not packed): 0
+        std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
+      product(*h, logits, x, nullptr, false, ActScale::PerBlock);
     };
   if (embed.rows)
     k.embed = [this](std::int32_t token, float* x) { embed.dequantize_row(token, x); };

@@ -32,13 +32,6 @@
 namespace tessera::quant {
 namespace {
 
-// The input of one product: xq (colsp) int8 codes in column order, d (colsp / 32) block scales,
-// xs (ngroups) group sums of the quantized input.
-struct Q8Input {
-  std::vector<std::int8_t> xq;
-  std::vector<float> d, xs;
-};
-
 // Rounds to the nearest integer, ties to even (the default rounding mode), in one instruction.
 inline int round_even(float v) {
   return _mm_cvtss_si32(_mm_set_ss(v));
@@ -70,11 +63,15 @@ int codes_scalar(const float* xp, float inv, std::int8_t* xq) {
 
 constexpr BlockQuantizer k_scalar_quantizer{absmax_scalar, codes_scalar};
 
-Q8Input quantize_input(const PackedLinear& w, const float* x, ActScale scale,
-                       const BlockQuantizer& bq) {
+// in = x quantized for w's products (nothing allocated once `in` has served one of this width).
+void quantize_input(const PackedLinear& w, const float* x, ActScale scale, const BlockQuantizer& bq,
+                    Q8Input& in) {
   const int cp = w.colsp, nb = cp / 32;
-  Q8Input in{std::vector<std::int8_t>(cp), std::vector<float>(nb), std::vector<float>(w.ngroups)};
-  std::vector<float> xp(cp, 0.0f);
+  in.xq.resize(cp);
+  in.d.resize(nb);
+  in.xs.assign(w.ngroups, 0.0f);
+  std::vector<float>& xp = in.xp;
+  xp.assign(cp, 0.0f);
   for (int j = 0; j < w.cols; ++j) {
     const float v = x[w.perm.empty() ? j : w.perm[j]];
     xp[j] = w.in_scale.empty() ? v : v / w.in_scale[j];
@@ -90,8 +87,18 @@ Q8Input quantize_input(const PackedLinear& w, const float* x, ActScale scale,
     in.d[b] = d;
     in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
   }
-  return in;
 }
+
+// Where a product's rows go: y[r] = v + bias[r] (bias may be null), or y[r] += that.
+struct Rows {
+  float* y;
+  const float* bias;
+  bool accumulate;
+  void put(int r, float v) const {
+    const float o = bias ? v + bias[r] : v;
+    y[r] = accumulate ? y[r] + o : o;
+  }
+};
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
@@ -182,8 +189,7 @@ struct D {                                  // dpbusd: u8 x s8 sums of four stra
 #pragma GCC pop_options
 #endif
 
-void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, float* y,
-                   const float* bias) {
+void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, const Rows& out) {
   const int shift = w.storage_bits == 8 ? 128 : 0;
   for (int r = r0; r < r1; ++r) {
     float total = 0.0f, zterm = 0.0f;
@@ -198,21 +204,26 @@ void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, flo
       }
       total += s * acc;
     }
-    const float v = total - zterm;
-    y[r] = bias ? v + bias[r] : v;
+    out.put(r, total - zterm);
   }
 }
 
 // The tiles t0 <= t < t1 with isa's SIMD body for the storage width.
 template <typename Body3, typename Body4, typename Body8>
-void run_tiles(const PackedLinear& w, const Q8Input& in, int t0, int t1, float* y,
-               const float* bias, Body3 b3, Body4 b4, Body8 b8) {
+void run_tiles(const PackedLinear& w, const Q8Input& in, int t0, int t1, const Rows& out, Body3 b3,
+               Body4 b4, Body8 b8) {
   if (w.storage_bits == 3)
-    b3(w, in, t0, t1, y, bias);
+    b3(w, in, t0, t1, out);
   else if (w.storage_bits == 4)
-    b4(w, in, t0, t1, y, bias);
+    b4(w, in, t0, t1, out);
   else
-    b8(w, in, t0, t1, y, bias);
+    b8(w, in, t0, t1, out);
+}
+
+void check_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
+                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
 }
 
 bool cpu_has_vnni() {
@@ -233,31 +244,40 @@ const char* q8_dot_name(Isa isa) {
   return "portable";
 }
 
+void quantize_q8(const PackedLinear& w, const float* x, ActScale scale, Isa isa, Q8Input& in) {
+  check_isa(isa);
+  quantize_input(w, x, scale, quantizer(isa), in);
+}
+
+void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, const float* bias,
+                            bool accumulate, int t0, int t1, Isa isa) {
+  const Rows out{y, bias, accumulate};
+  if (isa == Isa::Avx512 && cpu_has_vnni())
+    run_tiles(w, in, t0, t1, out, vnni::tiles<3>, vnni::tiles<4>, vnni::tiles<8>);
+  else if (isa != Isa::Portable)
+    run_tiles(w, in, t0, t1, out, avx2::tiles<3>, avx2::tiles<4>, avx2::tiles<8>);
+  else
+    portable_rows(w, in, t0 * k_tile_rows, std::min(w.rows, t1 * k_tile_rows), out);
+}
+
 void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa,
                       ActScale scale) {
-  if (!isa_supported(isa))
-    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
-                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-  const Q8Input in = quantize_input(w, x, scale, quantizer(isa));
-  const bool vnni = isa == Isa::Avx512 && cpu_has_vnni();
+  Q8Input in;
+  quantize_q8(w, x, scale, isa, in);
   const int ntiles = w.tiles();
 #pragma omp parallel
   {  // contiguous runs of tiles, one per thread (the prefetch runs ahead inside a run)
     const int n = omp_get_num_threads(), i = omp_get_thread_num();
     const int t0 = static_cast<int>(std::int64_t(ntiles) * i / n);
     const int t1 = static_cast<int>(std::int64_t(ntiles) * (i + 1) / n);
-    if (vnni)
-      run_tiles(w, in, t0, t1, y, bias, vnni::tiles<3>, vnni::tiles<4>, vnni::tiles<8>);
-    else if (isa != Isa::Portable)
-      run_tiles(w, in, t0, t1, y, bias, avx2::tiles<3>, avx2::tiles<4>, avx2::tiles<8>);
-    else
-      portable_rows(w, in, t0 * k_tile_rows, std::min(w.rows, t1 * k_tile_rows), y, bias);
+    packed_matvec_q8_tiles(w, in, y, bias, false, t0, t1, isa);
   }
 }
 
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
                        ActScale scale, Isa isa) {
-  const Q8Input in = quantize_input(w, x, scale, quantizer(isa));
+  Q8Input in;
+  quantize_q8(w, x, scale, isa, in);
   std::copy(in.xq.begin(), in.xq.end(), xq);
   std::copy(in.d.begin(), in.d.end(), d);
 }

@@ -54,28 +54,30 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 }
 
 // ---------------------------------------------------------------- layernorm
+void layernorm_row(float* o, float* mean, float* rstd, const float* x, const float* weight,
+                   const float* bias, int C) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int c = 0; c < C; ++c) s += x[c];
+  float m = s / C;
+  float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+  for (int c = 0; c < C; ++c) {
+    float d = x[c] - m;
+    v += d * d;
+  }
+  float r = 1.0f / std::sqrt(v / C + k_layernorm_eps);
+#pragma omp simd
+  for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  *mean = m;
+  *rstd = r;
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C) {
 #pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
-  for (std::int64_t i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int c = 0; c < C; ++c) s += x[c];
-    float m = s / C;
-    float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; ++c) {
-      float d = x[c] - m;
-      v += d * d;
-    }
-    float r = 1.0f / std::sqrt(v / C + k_layernorm_eps);
-    float* o = out + i * C;
-#pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = r;
-  }
+  for (std::int64_t i = 0; i < N; ++i)
+    layernorm_row(out + i * C, mean + i, rstd + i, inp + i * C, weight, bias, C);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -169,13 +171,21 @@ namespace {
 constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
 }
 
+namespace {
+inline float gelu(float x) {
+  float u = k_gelu_scale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanh_approx(u));
+}
+}  // namespace
+
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float u = k_gelu_scale * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanh_approx(u));
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
+}
+
+void gelu_slice(float* out, const float* inp, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
@@ -325,20 +335,21 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
 }
 
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
+float rmsnorm_row(float* o, const float* x, const float* weight, int C, float eps) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+  const float r = 1.0f / std::sqrt(ss / C + eps);
+#pragma omp simd
+  for (int c = 0; c < C; ++c) o[c] = x[c] * r * weight[c];
+  return r;
+}
+
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
                      int C, float eps) {
 #pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
-  for (std::int64_t i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int c = 0; c < C; ++c) ss += x[c] * x[c];
-    const float r = 1.0f / std::sqrt(ss / C + eps);
-    rstd[i] = r;
-    float* o = out + i * C;
-#pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = x[c] * r * weight[c];
-  }
+  for (std::int64_t i = 0; i < N; ++i)
+    rstd[i] = rmsnorm_row(out + i * C, inp + i * C, weight, C, eps);
 }
 
 // With n = x r: dx = r (w g - n mean(w g n)); dw += g n.
@@ -374,36 +385,44 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   }
 }
 
-namespace {
-// Rotates q and k of every row in place by +angle (forward) or -angle (backward).
-void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
-                 float sign, int pos0) {
+void rope_table(float* cs, float* sn, int T, int hs, const double* inv_freq, int pos0, float sign) {
   const int half = hs / 2;
-  std::vector<float> cs(static_cast<std::size_t>(T) * half), sn(cs.size());
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < half; ++i) {
       const double a = (pos0 + t) * inv_freq[i];
       cs[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
       sn[static_cast<std::size_t>(t) * half + i] = sign * static_cast<float>(std::sin(a));
     }
+}
+
+void rope_rotate_heads(float* heads, int h0, int h1, int hs, const float* c, const float* s) {
+  const int half = hs / 2;
+  for (int h = h0; h < h1; ++h) {
+    float* x = heads + static_cast<std::int64_t>(h) * hs;
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      const float x1 = x[i], x2 = x[i + half];
+      x[i] = x1 * c[i] - x2 * s[i];
+      x[i + half] = x2 * c[i] + x1 * s[i];
+    }
+  }
+}
+
+namespace {
+// Rotates q and k of every row in place by +angle (forward) or -angle (backward).
+void rope_rotate(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
+                 float sign, int pos0) {
+  const int half = hs / 2;
+  std::vector<float> cs(static_cast<std::size_t>(T) * half), sn(cs.size());
+  rope_table(cs.data(), sn.data(), T, hs, inv_freq, pos0, sign);
   const QkvRow row{NH, KV, hs};
   const std::int64_t W = row.width();
 #pragma omp parallel for collapse(2) schedule(static) if (B * T > 1)
   for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      float* r = qkv + (static_cast<std::int64_t>(b) * T + t) * W;
-      const float* c = cs.data() + static_cast<std::size_t>(t) * half;
-      const float* s = sn.data() + static_cast<std::size_t>(t) * half;
-      for (int h = 0; h < NH + KV; ++h) {  // the q heads, then the k heads, back to back
-        float* x = r + static_cast<std::int64_t>(h) * hs;
-#pragma omp simd
-        for (int i = 0; i < half; ++i) {
-          const float x1 = x[i], x2 = x[i + half];
-          x[i] = x1 * c[i] - x2 * s[i];
-          x[i + half] = x2 * c[i] + x1 * s[i];
-        }
-      }
-    }
+    for (int t = 0; t < T; ++t)  // the q heads, then the k heads, back to back
+      rope_rotate_heads(qkv + (static_cast<std::int64_t>(b) * T + t) * W, 0, NH + KV, hs,
+                        cs.data() + static_cast<std::size_t>(t) * half,
+                        sn.data() + static_cast<std::size_t>(t) * half);
 }
 }  // namespace
 
@@ -415,18 +434,18 @@ void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const doub
   rope_rotate(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, 0);
 }
 
+void swiglu_slice(float* out, const float* gate, const float* up, int n) {
+#pragma omp simd
+  for (int c = 0; c < n; ++c) {
+    const float g = gate[c];
+    out[c] = g / (1.0f + exp_approx(-g)) * up[c];
+  }
+}
+
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
 #pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
-  for (std::int64_t i = 0; i < N; ++i) {
-    const float* gate = inp + i * 2 * F;
-    const float* up = gate + F;
-    float* o = out + i * F;
-#pragma omp simd
-    for (int c = 0; c < F; ++c) {
-      const float g = gate[c];
-      o[c] = g / (1.0f + exp_approx(-g)) * up[c];
-    }
-  }
+  for (std::int64_t i = 0; i < N; ++i)
+    swiglu_slice(out + i * F, inp + i * 2 * F, inp + i * 2 * F + F, F);
 }
 
 // d gate = dout up silu'(g), silu'(g) = sig(g) (1 + g (1 - sig(g))); d up = dout silu(g).

@@ -27,6 +27,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 // out (N,C); mean, rstd (N) saved for backward
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C);
+// one row of it on the calling thread (decoding inside a thread team)
+void layernorm_row(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                   const float* bias, int C);
 // dinp (N,C) +=; dweight, dbias (C) +=
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
@@ -46,6 +49,8 @@ void linear_backward(GemmLibrary lib, float* dinp, float* dweight, float* dbias,
 
 // ---- GELU, tanh approximation (GPT-2's "gelu_new") ----
 void gelu_forward(float* out, const float* inp, std::int64_t n);
+// the same on the calling thread alone (a slice of a row, decoding inside a thread team)
+void gelu_slice(float* out, const float* inp, std::int64_t n);
 // dinp = dout * gelu'(inp) (overwrite; dinp may alias dout)
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
 
@@ -53,6 +58,8 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
 // out (N,C) = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2) + eps), saved for backward
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
                      int C, float eps);
+// one row of it on the calling thread; returns its rstd
+float rmsnorm_row(float* out, const float* inp, const float* weight, int C, float eps);
 // dinp (N,C) +=; dweight (C) +=
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, std::int64_t N, int C);
@@ -67,10 +74,19 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
                   int pos0 = 0);
 void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq);
+// The rotation's table for positions pos0 .. pos0 + T - 1: cs, sn (T, hs/2) = cos a, sign * sin a
+// (a computed in double, then rounded to fp32: what rope_forward and rope_backward use).
+void rope_table(float* cs, float* sn, int T, int hs, const double* inv_freq, int pos0,
+                float sign = 1.0f);
+// Heads h0 .. h1 - 1 of one position's heads (hs values each, back to back) rotated in place by
+// that position's table row (cs, sn: hs/2 each).
+void rope_rotate_heads(float* heads, int h0, int h1, int hs, const float* cs, const float* sn);
 
 // ---- SwiGLU (llama's MLP activation) ----
 // out (N,F) = silu(gate) * up, with inp (N,2F) holding [gate | up] in each row
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F);
+// out (n) = silu(gate) * up: one row's slice (no threads)
+void swiglu_slice(float* out, const float* gate, const float* up, int n);
 // dinp (N,2F) = (overwrite) from dout (N,F)
 void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F);
 
