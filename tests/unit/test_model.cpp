@@ -168,6 +168,32 @@ TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
   }
 }
 
+TEST(Model, KvCacheDecoderMatchesFullForwardAtHeadSizes64And128) {
+  // The decoder sums the weighted values of head sizes 64 and 128 (most llamas) in registers of
+  // a fixed size, others in a loop over the head size (the tiny models above).
+  for (int hs : {64, 128}) {
+    auto cfg = tiny_llama();
+    cfg.n_head = 2;
+    cfg.n_kv_head = 1;
+    cfg.n_embd = 2 * hs;
+    cfg.block_size = 12;
+    model::ParamLayout layout(cfg);
+    Buffer<float> p(layout.total());
+    model::init_params(layout, p.data(), 13);
+    const int T = cfg.block_size, Vp = cfg.padded_vocab();
+    auto x = random_tokens(T, cfg.vocab_size, 7);
+    model::Activations a;
+    model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
+    model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+    for (int t = 0; t < T; ++t) {
+      const float* l = dec.step(x[t]);
+      const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
+      for (int v = 0; v < cfg.vocab_size; ++v)
+        ASSERT_NEAR(l[v], ref[v], 2e-5) << "head size " << hs << " t=" << t << " v=" << v;
+    }
+  }
+}
+
 TEST(Model, TeamSharesCoverTheRangeInOrder) {
   for (int team : {1, 2, 3, 5})
     for (int n : {0, 1, 2, 7, 576}) {

@@ -202,6 +202,18 @@ TEST(Packed, ScaleTypesAndBias) {
       for (int r = 0; r < 20; ++r) EXPECT_FLOAT_EQ(y1[r], y0[r] + bias[r]);
       packed_matmul(p, y1.data(), x.data(), bias.data(), 1, isa);
       for (int r = 0; r < 20; ++r) EXPECT_NEAR(y1[r], y0[r] + bias[r], 1e-5f);
+      // The int8 product's per-thread entry: accumulating with a bias adds exactly y + bias; a
+      // run of tiles gives the rows that the whole product gives, and no others.
+      packed_matvec_q8(p, y0.data(), x.data(), nullptr, isa);
+      Q8Input in;
+      quantize_q8(p, x.data(), ActScale::PerBlock, isa, in);
+      std::vector<float> acc(20, 1.0f), part(20, -7.0f);
+      packed_matvec_q8_tiles(p, in, acc.data(), bias.data(), true, 0, p.tiles(), isa);
+      packed_matvec_q8_tiles(p, in, part.data(), nullptr, false, 1, p.tiles(), isa);
+      for (int r = 0; r < 20; ++r) {
+        EXPECT_EQ(acc[r], 1.0f + (y0[r] + bias[r])) << isa_name(isa) << " row " << r;
+        EXPECT_EQ(part[r], r < 8 ? -7.0f : y0[r]) << isa_name(isa) << " row " << r;
+      }
     }
     EXPECT_EQ(round_scale(1.0f, st), 1.0f);
     EXPECT_NEAR(round_scale(0.0123f, st), 0.0123f, 0.0123f * (st == ScaleType::F16 ? 1e-3 : 4e-3));
