@@ -396,24 +396,31 @@ void Decoder::linear(int layer, int which, float* out, const float* in, const fl
     team_linear(gemm_, out, in, weight, bias, IC, OC, accumulate);
 }
 
-// The newest position's q and k heads rotated (llama) and its k and v heads written to layer
-// l's cache, the heads shared among the team.
-void Decoder::rotate_and_cache(int l, int t) {
+// This thread's copy of the newest position's q heads, rotated (llama; GPT-2's are read in
+// place), and, by the thread whose attention share holds that position (the team's last), its k
+// heads rotated and v heads written to layer l's cache: no thread reads what another writes
+// here, so the attention needs no barrier before it.
+const float* Decoder::query_and_cache(int l, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim();
-  const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
-  float* q = qkv_.data();
-  float* kc = k_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
-  float* vc = v_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
-  const auto [h0, h1] = team_share(NH + 2 * KV);  // q heads, k heads, v heads
-  for (int h = h0; h < h1; ++h) {
-    if (cfg.llama() && h < NH + KV) k::rope_rotate_heads(q, h, h + 1, hs, cos_.data(), sin_.data());
-    const float* src = q + static_cast<std::size_t>(h) * hs;
-    if (h >= NH + KV)
-      std::copy(src, src + hs, vc + static_cast<std::size_t>(h - NH - KV) * hs);
-    else if (h >= NH)
-      std::copy(src, src + hs, kc + static_cast<std::size_t>(h - NH) * hs);
+  const int i = omp_get_thread_num();
+  const std::size_t KVC = static_cast<std::size_t>(KV) * hs, QC = static_cast<std::size_t>(NH) * hs;
+  const float* q = qkv_.data();
+  if (cfg.llama()) {
+    float* own = q_.data() + static_cast<std::size_t>(i) * QC;
+    std::copy(q, q + QC, own);
+    k::rope_rotate_heads(own, 0, NH, hs, cos_.data(), sin_.data());
+    q = own;
   }
+  if (i == omp_get_num_threads() - 1) {
+    float* kc = k_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+    float* vc = v_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+    const float* k = qkv_.data() + QC;
+    std::copy(k, k + KVC, kc);
+    if (cfg.llama()) k::rope_rotate_heads(kc, 0, KV, hs, cos_.data(), sin_.data());
+    std::copy(k + KVC, k + 2 * KVC, vc);
+  }
+  return q;
 }
 
 namespace {
@@ -451,7 +458,7 @@ void weighted_values(float* o, const float* p, const float* v, std::size_t ld, i
 // 0.54) against sums through memory; what remains is mostly waiting for the cache's lines. The
 // shares are even, where a split by heads leaves 9 heads 5 and 4 and reads a group's rows on both
 // threads.
-void Decoder::attend_share(const float* kc, const float* vc, int t) {
+void Decoder::attend_share(const float* q, const float* kc, const float* vc, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, hs = cfg.head_dim(), group = NH / cfg.kv_heads();
   const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * hs;
@@ -464,8 +471,7 @@ void Decoder::attend_share(const float* kc, const float* vc, int t) {
   for (int j = j0; j < j1; ++j)
     for (int h = 0; h < NH; ++h)
       scores(h)[j] =
-          dot8(qkv_.data() + static_cast<std::size_t>(h) * hs, kc + j * KVC + kv_head(h), hs) *
-          scale;
+          dot8(q + static_cast<std::size_t>(h) * hs, kc + j * KVC + kv_head(h), hs) * scale;
   for (int h = 0; h < NH; ++h) {
     float* sc = scores(h);
     float mx = -INFINITY;
@@ -523,9 +529,8 @@ void Decoder::layer(int l, int t) {
   float* att = att_.data() + static_cast<std::size_t>(i) * C;
   norm_row(cfg, ln, x, at(w.ln1_w), at(w.ln1_b));
   linear(l, 0, qkv_.data(), ln, at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
-  rotate_and_cache(l, t);
-#pragma omp barrier
-  attend_share(k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC,
+  const float* q = query_and_cache(l, t);
+  attend_share(q, k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC,
                v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC, t);
 #pragma omp barrier
   attend_combine(att);
@@ -567,6 +572,7 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     team_ = team;
     ln_.resize(static_cast<std::size_t>(team) * C);
     att_.resize(static_cast<std::size_t>(team) * C);
+    q_.resize(static_cast<std::size_t>(team) * cfg.n_head * cfg.head_dim());
     part_.resize(static_cast<std::size_t>(team) * cfg.n_head * (cfg.head_dim() + 2));
   }
 #pragma omp parallel

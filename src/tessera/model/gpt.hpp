@@ -141,7 +141,7 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 // ---- incremental decoding with a KV cache (sampling) ----
 // A decoding step runs as one OpenMP parallel region: every thread of the team goes through the
 // layers together, each computing its share of every product and of the attention, with a
-// barrier where one needs what all computed (about 7 per layer instead of a fork and a join per
+// barrier where one needs what all computed (6 per layer instead of a fork and a join per
 // operation, which cost ~1 us each on a 2-core machine against ~3-20 us of work).
 
 // The share [begin, end) of n items that the calling thread of the current OpenMP team takes:
@@ -199,17 +199,18 @@ class Decoder {
   void layer(int l, int t);
   void linear(int layer, int which, float* out, const float* in, const float* weight,
               const float* bias, int IC, int OC, bool accumulate);
-  void rotate_and_cache(int l, int t);
-  void attend_share(const float* kc, const float* vc, int t);
+  const float* query_and_cache(int l, int t);
+  void attend_share(const float* q, const float* kc, const float* vc, int t);
   void attend_combine(float* out) const;
 
   Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)
   Buffer<float> x_, qkv_, fch_, act_, logits_, scores_;
-  // Per thread of the team (team_ of them): the normed input and the attention output (C each),
-  // which every thread computes whole from shared values, and its attention partials over its
-  // positions (per head: max score, sum of exp, then hs weighted values).
+  // Per thread of the team (team_ of them): the normed input and the attention output (C each)
+  // and the rotated query (n_head * head_dim), which every thread computes whole from shared
+  // values, and its attention partials over its positions (per head: max score, sum of exp,
+  // then head_dim weighted values).
   int team_ = 0;
-  Buffer<float> ln_, att_, part_;
+  Buffer<float> ln_, att_, q_, part_;
   std::vector<double> inv_freq_;  // llama's rotary inverse frequencies (head_dim / 2)
   std::vector<float> cos_, sin_;  // the rotation of the step's position (head_dim / 2)
 };
