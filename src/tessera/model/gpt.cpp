@@ -567,13 +567,12 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   if (layout_.wpe != k_absent)
     for (int c = 0; c < C; ++c) x[c] += P[layout_.wpe + static_cast<std::size_t>(t) * C + c];
   if (cfg.llama()) k::rope_table(cos_.data(), sin_.data(), 1, cfg.head_dim(), inv_freq_.data(), t);
-  const int team = omp_get_max_threads();  // a region's team is never larger
-  if (team > team_) {
-    team_ = team;
-    ln_.resize(static_cast<std::size_t>(team) * C);
-    att_.resize(static_cast<std::size_t>(team) * C);
-    q_.resize(static_cast<std::size_t>(team) * cfg.n_head * cfg.head_dim());
-    part_.resize(static_cast<std::size_t>(team) * cfg.n_head * (cfg.head_dim() + 2));
+  const auto team = static_cast<std::size_t>(omp_get_max_threads());  // a region's is not larger
+  if (ln_.size() < team * C) {
+    ln_.resize(team * C);
+    att_.resize(team * C);
+    q_.resize(team * cfg.n_head * cfg.head_dim());
+    part_.resize(team * cfg.n_head * (cfg.head_dim() + 2));
   }
 #pragma omp parallel
   {

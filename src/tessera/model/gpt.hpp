@@ -205,11 +205,10 @@ class Decoder {
 
   Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)
   Buffer<float> x_, qkv_, fch_, act_, logits_, scores_;
-  // Per thread of the team (team_ of them): the normed input and the attention output (C each)
-  // and the rotated query (n_head * head_dim), which every thread computes whole from shared
-  // values, and its attention partials over its positions (per head: max score, sum of exp,
-  // then head_dim weighted values).
-  int team_ = 0;
+  // Per thread of the team (sized for the largest team so far): the normed input and the attention
+  // output (C each) and the rotated query (n_head * head_dim), which every thread computes whole
+  // from shared values, and its attention partials over its positions (per head: max score, sum of
+  // exp, then head_dim weighted values).
   Buffer<float> ln_, att_, q_, part_;
   std::vector<double> inv_freq_;  // llama's rotary inverse frequencies (head_dim / 2)
   std::vector<float> cos_, sin_;  // the rotation of the step's position (head_dim / 2)

@@ -64,6 +64,12 @@ bool isa_supported(Isa isa) {
   return false;
 }
 
+void require_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
+                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
+}
+
 Isa best_isa() {
   Isa cap = Isa::Avx512;
   if (const char* env = std::getenv("ONEDNN_MAX_CPU_ISA"); env && *env) {

@@ -55,6 +55,7 @@ inline float round_scale(float s, ScaleType t) {
 enum class Isa { Portable, Avx2, Avx512 };
 const char* isa_name(Isa isa);  // "portable" | "avx2" | "avx512"
 bool isa_supported(Isa isa);    // by this CPU
+void require_isa(Isa isa);      // throws tessera::Error (with a hint) where !isa_supported
 Isa best_isa();
 
 constexpr int k_tile_rows = 8;

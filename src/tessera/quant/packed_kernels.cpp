@@ -129,12 +129,6 @@ float dot(const float* a, const float* b, int n) {
 }
 }  // namespace portable
 
-void check_isa(Isa isa) {
-  if (!isa_supported(isa))
-    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
-                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-}
-
 // o (colsp) = x (IC) gathered through perm, divided by in_scale, zero-padded; xsum (ngroups) =
 // the sum of o over each group.
 void prepare_row(const PackedLinear& w, const float* x, float* o, float* xsum) {
@@ -253,7 +247,7 @@ void matvec_tiles(const PackedLinear& w, const float* xp, const float* xsum, flo
 }  // namespace
 
 void packed_matvec(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa) {
-  check_isa(isa);
+  require_isa(isa);
   std::vector<float> xp(w.colsp), xsum(w.ngroups);
   prepare_row(w, x, xp.data(), xsum.data());
   const int ntiles = w.tiles();
@@ -275,7 +269,7 @@ void packed_matvec_tiles(const PackedLinear& w, float* y, const float* x, const 
 
 void packed_matmul(const PackedLinear& w, float* Y, const float* X, const float* bias,
                    std::int64_t N, Isa isa) {
-  check_isa(isa);
+  require_isa(isa);
   if (N <= 0) return;
   constexpr int kTile = 64;  // rows decoded at once: 8 tiles of the layout
   const int cp = w.colsp;

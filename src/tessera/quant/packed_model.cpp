@@ -42,9 +42,7 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
         "this file quantizes its activations per token: the packed decoder needs int8 "
         "activations",
         "use the default kernels (or the dequantized fp32 weights)");
-  if (!isa_supported(isa))  // checked here: the products run inside the decoder's team
-    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
-                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
+  require_isa(isa);  // checked here: the products run inside the decoder's team
   // Each thread's int8 input, its storage kept between products (a cache line apart); a thread
   // beyond them (the team grew after this) uses one of its own.
   struct alignas(64) Scratch {

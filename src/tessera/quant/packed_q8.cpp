@@ -220,12 +220,6 @@ void run_tiles(const PackedLinear& w, const Q8Input& in, int t0, int t1, const R
     b8(w, in, t0, t1, out);
 }
 
-void check_isa(Isa isa) {
-  if (!isa_supported(isa))
-    throw Error(fmt::format("this CPU cannot run the {} kernels", isa_name(isa)),
-                "use quant::best_isa() (or set ONEDNN_MAX_CPU_ISA=AVX2)");
-}
-
 bool cpu_has_vnni() {
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
@@ -245,7 +239,7 @@ const char* q8_dot_name(Isa isa) {
 }
 
 void quantize_q8(const PackedLinear& w, const float* x, ActScale scale, Isa isa, Q8Input& in) {
-  check_isa(isa);
+  require_isa(isa);
   quantize_input(w, x, scale, quantizer(isa), in);
 }
 
