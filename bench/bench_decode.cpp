@@ -17,10 +17,10 @@
 // --rounds, the median round printed beside it; the GEMM rate is the best of 3. The default
 // context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
 // position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
-// --context shows.
+// --context shows; --kv_cache f16 halves it. --formats picks some of fp32, W8 and W4.
 //
 //   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 16] [--prefill 128]
-//                [--stream_mib 2048] [--rounds 5]
+//                [--stream_mib 2048] [--rounds 5] [--kv_cache f32|f16] [--formats fp32,W8,W4]
 //
 // Without the model file (scripts/setup --with-models) it says so and exits 0.
 #include <omp.h>
@@ -54,6 +54,7 @@ double since(clock_type::time_point t0) {
 }
 
 struct Format {
+  const char* key;  // as --formats names it
   const char* name;
   quant::WeightQuant wq;  // bits 0: fp32
 };
@@ -114,13 +115,13 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
 // beside it.
 Decode time_decode(const model::ParamLayout& layout, const float* params,
                    const model::DecoderKernels& packed, int context, int tokens, int rounds,
-                   const std::vector<bench::Span>& weights) {
+                   const std::vector<bench::Span>& weights, model::KvCache kv) {
   Decode best;
   for (int round = 0; round < rounds; ++round) {
     const double read_s = bench::read_spans_seconds(weights);
     double linear_s = 0, head_s = 0;
     model::Decoder dec(layout, params, context + tokens, kernels::GemmLibrary::OneDnn,
-                       timed(packed, layout, params, linear_s, head_s));
+                       timed(packed, layout, params, linear_s, head_s), kv);
     const int V = layout.config().vocab_size;
     for (int t = 0; t < context; ++t) dec.step((t * 7919) % V, false);
     linear_s = head_s = 0;
@@ -231,6 +232,7 @@ std::vector<bench::Span> step_weights(const model::ParamLayout& layout, const fl
 int main(int argc, char** argv) {
   std::string model = "data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = 2, tokens = 64, context = 16, prefill = 128, stream_mib = 2048, rounds = 5;
+  std::string kv_cache = "f32", formats_arg = "fp32,W8,W4";
   bench::Options()
       .add("model", model)
       .add("threads", threads)
@@ -239,8 +241,11 @@ int main(int argc, char** argv) {
       .add("prefill", prefill)
       .add("stream_mib", stream_mib)
       .add("rounds", rounds)
+      .add("kv_cache", kv_cache)
+      .add("formats", formats_arg)
       .parse(argc, argv);
   rounds = std::max(1, rounds);
+  const model::KvCache kv = model::parse_kv_cache(kv_cache);
   if (!fs::exists(model)) {
     std::printf("(skipped: %s not found; scripts/setup --with-models fetches it)\n", model.c_str());
     return 0;
@@ -253,18 +258,24 @@ int main(int argc, char** argv) {
   const double rate = gemm_rate(prefill, cfg.ffn() * 2, cfg.n_embd);
   std::printf(
       "%s\n%d threads; memory read bandwidth %.1f GB/s; oneDNN fp32 GEMM %.0f GFLOP/s (%d x %d x "
-      "%d); decode: %d tokens after a context of %d; prefill: %d tokens; best of %d rounds; int8 "
-      "activations: %s\n\n",
+      "%d); decode: %d tokens after a context of %d, KV cache %s (%.0f KB per position per "
+      "token); prefill: %d tokens; best of %d rounds; int8 activations: %s\n\n",
       model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
-      tokens, context, prefill, rounds, quant::q8_dot_name(quant::best_isa()));
+      tokens, context, model::kv_cache_name(kv),
+      2.0 * cfg.n_layer * cfg.kv_heads() * cfg.head_dim() * (kv == model::KvCache::F16 ? 2 : 4) /
+          1e3,
+      prefill, rounds, quant::q8_dot_name(quant::best_isa()));
   std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
               "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
               "head", "prefill/s", "of GEMM");
-  const Format formats[] = {
-      {"fp32", {0, 0, false}}, {"W8 pc", {8, -1, true}}, {"W4 g128", {4, 128, false}}};
+  const Format formats[] = {{"fp32", "fp32", {0, 0, false}},
+                            {"W8", "W8 pc", {8, -1, true}},
+                            {"W4", "W4 g128", {4, 128, false}}};
   const fs::path tmp = fs::temp_directory_path() / ("bench_decode_" + std::to_string(::getpid()));
   double fp32_step = 0;
   for (const Format& f : formats) {
+    if (("," + formats_arg + ",").find("," + std::string(f.key) + ",") == std::string::npos)
+      continue;
     quant::AnyModel q;
     quant::PackedModel pm;
     const float* params = fp.model.params.data();
@@ -286,7 +297,7 @@ int main(int argc, char** argv) {
     const auto weights = step_weights(layout, params, f.wq.bits > 0 ? &pm : nullptr);
     double read_bytes = 0;
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
-    const Decode d = time_decode(layout, params, kernels, context, tokens, rounds, weights);
+    const Decode d = time_decode(layout, params, kernels, context, tokens, rounds, weights, kv);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
     if (f.wq.bits == 0) fp32_step = d.step_s;
     // Each round against the read of the weights just before it; the median and range of those.
@@ -294,11 +305,12 @@ int main(int argc, char** argv) {
     for (std::size_t r = 0; r < d.round_s.size(); ++r)
       of_bw.push_back(100.0 * d.round_read_s[r] / d.round_s[r]);
     const auto [lo, hi] = std::minmax_element(of_bw.begin(), of_bw.end());
+    char vs_fp32[16] = "       -";  // (fp32 not run)
+    if (fp32_step > 0) std::snprintf(vs_fp32, sizeof vs_fp32, "%7.2fx", fp32_step / d.step_s);
     std::printf(
-        "%-8s %8.1f %9.2f %8.2f %9.1f %7.2fx %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | "
-        "%10.0f "
+        "%-8s %8.1f %9.2f %8.2f %9.1f %s %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | %10.0f "
         "%8.0f%%\n",
-        f.name, bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s, fp32_step / d.step_s,
+        f.name, bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s, vs_fp32,
         median(of_bw), *lo, *hi, 100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3,
         d.head_s * 1e3, prefill / pre, 100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
     const auto [rlo, rhi] = std::minmax_element(d.round_read_s.begin(), d.round_read_s.end());

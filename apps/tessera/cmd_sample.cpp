@@ -1,5 +1,6 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
 //                [--device cpu|cuda] [--precision fp32|bf16] [--kernels packed|packed-a16|fp32]
+//                [--kv-cache f32|f16]
 #include <chrono>
 #include <cmath>
 #if defined(__GLIBC__)
@@ -82,7 +83,7 @@ void add_sample_command(CLI::App& root) {
     std::uint64_t seed = 42;
     bool ids = false;
     bool stop_at_eot = false;
-    std::string device = "cpu", precision = "fp32", kernels = "packed";
+    std::string device = "cpu", precision = "fp32", kernels = "packed", kv_cache = "f32";
   };
   auto a = std::make_shared<Args>();
   cmd->add_option(
@@ -118,6 +119,11 @@ void add_sample_command(CLI::App& root) {
                   "dequantized weights)")
       ->capture_default_str()
       ->check(CLI::IsMember({"packed", "packed-a16", "fp32"}));
+  cmd->add_option("--kv-cache", a->kv_cache,
+                  "the CPU decoder's cache of keys and values: f32, or f16 (half its memory and "
+                  "of what each token reads from it; keys and values rounded to fp16)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "f16"}));
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
     if (!std::isfinite(a->temperature) || a->temperature < 0)
@@ -126,6 +132,9 @@ void add_sample_command(CLI::App& root) {
     if (a->top_k < 0) throw Error("--top-k must be >= 0");
     if (a->precision == "bf16" && a->device != "cuda")
       throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
+    if (a->kv_cache != "f32" && a->device != "cpu")
+      throw Error("--kv-cache is the CPU decoder's (the GPU recomputes the context per token)",
+                  "leave it out with --device cuda");
     auto path = resolve_model_path(a->model);
     // Quantized files for the packed kernels load without their dequantized matrices (never
     // resident); the paths that compute from fp32 weights dequantize them below.
@@ -148,6 +157,7 @@ void add_sample_command(CLI::App& root) {
     so.max_new_tokens = a->tokens;
     so.temperature = static_cast<float>(a->temperature);
     so.top_k = a->top_k;
+    so.kv_cache = model::parse_kv_cache(a->kv_cache);
     if (a->stop_at_eot) so.stop_token = static_cast<std::int32_t>(tok.eot_id());
     Rng rng(a->seed);
     if (!a->ids) std::fputs(a->prompt.c_str(), stdout);
@@ -207,10 +217,14 @@ void add_sample_command(CLI::App& root) {
         }
       }
       t_start = clock::now();
-      if (!use_packed && any.act.mode != quant::ActMode::None)  // simulated activation rounding
+      if (!use_packed && any.act.mode != quant::ActMode::None) {  // simulated activation rounding
+        if (so.kv_cache != model::KvCache::F32)
+          std::fprintf(stderr, "note: --kv-cache: this model recomputes its context per token\n");
         quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
-      else
+      } else {
+        if (so.kv_cache != model::KvCache::F32) kernels_used += ", KV cache f16";
         eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
+      }
     }
     std::fputc('\n', stdout);
     std::fflush(stdout);

@@ -375,6 +375,26 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
                      "--vocab-bits");
 }
 
+// tessera sample --kv-cache f16 decodes with keys and values stored as fp16 (the library tests
+// bound its logits against the fp32 cache's): the fp32 model and a packed W4 file sample with it
+// and say so in the timing line; an unknown type, and the option with --device cuda (which keeps
+// no cache), are one-line errors.
+TEST_F(Cli, SampleWithAnFp16KvCache) {
+  auto q = (cli::scratch("kv_f16") / "q").string();
+  ASSERT_EQ(
+      cli::run("quantize -m " + model_.string() + " -o " + q + " --method rtn --group 32").code, 0);
+  for (const std::string& m : {model_.string(), q}) {
+    auto s = cli::run("sample -m " + m + " --prompt 'The quick' --tokens 6 --temperature 0 " +
+                      "--kv-cache f16");
+    ASSERT_EQ(s.code, 0) << m << ": " << s.err;
+    EXPECT_EQ(s.out.rfind("The quick", 0), 0u) << s.out;
+    EXPECT_NE(s.err.find("KV cache f16"), std::string::npos) << s.err;
+  }
+  expect_clean_error(cli::run("sample -m " + model_.string() + " --kv-cache f8"), "--kv-cache");
+  expect_clean_error(cli::run("sample -m " + model_.string() + " --device cuda --kv-cache f16"),
+                     "--kv-cache");
+}
+
 // tessera eval on a weight-only quantized file runs every linear through the packed prefill
 // kernel by default: the loss of the dequantized weights (--kernels fp32) up to the rounding of
 // the packed scales (fp16: 2^-11 relative per row) and summation order, within 1e-3 relative.

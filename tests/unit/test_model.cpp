@@ -168,9 +168,54 @@ TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
   }
 }
 
+TEST_P(ModelFamilies, KvCacheDecoderWithFp16Cache) {
+  // The fp16 cache holds every key (rotated) and value rounded to the nearest fp16, a relative
+  // change of at most u = 2^-11 per value, and half the bytes. Through one attention that moves
+  // the output by at most u max|v| via the values and 2 max|ds| max|v| via the softmax, with
+  // |ds| <= u |q| |k| / sqrt(hs); the rest of the step is the fp32 one. So the logits stay within
+  // a few u of their scale: bound 4 u (1 + max |logit|) per position (measured, printed: below
+  // u). Reading a wrong row, head or position would move them by their own size. The default
+  // team and a team of 3 agree as the fp32 cache's teams do (2e-5).
+  auto cfg = config();
+  model::ParamLayout layout(cfg);
+  Buffer<float> p(layout.total());
+  model::init_params(layout, p.data(), 17);
+  const int T = cfg.block_size, Vp = cfg.padded_vocab();
+  auto x = random_tokens(T, cfg.vocab_size, 9);
+  const double u = std::ldexp(1.0, -11);
+  model::Decoder d32(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+  model::Decoder d16(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {}, model::KvCache::F16);
+  EXPECT_EQ(d16.kv_cache_bytes() * 2, d32.kv_cache_bytes());
+  EXPECT_EQ(d16.kv_cache(), model::KvCache::F16);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(3);
+  model::Decoder d16_team3(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {},
+                           model::KvCache::F16);
+  omp_set_num_threads(before);
+  double worst = 0;  // |logit change| / (1 + max |logit|), the largest over positions
+  for (int t = 0; t < T; ++t) {
+    const float* l32 = d32.step(x[t]);
+    const float* l16 = d16.step(x[t]);
+    double scale = 0, diff = 0;
+    for (int v = 0; v < cfg.vocab_size; ++v) {
+      scale = std::max(scale, std::fabs(double(l32[v])));
+      diff = std::max(diff, std::fabs(double(l16[v]) - l32[v]));
+    }
+    worst = std::max(worst, diff / (1 + scale));
+    ASSERT_LE(diff, 4 * u * (1 + scale)) << "t=" << t;
+    std::vector<float> team1(l16, l16 + Vp);
+    omp_set_num_threads(3);
+    const float* l3 = d16_team3.step(x[t]);
+    omp_set_num_threads(before);
+    for (int v = 0; v < cfg.vocab_size; ++v) ASSERT_NEAR(l3[v], team1[v], 2e-5) << "t=" << t;
+  }
+  std::printf("fp16 cache: largest logit change %.3g of (1 + max |logit|), u = %.3g\n", worst, u);
+}
+
 TEST(Model, KvCacheDecoderMatchesFullForwardAtHeadSizes64And128) {
   // The decoder sums the weighted values of head sizes 64 and 128 (most llamas) in registers of
-  // a fixed size, others in a loop over the head size (the tiny models above).
+  // a fixed size, others in a loop over the head size (the tiny models above); so does its fp16
+  // cache.
   for (int hs : {64, 128}) {
     auto cfg = tiny_llama();
     cfg.n_head = 2;
@@ -185,11 +230,19 @@ TEST(Model, KvCacheDecoderMatchesFullForwardAtHeadSizes64And128) {
     model::Activations a;
     model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
     model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+    model::Decoder d16(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {}, model::KvCache::F16);
+    const double u = std::ldexp(1.0, -11);
     for (int t = 0; t < T; ++t) {
       const float* l = dec.step(x[t]);
       const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
       for (int v = 0; v < cfg.vocab_size; ++v)
         ASSERT_NEAR(l[v], ref[v], 2e-5) << "head size " << hs << " t=" << t << " v=" << v;
+      const float* h = d16.step(x[t]);  // the fp16 cache: bound as in KvCacheDecoderWithFp16Cache
+      double scale = 0;
+      for (int v = 0; v < cfg.vocab_size; ++v) scale = std::max(scale, std::fabs(double(ref[v])));
+      for (int v = 0; v < cfg.vocab_size; ++v)
+        ASSERT_NEAR(h[v], ref[v], 4 * u * (1 + scale))
+            << "fp16 cache, head size " << hs << " t=" << t;
     }
   }
 }

@@ -47,7 +47,7 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
   // model's context: a long context's cache would be mostly untouched memory.
   const auto reach = static_cast<std::int64_t>(window.size()) + std::max(opt.max_new_tokens, 1);
   model::Decoder dec(layout, params, static_cast<int>(std::min<std::int64_t>(ctx, reach)), opt.gemm,
-                     opt.kernels);
+                     opt.kernels, opt.kv_cache);
   const float* logits = nullptr;
   for (std::size_t i = 0; i < window.size(); ++i)
     logits = dec.step(window[i], i + 1 == window.size());  // logits of the last prompt token only

@@ -20,6 +20,7 @@ struct SampleOptions {
   std::int32_t stop_token = -1;  // stop after generating it (e.g. <|endoftext|>); -1 = never
   kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn;
   model::DecoderKernels kernels;  // generate(): packed weights (see Decoder); empty = fp32 params
+  model::KvCache kv_cache = model::KvCache::F32;  // generate(): the cache's element type
 };
 
 // Picks the next token from logits (V real entries). Deterministic for a given rng state.

@@ -4,6 +4,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <type_traits>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
@@ -343,16 +348,48 @@ void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const fl
 #pragma omp barrier
 }
 
+// The fp16 cache's conversions and products use F16C (and FMA): part of x86-64-v3, the default
+// -march; a build for an older target has only the fp32 cache.
+#if defined(__F16C__) && defined(__FMA__) && defined(__AVX2__)
+#define TESSERA_KV_F16 1
+#else
+#define TESSERA_KV_F16 0
+#endif
+
+const char* kv_cache_name(KvCache kv) {
+  return kv == KvCache::F16 ? "f16" : "f32";
+}
+
+KvCache parse_kv_cache(const std::string& s) {
+  if (s == "f32") return KvCache::F32;
+  if (s == "f16") return KvCache::F16;
+  throw Error(fmt::format("unknown KV cache type '{}'", s), "use f32 or f16");
+}
+
 Decoder::Decoder(const ParamLayout& layout, const float* params, int max_T,
-                 kernels::GemmLibrary gemm, DecoderKernels kernels)
-    : layout_(layout), params_(params), max_T_(max_T), gemm_(gemm), kernels_(std::move(kernels)) {
+                 kernels::GemmLibrary gemm, DecoderKernels kernels, KvCache kv)
+    : layout_(layout),
+      params_(params),
+      max_T_(max_T),
+      gemm_(gemm),
+      kernels_(std::move(kernels)),
+      kv_(kv) {
   const auto& cfg = layout.config();
   if (max_T > cfg.block_size)
     throw Error(
         fmt::format("decoding length {} exceeds the model's block_size {}", max_T, cfg.block_size));
+  if (kv == KvCache::F16 && !TESSERA_KV_F16)
+    throw Error("this build has no fp16 KV cache (it needs F16C: -march=x86-64-v3 or later)",
+                "use the fp32 cache");
   const std::size_t C = cfg.n_embd, KVC = static_cast<std::size_t>(cfg.kv_heads()) * cfg.head_dim();
-  k_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
-  v_cache_.resize(static_cast<std::size_t>(cfg.n_layer) * max_T * KVC);
+  const std::size_t cache = static_cast<std::size_t>(cfg.n_layer) * max_T * KVC;
+  if (kv == KvCache::F16) {
+    k_half_.resize(cache);
+    v_half_.resize(cache);
+  } else {
+    k_cache_.resize(cache);
+    v_cache_.resize(cache);
+  }
   x_.resize(C);
   qkv_.resize(cfg.qkv_rows());
   fch_.resize(cfg.fc_rows());
@@ -386,7 +423,50 @@ float dot8(const float* a, const float* b, int n) {
   for (; c < n; ++c) s += a[c] * b[c];
   return s;
 }
+
+#if TESSERA_KV_F16
+inline __m256 load_half8(const std::uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline float half_to_float(std::uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+// sum_c a[c] b[c] with b in fp16.
+float dot8(const float* a, const std::uint16_t* b, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  int c = 0;
+  for (; c + 8 <= n; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), load_half8(b + c), acc);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  for (; c < n; ++c) s += a[c] * half_to_float(b[c]);
+  return s;
+}
+
+// out (n) = in rounded to the nearest fp16 (ties to even).
+void to_half(std::uint16_t* out, const float* in, int n) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + c), _MM_FROUND_TO_NEAREST_INT));
+  for (; c < n; ++c) out[c] = _cvtss_sh(in[c], _MM_FROUND_TO_NEAREST_INT);
+}
+#else
+inline float half_to_float(std::uint16_t) {
+  return 0.0f;  // (not reached: the constructor refuses the fp16 cache in this build)
+}
+float dot8(const float*, const std::uint16_t*, int) {
+  return 0.0f;  // (not reached: the constructor refuses the fp16 cache in this build)
+}
+void to_half(std::uint16_t*, const float*, int) {}
+#endif
 }  // namespace
+
+std::size_t Decoder::kv_cache_bytes() const {
+  return (k_cache_.size() + v_cache_.size()) * sizeof(float) +
+         (k_half_.size() + v_half_.size()) * sizeof(std::uint16_t);
+}
 
 void Decoder::linear(int layer, int which, float* out, const float* in, const float* weight,
                      const float* bias, int IC, int OC, bool accumulate) {
@@ -413,24 +493,46 @@ const float* Decoder::query_and_cache(int l, int t) {
     q = own;
   }
   if (i == omp_get_num_threads() - 1) {
-    float* kc = k_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
-    float* vc = v_cache_.data() + (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
-    const float* k = qkv_.data() + QC;
-    std::copy(k, k + KVC, kc);
-    if (cfg.llama()) k::rope_rotate_heads(kc, 0, KV, hs, cos_.data(), sin_.data());
-    std::copy(k + KVC, k + 2 * KVC, vc);
+    const std::size_t row = (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+    float* k = qkv_.data() + QC;  // the k and v heads, which no other thread reads
+    if (cfg.llama()) k::rope_rotate_heads(k, 0, KV, hs, cos_.data(), sin_.data());
+    if (kv_ == KvCache::F16) {
+      to_half(k_half_.data() + row, k, static_cast<int>(KVC));
+      to_half(v_half_.data() + row, k + KVC, static_cast<int>(KVC));
+    } else {
+      std::copy(k, k + KVC, k_cache_.data() + row);
+      std::copy(k + KVC, k + 2 * KVC, v_cache_.data() + row);
+    }
   }
   return q;
 }
 
 namespace {
-// o (hs) = sum over j0 <= j < j1 of p[j] v_j, v_j = v + j * ld: one head's weighted values, its
-// accumulators in registers when hs is known (HS > 0: the common head sizes), else hs at run time.
-template <int HS>
-void weighted_values(float* o, const float* p, const float* v, std::size_t ld, int j0, int j1,
-                     int hs) {
+// o (hs) = sum over j0 <= j < j1 of p[j] v_j, v_j = v + j * ld (fp32 or fp16): one head's
+// weighted values, its accumulators in registers when hs is known (HS > 0: the common head
+// sizes), else hs at run time.
+inline float value(float v) {
+  return v;
+}
+inline float value(std::uint16_t h) {
+  return half_to_float(h);
+}
+
+template <int HS, typename T>
+void weighted_values(float* o, const float* p, const T* v, std::size_t ld, int j0, int j1, int hs) {
   constexpr int kMax = HS > 0 ? HS : 1;
-  if constexpr (HS > 0) {
+  if constexpr (HS > 0 && std::is_same_v<T, std::uint16_t>) {
+#if TESSERA_KV_F16
+    __m256 acc[kMax / 8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int j = j0; j < j1; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const std::uint16_t* vj = v + j * ld;
+      for (int c = 0; c < HS / 8; ++c) acc[c] = _mm256_fmadd_ps(pj, load_half8(vj + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < HS / 8; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+#endif
+  } else if constexpr (HS > 0) {
     float acc[kMax] = {};
     for (int j = j0; j < j1; ++j) {
       const float pj = p[j];
@@ -442,7 +544,7 @@ void weighted_values(float* o, const float* p, const float* v, std::size_t ld, i
   } else {
     std::fill(o, o + hs, 0.0f);
     for (int j = j0; j < j1; ++j)
-      for (int c = 0; c < hs; ++c) o[c] += p[j] * v[j * ld + c];
+      for (int c = 0; c < hs; ++c) o[c] += p[j] * value(v[j * ld + c]);
   }
 }
 }  // namespace
@@ -458,7 +560,8 @@ void weighted_values(float* o, const float* p, const float* v, std::size_t ld, i
 // 0.54) against sums through memory; what remains is mostly waiting for the cache's lines. The
 // shares are even, where a split by heads leaves 9 heads 5 and 4 and reads a group's rows on both
 // threads.
-void Decoder::attend_share(const float* q, const float* kc, const float* vc, int t) {
+template <typename T>
+void Decoder::attend_share(const float* q, const T* kc, const T* vc, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, hs = cfg.head_dim(), group = NH / cfg.kv_heads();
   const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * hs;
@@ -482,7 +585,7 @@ void Decoder::attend_share(const float* q, const float* kc, const float* vc, int
     float* p = part + h * stride;
     p[0] = mx;
     p[1] = sum;
-    const float* v = vc + kv_head(h);
+    const T* v = vc + kv_head(h);
     if (hs == 64)
       weighted_values<64>(p + 2, sc, v, KVC, j0, j1, hs);
     else if (hs == 128)
@@ -530,8 +633,11 @@ void Decoder::layer(int l, int t) {
   norm_row(cfg, ln, x, at(w.ln1_w), at(w.ln1_b));
   linear(l, 0, qkv_.data(), ln, at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
   const float* q = query_and_cache(l, t);
-  attend_share(q, k_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC,
-               v_cache_.data() + static_cast<std::size_t>(l) * max_T_ * KVC, t);
+  const std::size_t cache = static_cast<std::size_t>(l) * max_T_ * KVC;
+  if (kv_ == KvCache::F16)
+    attend_share(q, k_half_.data() + cache, v_half_.data() + cache, t);
+  else
+    attend_share(q, k_cache_.data() + cache, v_cache_.data() + cache, t);
 #pragma omp barrier
   attend_combine(att);
   linear(l, 1, x, att, at(w.attproj_w), at(w.attproj_b), C, C, true);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
@@ -176,10 +177,21 @@ struct DecoderKernels {
   std::function<void(std::int32_t token, float* x)> embed;  // x (C) = the token's embedding
 };
 
+// The element type of the decoder's KV cache. F32: the decoder equals the full forward up to
+// summation order. F16: keys (after rotation) and values are stored rounded to the nearest fp16
+// (a relative change of at most 2^-11 each, for values inside fp16's range), which halves the
+// cache's memory and the bytes a step reads from it (llama.cpp's default); at long contexts
+// those reads are a large part of a step.
+enum class KvCache { F32, F16 };
+const char* kv_cache_name(KvCache kv);         // "f32" | "f16"
+KvCache parse_kv_cache(const std::string& s);  // throws tessera::Error (with a hint) if unknown
+
 class Decoder {
  public:
+  // Throws tessera::Error where max_T exceeds the model's context, or for KvCache::F16 in a
+  // build without the F16C conversions (an -march below x86-64-v3).
   Decoder(const ParamLayout& layout, const float* params, int max_T, kernels::GemmLibrary gemm,
-          DecoderKernels kernels = {});
+          DecoderKernels kernels = {}, KvCache kv = KvCache::F32);
   // Feeds one token at the next position; returns logits (Vp) for the following token, or
   // nullptr without computing them when `logits` is false (prompt tokens before the last: the
   // LM head is the largest product of a step).
@@ -187,6 +199,8 @@ class Decoder {
   int position() const { return pos_; }
   int capacity() const { return max_T_; }
   void reset() { pos_ = 0; }
+  KvCache kv_cache() const { return kv_; }
+  std::size_t kv_cache_bytes() const;  // of the keys and values for capacity() positions
 
  private:
   const ParamLayout& layout_;
@@ -195,15 +209,19 @@ class Decoder {
   int pos_ = 0;
   kernels::GemmLibrary gemm_;
   DecoderKernels kernels_;
+  KvCache kv_;
   // The parts of a step, each run by every thread of the team.
   void layer(int l, int t);
   void linear(int layer, int which, float* out, const float* in, const float* weight,
               const float* bias, int IC, int OC, bool accumulate);
   const float* query_and_cache(int l, int t);
-  void attend_share(const float* q, const float* kc, const float* vc, int t);
+  template <typename T>
+  void attend_share(const float* q, const T* kc, const T* vc, int t);
   void attend_combine(float* out) const;
 
-  Buffer<float> k_cache_, v_cache_;  // (L, max_T, n_kv_head * head_dim)
+  // (L, max_T, n_kv_head * head_dim): fp32 or fp16 bits, the other pair empty
+  Buffer<float> k_cache_, v_cache_;
+  Buffer<std::uint16_t> k_half_, v_half_;
   Buffer<float> x_, qkv_, fch_, act_, logits_, scores_;
   // Per thread of the team (sized for the largest team so far): the normed input and the attention
   // output (C each) and the rotated query (n_head * head_dim), which every thread computes whole
