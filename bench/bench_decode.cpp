@@ -17,10 +17,12 @@
 // --rounds, the median round printed beside it; the GEMM rate is the best of 3. The default
 // context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
 // position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
-// --context shows; --kv_cache f16 halves it. --formats picks some of fp32, W8 and W4.
+// --context shows; --kv_cache f16 halves it (f32,f16: both, their rounds taking turns).
+// --formats picks some of fp32, W8 and W4.
 //
 //   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 16] [--prefill 128]
-//                [--stream_mib 2048] [--rounds 5] [--kv_cache f32|f16] [--formats fp32,W8,W4]
+//                [--stream_mib 2048] [--rounds 5] [--kv_cache f32|f16|f32,f16]
+//                [--formats fp32,W8,W4]
 //
 // Without the model file (scripts/setup --with-models) it says so and exits 0.
 #include <omp.h>
@@ -109,35 +111,39 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
   return k;
 }
 
-// Feeds `context` tokens, then times `tokens` more steps (positions context .. context+tokens);
-// `rounds` times, each with a fresh cache and preceded by a streaming read of the bytes a step
-// reads (`weights`, best of 3), so that each round has the memory's rate of its own moment
-// beside it.
-Decode time_decode(const model::ParamLayout& layout, const float* params,
-                   const model::DecoderKernels& packed, int context, int tokens, int rounds,
-                   const std::vector<bench::Span>& weights, model::KvCache kv) {
-  Decode best;
-  for (int round = 0; round < rounds; ++round) {
-    const double read_s = bench::read_spans_seconds(weights);
-    double linear_s = 0, head_s = 0;
-    model::Decoder dec(layout, params, context + tokens, kernels::GemmLibrary::OneDnn,
-                       timed(packed, layout, params, linear_s, head_s), kv);
-    const int V = layout.config().vocab_size;
-    for (int t = 0; t < context; ++t) dec.step((t * 7919) % V, false);
-    linear_s = head_s = 0;
-    const auto t0 = clock_type::now();
-    for (int t = 0; t < tokens; ++t) dec.step((t * 104729) % V, true);
-    const double step_s = since(t0) / tokens;
-    if (round == 0 || step_s < best.step_s) {
-      best.step_s = step_s;
-      best.linear_s = linear_s / tokens;
-      best.head_s = head_s / tokens;
+// Feeds `context` tokens, then times `tokens` more steps (positions context .. context+tokens)
+// with each cache type of `kvs`; `rounds` times, the cache types taking turns within a round
+// (their ratio is then measured in the same minutes), each decode with a fresh cache and
+// preceded by a streaming read of the bytes a step reads (`weights`, best of 3), so that each
+// has the memory's rate of its own moment beside it. One Decode per cache type.
+std::vector<Decode> time_decode(const model::ParamLayout& layout, const float* params,
+                                const model::DecoderKernels& packed, int context, int tokens,
+                                int rounds, const std::vector<bench::Span>& weights,
+                                const std::vector<model::KvCache>& kvs) {
+  std::vector<Decode> out(kvs.size());
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t i = 0; i < kvs.size(); ++i) {
+      Decode& best = out[i];
+      const double read_s = bench::read_spans_seconds(weights);
+      double linear_s = 0, head_s = 0;
+      model::Decoder dec(layout, params, context + tokens, kernels::GemmLibrary::OneDnn,
+                         timed(packed, layout, params, linear_s, head_s), kvs[i]);
+      const int V = layout.config().vocab_size;
+      for (int t = 0; t < context; ++t) dec.step((t * 7919) % V, false);
+      linear_s = head_s = 0;
+      const auto t0 = clock_type::now();
+      for (int t = 0; t < tokens; ++t) dec.step((t * 104729) % V, true);
+      const double step_s = since(t0) / tokens;
+      if (round == 0 || step_s < best.step_s) {
+        best.step_s = step_s;
+        best.linear_s = linear_s / tokens;
+        best.head_s = head_s / tokens;
+      }
+      best.round_s.push_back(step_s);
+      best.round_read_s.push_back(read_s);
     }
-    best.round_s.push_back(step_s);
-    best.round_read_s.push_back(read_s);
-  }
-  best.median_s = median(best.round_s);
-  return best;
+  for (Decode& d : out) d.median_s = median(d.round_s);
+  return out;
 }
 
 // Seconds for N tokens through every linear and the head (fp32: oneDNN; packed: packed_matmul),
@@ -245,7 +251,12 @@ int main(int argc, char** argv) {
       .add("formats", formats_arg)
       .parse(argc, argv);
   rounds = std::max(1, rounds);
-  const model::KvCache kv = model::parse_kv_cache(kv_cache);
+  std::vector<model::KvCache> kvs;  // --kv_cache f32,f16: both, rounds alternating
+  for (std::size_t a = 0; a <= kv_cache.size();) {
+    const std::size_t b = std::min(kv_cache.find(',', a), kv_cache.size());
+    kvs.push_back(model::parse_kv_cache(kv_cache.substr(a, b - a)));
+    a = b + 1;
+  }
   if (!fs::exists(model)) {
     std::printf("(skipped: %s not found; scripts/setup --with-models fetches it)\n", model.c_str());
     return 0;
@@ -258,13 +269,12 @@ int main(int argc, char** argv) {
   const double rate = gemm_rate(prefill, cfg.ffn() * 2, cfg.n_embd);
   std::printf(
       "%s\n%d threads; memory read bandwidth %.1f GB/s; oneDNN fp32 GEMM %.0f GFLOP/s (%d x %d x "
-      "%d); decode: %d tokens after a context of %d, KV cache %s (%.0f KB per position per "
+      "%d); decode: %d tokens after a context of %d, KV cache %s (fp32: %.0f KB per position per "
       "token); prefill: %d tokens; best of %d rounds; int8 activations: %s\n\n",
       model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
-      tokens, context, model::kv_cache_name(kv),
-      2.0 * cfg.n_layer * cfg.kv_heads() * cfg.head_dim() * (kv == model::KvCache::F16 ? 2 : 4) /
-          1e3,
-      prefill, rounds, quant::q8_dot_name(quant::best_isa()));
+      tokens, context, kv_cache.c_str(),
+      2.0 * cfg.n_layer * cfg.kv_heads() * cfg.head_dim() * 4 / 1e3, prefill, rounds,
+      quant::q8_dot_name(quant::best_isa()));
   std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
               "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
               "head", "prefill/s", "of GEMM");
@@ -297,25 +307,31 @@ int main(int argc, char** argv) {
     const auto weights = step_weights(layout, params, f.wq.bits > 0 ? &pm : nullptr);
     double read_bytes = 0;
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
-    const Decode d = time_decode(layout, params, kernels, context, tokens, rounds, weights, kv);
+    const auto ds = time_decode(layout, params, kernels, context, tokens, rounds, weights, kvs);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
-    if (f.wq.bits == 0) fp32_step = d.step_s;
-    // Each round against the read of the weights just before it; the median and range of those.
-    std::vector<double> of_bw;
-    for (std::size_t r = 0; r < d.round_s.size(); ++r)
-      of_bw.push_back(100.0 * d.round_read_s[r] / d.round_s[r]);
-    const auto [lo, hi] = std::minmax_element(of_bw.begin(), of_bw.end());
-    char vs_fp32[16] = "       -";  // (fp32 not run)
-    if (fp32_step > 0) std::snprintf(vs_fp32, sizeof vs_fp32, "%7.2fx", fp32_step / d.step_s);
-    std::printf(
-        "%-8s %8.1f %9.2f %8.2f %9.1f %s %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | %10.0f "
-        "%8.0f%%\n",
-        f.name, bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s, vs_fp32,
-        median(of_bw), *lo, *hi, 100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3,
-        d.head_s * 1e3, prefill / pre, 100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
-    const auto [rlo, rhi] = std::minmax_element(d.round_read_s.begin(), d.round_read_s.end());
-    std::printf("%-8s (its weights, %.1f MB, read at %.1f-%.1f GB/s before its rounds)\n", "",
-                read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9);
+    if (f.wq.bits == 0) fp32_step = ds[0].step_s;
+    for (std::size_t i = 0; i < kvs.size(); ++i) {
+      const Decode& d = ds[i];
+      // Each round against the read of the weights just before it; the median and range of those.
+      std::vector<double> of_bw;
+      for (std::size_t r = 0; r < d.round_s.size(); ++r)
+        of_bw.push_back(100.0 * d.round_read_s[r] / d.round_s[r]);
+      const auto [lo, hi] = std::minmax_element(of_bw.begin(), of_bw.end());
+      char vs_fp32[16] = "       -";  // (fp32 not run)
+      if (fp32_step > 0) std::snprintf(vs_fp32, sizeof vs_fp32, "%7.2fx", fp32_step / d.step_s);
+      const std::string name =
+          kvs.size() > 1 ? std::string(f.key) + " kv" + model::kv_cache_name(kvs[i]) : f.name;
+      std::printf(
+          "%-8s %8.1f %9.2f %8.2f %9.1f %s %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | %10.0f "
+          "%8.0f%%\n",
+          name.c_str(), bytes / 1e6, d.step_s * 1e3, d.median_s * 1e3, 1.0 / d.step_s, vs_fp32,
+          median(of_bw), *lo, *hi, 100.0 * bytes / bw / 1e9 / d.step_s, d.linear_s * 1e3,
+          d.head_s * 1e3, prefill / pre,
+          100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
+      const auto [rlo, rhi] = std::minmax_element(d.round_read_s.begin(), d.round_read_s.end());
+      std::printf("%-8s (its weights, %.1f MB, read at %.1f-%.1f GB/s before its rounds)\n", "",
+                  read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9);
+    }
   }
   fs::remove_all(tmp);
   std::printf(
