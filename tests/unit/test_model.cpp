@@ -37,6 +37,19 @@ std::vector<std::int32_t> random_tokens(int n, int V, std::uint64_t seed) {
   for (auto& x : t) x = static_cast<std::int32_t>(r.next_u32() % V);
   return t;
 }
+
+// A model of cfg's shape with seeded parameters, and block_size seeded random tokens.
+struct SeededModel {
+  SeededModel(const model::ModelConfig& cfg, std::uint64_t seed, std::uint64_t token_seed)
+      : layout(cfg),
+        params(layout.total()),
+        tokens(random_tokens(cfg.block_size, cfg.vocab_size, token_seed)) {
+    model::init_params(layout, params.data(), seed);
+  }
+  model::ParamLayout layout;
+  Buffer<float> params;
+  std::vector<std::int32_t> tokens;
+};
 }  // namespace
 
 TEST(Model, Gpt2InitStatistics) {
@@ -144,20 +157,17 @@ TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
   // the attention's positions, merged per head. Teams of 1, 2 and 3 (more threads than positions
   // at first: empty shares) give the same logits up to the order of fp32 sums (bound 2e-5 as
   // against the full forward).
-  auto cfg = config();
-  model::ParamLayout layout(cfg);
-  Buffer<float> p(layout.total());
-  model::init_params(layout, p.data(), 11);
+  const auto cfg = config();
+  const SeededModel m(cfg, 11, 5);
   const int T = cfg.block_size, Vp = cfg.padded_vocab();
-  auto x = random_tokens(T, cfg.vocab_size, 5);
   std::vector<std::vector<float>> logits;
   const int before = omp_get_max_threads();
   for (int team : {1, 2, 3}) {
     omp_set_num_threads(team);
-    model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+    model::Decoder dec(m.layout, m.params.data(), T, kernels::GemmLibrary::OneDnn);
     logits.emplace_back();
     for (int t = 0; t < T; ++t) {
-      const float* l = dec.step(x[t]);
+      const float* l = dec.step(m.tokens[t]);
       logits.back().insert(logits.back().end(), l, l + Vp);
     }
   }
@@ -176,26 +186,24 @@ TEST_P(ModelFamilies, KvCacheDecoderWithFp16Cache) {
   // a few u of their scale: bound 4 u (1 + max |logit|) per position (measured, printed: below
   // u). Reading a wrong row, head or position would move them by their own size. The default
   // team and a team of 3 agree as the fp32 cache's teams do (2e-5).
-  auto cfg = config();
-  model::ParamLayout layout(cfg);
-  Buffer<float> p(layout.total());
-  model::init_params(layout, p.data(), 17);
+  const auto cfg = config();
+  const SeededModel m(cfg, 17, 9);
   const int T = cfg.block_size, Vp = cfg.padded_vocab();
-  auto x = random_tokens(T, cfg.vocab_size, 9);
   const double u = std::ldexp(1.0, -11);
-  model::Decoder d32(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
-  model::Decoder d16(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {}, model::KvCache::F16);
+  model::Decoder d32(m.layout, m.params.data(), T, kernels::GemmLibrary::OneDnn);
+  model::Decoder d16(m.layout, m.params.data(), T, kernels::GemmLibrary::OneDnn, {},
+                     model::KvCache::F16);
   EXPECT_EQ(d16.kv_cache_bytes() * 2, d32.kv_cache_bytes());
   EXPECT_EQ(d16.kv_cache(), model::KvCache::F16);
   const int before = omp_get_max_threads();
   omp_set_num_threads(3);
-  model::Decoder d16_team3(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {},
+  model::Decoder d16_team3(m.layout, m.params.data(), T, kernels::GemmLibrary::OneDnn, {},
                            model::KvCache::F16);
   omp_set_num_threads(before);
   double worst = 0;  // |logit change| / (1 + max |logit|), the largest over positions
   for (int t = 0; t < T; ++t) {
-    const float* l32 = d32.step(x[t]);
-    const float* l16 = d16.step(x[t]);
+    const float* l32 = d32.step(m.tokens[t]);
+    const float* l16 = d16.step(m.tokens[t]);
     double scale = 0, diff = 0;
     for (int v = 0; v < cfg.vocab_size; ++v) {
       scale = std::max(scale, std::fabs(double(l32[v])));
@@ -205,7 +213,7 @@ TEST_P(ModelFamilies, KvCacheDecoderWithFp16Cache) {
     ASSERT_LE(diff, 4 * u * (1 + scale)) << "t=" << t;
     std::vector<float> team1(l16, l16 + Vp);
     omp_set_num_threads(3);
-    const float* l3 = d16_team3.step(x[t]);
+    const float* l3 = d16_team3.step(m.tokens[t]);
     omp_set_num_threads(before);
     for (int v = 0; v < cfg.vocab_size; ++v) ASSERT_NEAR(l3[v], team1[v], 2e-5) << "t=" << t;
   }
