@@ -34,6 +34,22 @@ namespace gpu = tessera::kernels::cuda;
 using tessera::Rng;
 using tessera::kernels::GemmLibrary;
 
+// ---------------------------------------------------------------- cuBLASLt, loaded at first use
+// The GPU GEMM loads libcublasLt at its first call instead of linking it (linking costs every
+// process ~150 MB of resident memory from its start). Without a device no test here has run a
+// GPU GEMM, so the library is not loaded yet; loading it resolves every entry point, which needs
+// no device. (A build without CUDA has none to load.)
+TEST(CudaGemm, CublasLtIsLoadedAtFirstUse) {
+  if (!gpu::compiled_with_cuda()) {
+    EXPECT_FALSE(gpu::cublaslt_loaded());
+    EXPECT_THROW(gpu::load_cublaslt(), tessera::Error);
+    return;
+  }
+  if (gpu::device_count() == 0) EXPECT_FALSE(gpu::cublaslt_loaded());
+  gpu::load_cublaslt();
+  EXPECT_TRUE(gpu::cublaslt_loaded());
+}
+
 // ---------------------------------------------------------------- skip behaviour
 TEST(CudaOps, ReportsWhyItSkips) {
   REQUIRE_GPU();

@@ -28,15 +28,6 @@ namespace tessera::kernels::cuda::detail {
     }                                                                                        \
   } while (0)
 
-#define TESSERA_CUBLAS_CHECK(call)                                                              \
-  do {                                                                                          \
-    cublasStatus_t tessera_st_ = (call);                                                        \
-    if (tessera_st_ != CUBLAS_STATUS_SUCCESS)                                                   \
-      ::tessera::kernels::cuda::detail::throw_api_error(                                        \
-          "cuBLASLt", #call, static_cast<int>(tessera_st_), cublasLtGetStatusName(tessera_st_), \
-          cublasLtGetStatusString(tessera_st_), __FILE__, __LINE__);                            \
-  } while (0)
-
 // After a kernel launch: launch-configuration errors are reported at once; faults inside the
 // kernel surface at the next synchronizing call.
 #define TESSERA_CUDA_CHECK_LAUNCH() TESSERA_CUDA_CHECK(cudaGetLastError())

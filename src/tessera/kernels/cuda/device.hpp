@@ -21,6 +21,11 @@ std::string device_name();
 // Dense bf16 tensor-core peak of the current device in TFLOP/s from its name (the SXM parts:
 // H100/H200 989.4, A100 312), or 0 when unknown.
 double dense_bf16_peak_tflops();
+// cuBLASLt, which the GPU GEMM loads at its first call rather than linking it (see cublaslt.hpp):
+// whether this process has loaded it (false without CUDA), and loading it now (no device needed;
+// throws tessera::Error, with a hint, where it cannot be loaded or without CUDA).
+bool cublaslt_loaded();
+void load_cublaslt();
 
 // Device time per op family on one stream: mark(f) records an event (the ops issued after it, up
 // to the next mark, count for f); finish() waits for the stream and adds the elapsed times to a

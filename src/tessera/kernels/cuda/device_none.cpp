@@ -25,6 +25,12 @@ std::string device_name() {
 double dense_bf16_peak_tflops() {
   return 0.0;
 }
+bool cublaslt_loaded() {
+  return false;
+}
+void load_cublaslt() {
+  throw Error("built without CUDA: there is no cuBLASLt to load");
+}
 struct DeviceProfiler::State {};
 DeviceProfiler::DeviceProfiler(void*) {
   throw Error("built without CUDA: DeviceProfiler is unavailable");

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "tessera/kernels/cuda/check.hpp"
+#include "tessera/kernels/cuda/cublaslt.hpp"
 #include "tessera/kernels/cuda/kernel_util.cuh"
 #include "tessera/kernels/cuda/ops.hpp"
 
@@ -70,7 +71,7 @@ LtContext lt_context(void* stream) {
   auto h = s.handles.find(dev);
   if (h == s.handles.end()) {
     cublasLtHandle_t handle = nullptr;
-    TESSERA_CUBLAS_CHECK(cublasLtCreate(&handle));
+    TESSERA_CUBLAS_CHECK(cublaslt().Create(&handle));
     h = s.handles.emplace(dev, handle).first;
   }
   auto key = std::make_pair(dev, stream);
@@ -87,19 +88,19 @@ LtContext lt_context(void* stream) {
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
   ~MatmulDesc() {
-    if (d) cublasLtMatmulDescDestroy(d);
+    if (d) cublaslt().MatmulDescDestroy(d);
   }
 };
 struct Layout {
   cublasLtMatrixLayout_t d = nullptr;
   ~Layout() {
-    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (d) cublaslt().MatrixLayoutDestroy(d);
   }
 };
 struct Preference {
   cublasLtMatmulPreference_t d = nullptr;
   ~Preference() {
-    if (d) cublasLtMatmulPreferenceDestroy(d);
+    if (d) cublaslt().MatmulPreferenceDestroy(d);
   }
 };
 
@@ -123,13 +124,13 @@ cublasLtMatmulAlgo_t choose_algo(const LtContext& ctx, cublasLtMatmulDesc_t op,
                                  cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                                  cublasLtMatrixLayout_t lc) {
   Preference pref;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+  TESSERA_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref.d));
   std::uint64_t ws = k_workspace_bytes;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+  TESSERA_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(
       pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, op, la, lb, lc, lc, pref.d, 1,
+  TESSERA_CUBLAS_CHECK(cublaslt().MatmulAlgoGetHeuristic(ctx.handle, op, la, lb, lc, lc, pref.d, 1,
                                                       &heuristic, &found));
   if (found == 0)
     TESSERA_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape/layout
@@ -162,14 +163,14 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
   LtContext ctx = lt_context(stream);
 
   MatmulDesc op;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our B, its B is our A (see the top of the file).
   cublasOperation_t op_lt_a = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_lt_b = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   TESSERA_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
+      cublaslt().MatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
   TESSERA_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+      cublaslt().MatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
 
   // C's rows in cuBLASLt's column-major view are our columns: the bias has N elements (in C's
   // type, the epilogue's default) and is added to every row of our C; the GELU auxiliary matrix
@@ -190,20 +191,20 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
   TESSERA_CUDA_REQUIRE(epi.act == GemmEpilogue::Act::None || (epi.aux && ldc % 8 == 0),
                        "gemm: a GELU epilogue needs its auxiliary matrix and ldc % 8 == 0");
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
+    TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                         &epilogue, sizeof(epilogue)));
   if (bias)
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+    TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                         &bias, sizeof(bias)));
   if (epi.act != GemmEpilogue::Act::None) {
     void* aux = epi.aux;
     std::int64_t aux_ld = ldc;
     std::int32_t aux_type = c_type;
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+    TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(
         op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+    TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                         &aux_ld, sizeof(aux_ld)));
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+    TESSERA_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(
         op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
   }
   // Column-major shapes as stored (rows, cols, ld):
@@ -212,10 +213,10 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
   //   Lt C:         (N, M), ld ldc
   Layout la, lb, lc;
   TESSERA_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&la.d, ab_type, transb ? K : N, transb ? N : K, ldb));
+      cublaslt().MatrixLayoutCreate(&la.d, ab_type, transb ? K : N, transb ? N : K, ldb));
   TESSERA_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&lb.d, ab_type, transa ? M : K, transa ? K : M, lda));
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, c_type, N, M, ldc));
+      cublaslt().MatrixLayoutCreate(&lb.d, ab_type, transa ? M : K, transa ? K : M, lda));
+  TESSERA_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&lc.d, c_type, N, M, ldc));
 
   const void* c_in = epi.c_in ? epi.c_in : C;  // the beta term's matrix
   int dev = 0;
@@ -231,7 +232,7 @@ void lt_gemm(cudaDataType_t ab_type, cudaDataType_t c_type, bool transa, bool tr
       it = st.algos.emplace(key, choose_algo(ctx, op.d, la.d, lb.d, lc.d)).first;
     algo = it->second;
   }
-  TESSERA_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.d, &alpha, B, la.d, A, lb.d, &beta, c_in, lc.d,
+  TESSERA_CUBLAS_CHECK(cublaslt().Matmul(ctx.handle, op.d, &alpha, B, la.d, A, lb.d, &beta, c_in, lc.d,
                                       C, lc.d, &algo, ctx.workspace, k_workspace_bytes,
                                       as_stream(stream)));
 }

@@ -1,0 +1,87 @@
+// Compiled in every configuration; empty without CUDA.
+#if defined(TESSERA_WITH_CUDA)
+#include "tessera/kernels/cuda/cublaslt.hpp"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/device.hpp"
+
+namespace tessera::kernels::cuda {
+
+namespace {
+
+std::string library_name() {
+  return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+}
+
+// dlopen by name (LD_LIBRARY_PATH, the binary's run path, the system's), else from the directory
+// of the CUDA runtime this process linked (a toolkit unpacked beside the build).
+void* open_library() {
+  const std::string name = library_name();
+  dlerror();
+  if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  const char* e = dlerror();
+  std::string why = e ? e : "not found";
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudaRuntimeGetVersion), &info) && info.dli_fname) {
+    const auto beside = std::filesystem::path(info.dli_fname).parent_path() / name;
+    if (void* h = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  }
+  throw Error(fmt::format("cannot load cuBLASLt ({}): {}", name, why),
+              "install the CUDA toolkit's cuBLAS (scripts/setup --with-cuda unpacks it into "
+              ".cuda/lib) or put its directory on LD_LIBRARY_PATH");
+}
+
+template <class F>
+void bind(void* h, const char* symbol, F& f) {
+  f = reinterpret_cast<F>(dlsym(h, symbol));
+  if (!f)
+    throw Error(fmt::format("{} has no {}", library_name(), symbol),
+                "use the cuBLAS of the CUDA toolkit this build was made with");
+}
+
+CublasLt load() {
+  void* h = open_library();
+  CublasLt t{};
+  bind(h, "cublasLtCreate", t.Create);
+  bind(h, "cublasLtMatmul", t.Matmul);
+  bind(h, "cublasLtMatmulDescCreate", t.MatmulDescCreate);
+  bind(h, "cublasLtMatmulDescDestroy", t.MatmulDescDestroy);
+  bind(h, "cublasLtMatmulDescSetAttribute", t.MatmulDescSetAttribute);
+  bind(h, "cublasLtMatrixLayoutCreate", t.MatrixLayoutCreate);
+  bind(h, "cublasLtMatrixLayoutDestroy", t.MatrixLayoutDestroy);
+  bind(h, "cublasLtMatmulPreferenceCreate", t.MatmulPreferenceCreate);
+  bind(h, "cublasLtMatmulPreferenceDestroy", t.MatmulPreferenceDestroy);
+  bind(h, "cublasLtMatmulPreferenceSetAttribute", t.MatmulPreferenceSetAttribute);
+  bind(h, "cublasLtMatmulAlgoGetHeuristic", t.MatmulAlgoGetHeuristic);
+  bind(h, "cublasLtGetStatusName", t.GetStatusName);
+  bind(h, "cublasLtGetStatusString", t.GetStatusString);
+  return t;
+}
+
+}  // namespace
+
+const CublasLt& cublaslt() {
+  static const CublasLt table = load();  // (a throw leaves it to the next call to try again)
+  return table;
+}
+
+void load_cublaslt() {
+  cublaslt();
+}
+
+bool cublaslt_loaded() {
+  void* h = dlopen(library_name().c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (h) dlclose(h);  // (RTLD_NOLOAD took a reference)
+  return h != nullptr;
+}
+
+}  // namespace tessera::kernels::cuda
+#endif
