@@ -50,19 +50,9 @@ void bind(void* h, const char* symbol, F& f) {
 CublasLt load() {
   void* h = open_library();
   CublasLt t{};
-  bind(h, "cublasLtCreate", t.Create);
-  bind(h, "cublasLtMatmul", t.Matmul);
-  bind(h, "cublasLtMatmulDescCreate", t.MatmulDescCreate);
-  bind(h, "cublasLtMatmulDescDestroy", t.MatmulDescDestroy);
-  bind(h, "cublasLtMatmulDescSetAttribute", t.MatmulDescSetAttribute);
-  bind(h, "cublasLtMatrixLayoutCreate", t.MatrixLayoutCreate);
-  bind(h, "cublasLtMatrixLayoutDestroy", t.MatrixLayoutDestroy);
-  bind(h, "cublasLtMatmulPreferenceCreate", t.MatmulPreferenceCreate);
-  bind(h, "cublasLtMatmulPreferenceDestroy", t.MatmulPreferenceDestroy);
-  bind(h, "cublasLtMatmulPreferenceSetAttribute", t.MatmulPreferenceSetAttribute);
-  bind(h, "cublasLtMatmulAlgoGetHeuristic", t.MatmulAlgoGetHeuristic);
-  bind(h, "cublasLtGetStatusName", t.GetStatusName);
-  bind(h, "cublasLtGetStatusString", t.GetStatusString);
+#define TESSERA_CUBLASLT_BIND(name) bind(h, "cublasLt" #name, t.name);
+  TESSERA_CUBLASLT_ENTRY_POINTS(TESSERA_CUBLASLT_BIND)
+#undef TESSERA_CUBLASLT_BIND
   return t;
 }
 

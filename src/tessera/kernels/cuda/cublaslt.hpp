@@ -11,20 +11,19 @@
 
 namespace tessera::kernels::cuda {
 
+// The entry points used, listed once: X(name) for each cublasLt<name>.
+// clang-format off
+#define TESSERA_CUBLASLT_ENTRY_POINTS(X)                                                  \
+  X(Create) X(Matmul) X(MatmulDescCreate) X(MatmulDescDestroy) X(MatmulDescSetAttribute) \
+  X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(MatmulPreferenceCreate)                 \
+  X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute) X(MatmulAlgoGetHeuristic)   \
+  X(GetStatusName) X(GetStatusString)
+// clang-format on
+
 struct CublasLt {
-  decltype(&::cublasLtCreate) Create;
-  decltype(&::cublasLtMatmul) Matmul;
-  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate;
-  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy;
-  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
-  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
-  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
-  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
-  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
-  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
-  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
-  decltype(&::cublasLtGetStatusName) GetStatusName;
-  decltype(&::cublasLtGetStatusString) GetStatusString;
+#define TESSERA_CUBLASLT_FIELD(name) decltype(&::cublasLt##name) name;
+  TESSERA_CUBLASLT_ENTRY_POINTS(TESSERA_CUBLASLT_FIELD)
+#undef TESSERA_CUBLASLT_FIELD
 };
 
 // The entry points, the library loaded on the first call (libcublasLt.so.<major> of the headers
