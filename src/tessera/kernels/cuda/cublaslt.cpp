@@ -2,16 +2,15 @@
 #if defined(TESSERA_WITH_CUDA)
 #include "tessera/kernels/cuda/cublaslt.hpp"
 
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
-#include <filesystem>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.hpp"
 #include "tessera/kernels/cuda/device.hpp"
+#include "tessera/kernels/cuda/load_library.hpp"
 
 namespace tessera::kernels::cuda {
 
@@ -21,19 +20,10 @@ std::string library_name() {
   return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
 }
 
-// dlopen by name (LD_LIBRARY_PATH, the binary's run path, the system's), else from the directory
-// of the CUDA runtime this process linked (a toolkit unpacked beside the build).
 void* open_library() {
   const std::string name = library_name();
-  dlerror();
-  if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-  const char* e = dlerror();
-  std::string why = e ? e : "not found";
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&cudaRuntimeGetVersion), &info) && info.dli_fname) {
-    const auto beside = std::filesystem::path(info.dli_fname).parent_path() / name;
-    if (void* h = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-  }
+  std::string why;
+  if (void* h = open_cuda_library(name, why)) return h;
   throw Error(fmt::format("cannot load cuBLASLt ({}): {}", name, why),
               "install the CUDA toolkit's cuBLAS (scripts/setup --with-cuda unpacks it into "
               ".cuda/lib) or put its directory on LD_LIBRARY_PATH");

@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "tessera/core/error.hpp"
+#include "tessera/kernels/cuda/load_library.hpp"
 
 #if defined(TESSERA_WITH_CUDNN)
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cmath>
 #include <map>
@@ -42,11 +42,10 @@ std::string load_cudnn() {
   static std::once_flag once;
   static std::string error;
   std::call_once(once, [] {
-    dlerror();
-    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    std::string why;
+    void* h = open_cuda_library("libcudnn.so.9", why);
     if (!h) {
-      const char* e = dlerror();
-      error = fmt::format("libcudnn.so.9 could not be loaded ({})", e ? e : "not found");
+      error = fmt::format("libcudnn.so.9 could not be loaded ({})", why);
       return;
     }
     fe::cudnn_dlhandle = h;
