@@ -11,6 +11,17 @@
 
 namespace tessera::bench {
 
+// "a,b,c" -> {"a", "b", "c"} ("" -> {""}): the comma-separated lists of options like --grids.
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (std::size_t pos = 0;;) {
+    const std::size_t end = s.find(',', pos);
+    out.push_back(s.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
+    if (end == std::string::npos) return out;
+    pos = end + 1;
+  }
+}
+
 // The model shape and repetitions every model benchmark takes (--L --C --H --T --B --V --reps).
 struct ModelShape {
   int L, C, H, T, B, V, reps;

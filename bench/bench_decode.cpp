@@ -252,11 +252,7 @@ int main(int argc, char** argv) {
       .parse(argc, argv);
   rounds = std::max(1, rounds);
   std::vector<model::KvCache> kvs;  // --kv_cache f32,f16: both, rounds alternating
-  for (std::size_t a = 0; a <= kv_cache.size();) {
-    const std::size_t b = std::min(kv_cache.find(',', a), kv_cache.size());
-    kvs.push_back(model::parse_kv_cache(kv_cache.substr(a, b - a)));
-    a = b + 1;
-  }
+  for (const auto& k : bench::split_list(kv_cache)) kvs.push_back(model::parse_kv_cache(k));
   if (!fs::exists(model)) {
     std::printf("(skipped: %s not found; scripts/setup --with-models fetches it)\n", model.c_str());
     return 0;
@@ -278,14 +274,14 @@ int main(int argc, char** argv) {
   std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
               "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
               "head", "prefill/s", "of GEMM");
-  const Format formats[] = {{"fp32", "fp32", {0, 0, false}},
-                            {"W8", "W8 pc", {8, -1, true}},
-                            {"W4", "W4 g128", {4, 128, false}}};
+  const auto formats = bench::split_list(formats_arg);
+  const Format all_formats[] = {{"fp32", "fp32", {0, 0, false}},
+                                {"W8", "W8 pc", {8, -1, true}},
+                                {"W4", "W4 g128", {4, 128, false}}};
   const fs::path tmp = fs::temp_directory_path() / ("bench_decode_" + std::to_string(::getpid()));
   double fp32_step = 0;
-  for (const Format& f : formats) {
-    if (("," + formats_arg + ",").find("," + std::string(f.key) + ",") == std::string::npos)
-      continue;
+  for (const Format& f : all_formats) {
+    if (std::find(formats.begin(), formats.end(), f.key) == formats.end()) continue;
     quant::AnyModel q;
     quant::PackedModel pm;
     const float* params = fp.model.params.data();

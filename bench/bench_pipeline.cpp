@@ -69,12 +69,7 @@ int main(int argc, char** argv) {
   std::vector<float> params(global.total());
   model::init_params(global, params.data(), 1234);
   std::vector<int> ms;
-  for (std::size_t pos = 0; pos < a.ms.size();) {
-    std::size_t end = a.ms.find(',', pos);
-    if (end == std::string::npos) end = a.ms.size();
-    ms.push_back(std::atoi(a.ms.substr(pos, end - pos).c_str()));
-    pos = end + 1;
-  }
+  for (const auto& m : bench::split_list(a.ms)) ms.push_back(std::atoi(m.c_str()));
   const int max_m = *std::max_element(ms.begin(), ms.end());
   Rng rng(7);
   std::vector<std::vector<std::int32_t>> x(max_m), y(max_m);

@@ -90,13 +90,7 @@ int main(int argc, char** argv) {
                               {"all off", false, false, false},
                               {"all on + GEMM layout tuning", true, true, true, true}};
 
-  std::string gs = a.grids;
-  std::size_t pos = 0;
-  while (pos <= gs.size()) {
-    std::size_t end = gs.find(',', pos);
-    if (end == std::string::npos) end = gs.size();
-    const std::string g = gs.substr(pos, end - pos);
-    pos = end + 1;
+  for (const std::string& g : bench::split_list(a.grids)) {
     int tx = 1, ty = 1, tz = 1;
     if (std::sscanf(g.c_str(), "%dx%dx%d", &tx, &ty, &tz) != 3 ||
         tx * ty * tz != rt->world_size()) {

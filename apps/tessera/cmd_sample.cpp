@@ -123,7 +123,8 @@ void add_sample_command(CLI::App& root) {
                   "the CPU decoder's cache of keys and values: f32, or f16 (half its memory and "
                   "of what each token reads from it; keys and values rounded to fp16)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f16"}));
+      ->check(CLI::IsMember(
+          {model::kv_cache_name(model::KvCache::F32), model::kv_cache_name(model::KvCache::F16)}));
   cmd->callback([a] {
     if (a->tokens < 0) throw Error("--tokens must be >= 0");
     if (!std::isfinite(a->temperature) || a->temperature < 0)
