@@ -18,7 +18,9 @@
 // context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
 // position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
 // --context shows; --kv_cache f16 halves it (f32,f16: both, their rounds taking turns).
-// --formats picks some of fp32, W8 and W4.
+// --formats picks some of fp32, W8 and W4. Beside the rate the weights were read at, each format
+// prints the clock of a core after its rounds (bench::core_clock_ghz): on shared VMs both move
+// from one minute to the next, and the step's arithmetic follows the clock.
 //
 //   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 16] [--prefill 128]
 //                [--stream_mib 2048] [--rounds 5] [--kv_cache f32|f16|f32,f16]
@@ -305,6 +307,7 @@ int main(int argc, char** argv) {
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
     const auto ds = time_decode(layout, params, kernels, context, tokens, rounds, weights, kvs);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
+    const double clock_ghz = bench::core_clock_ghz();
     if (f.wq.bits == 0) fp32_step = ds[0].step_s;
     for (std::size_t i = 0; i < kvs.size(); ++i) {
       const Decode& d = ds[i];
@@ -325,8 +328,10 @@ int main(int argc, char** argv) {
           d.head_s * 1e3, prefill / pre,
           100.0 * linear_flops_per_token(cfg) * prefill / pre / rate);
       const auto [rlo, rhi] = std::minmax_element(d.round_read_s.begin(), d.round_read_s.end());
-      std::printf("%-8s (its weights, %.1f MB, read at %.1f-%.1f GB/s before its rounds)\n", "",
-                  read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9);
+      std::printf(
+          "%-8s (its weights, %.1f MB, read at %.1f-%.1f GB/s before its rounds; a core at %.2f "
+          "GHz after them)\n",
+          "", read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9, clock_ghz);
     }
   }
   fs::remove_all(tmp);

@@ -1,4 +1,5 @@
-// The memory read bandwidth the decoding benchmarks compare with, measured in the same run.
+// The memory read bandwidth the decoding benchmarks compare with, measured in the same run, and
+// the core's clock at the time.
 #pragma once
 
 #include <immintrin.h>
@@ -61,6 +62,27 @@ inline double stream_read_gbs(std::size_t mib, int reps = 5) {
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = float(i & 1023);
   const std::size_t bytes = buf.size() * sizeof(float);
   return bytes / read_spans_seconds({{buf.data(), bytes}}, reps) / 1e9;
+}
+
+// The calling thread's core clock now (GHz): a chain of dependent one-cycle integer adds for
+// `seconds`. On the shared VMs the benchmarks run on it ranges from 2.3 to 3.6 GHz from one
+// minute to the next, and the decode step's arithmetic follows it. 0 where not measured (not
+// x86-64).
+inline double core_clock_ghz(double seconds = 0.05) {
+#if defined(__x86_64__)
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t x = 0, n = 0;
+  double s = 0;
+  do {
+    for (int i = 0; i < 1000000; ++i) asm volatile("add $1, %0" : "+r"(x));
+    n += 1000000;
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (s < seconds);
+  return static_cast<double>(n) / s / 1e9;
+#else
+  (void)seconds;
+  return 0.0;
+#endif
 }
 
 }  // namespace tessera::bench
