@@ -49,7 +49,7 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   quant::PackedModel pm;  // after every check of the input: it may print a note
   auto fn = model_logits(m, layout, a.kernels, pm);
   nlohmann::json out{{"model", m.description.empty() ? "fp32" : m.description}};
-  std::printf("model: %s\n", m.description.empty() ? "fp32" : m.description.c_str());
+  if (!a.json) std::printf("model: %s\n", m.description.empty() ? "fp32" : m.description.c_str());
   for (auto p : {eval::PplProtocol::Windows, eval::PplProtocol::SecondHalf}) {
     if (p == eval::PplProtocol::Windows && proto == "llama") continue;
     if (p == eval::PplProtocol::SecondHalf && proto == "windows") continue;
