@@ -65,7 +65,7 @@ inline double stream_read_gbs(std::size_t mib, int reps = 5) {
 }
 
 // The calling thread's core clock now (GHz): a chain of dependent one-cycle integer adds for
-// `seconds`. On the shared VMs the benchmarks run on it ranges from 2.3 to 3.6 GHz from one
+// `seconds`. On the shared VMs the benchmarks run on it ranges from 2.3 to 3.7 GHz from one
 // minute to the next, and the decode step's arithmetic follows it. 0 where not measured (not
 // x86-64).
 inline double core_clock_ghz(double seconds = 0.05) {

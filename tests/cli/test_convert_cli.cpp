@@ -211,7 +211,8 @@ TEST(ConvertCli, QuantizedModelAsGgufDecodesToTesserasValues) {
 // arithmetic only: llama.cpp quantizes the activations to 8 bits per block of 32 for its Q4_0 and
 // Q8_0 dot products and keeps an fp16 KV cache, its head is the file's Q8_0 one, where tessera
 // (its packed kernels on the quantized directory) quantizes activations likewise but keeps fp32
-// elsewhere and its own 8-bit head. Measured on this text: perplexity 53.61 (tessera) and 52.91
+// elsewhere and its own 8-bit head. Measured on this text (its first 8 chunks as of 2026-11-27;
+// the bound does not depend on which English text): perplexity 53.61 (tessera) and 52.91
 // (llama.cpp), 0.013 nats apart; the published Q4_1 file, dequantized by tessera and read by
 // llama.cpp, 34.85 and 34.76 (0.002). A file read differently moves it further: with the rotary
 // base 10,000 instead of the file's 100,000, llama.cpp's perplexity is 58.81 (0.11 nats). Bound:
