@@ -152,6 +152,61 @@ TEST_P(ModelFamilies, KvCacheDecoderMatchesFullForward) {
   EXPECT_THROW(dec.step(x[0]), Error);  // context full
 }
 
+TEST_P(ModelFamilies, KvCacheDecoderPrefillEqualsTheFullForward) {
+  // prefill() is the block forward over the prompt (the same GEMMs and causal attention as the
+  // full forward), keeping each layer's keys and values in the cache: its logits are the full
+  // forward's at the prompt's last position, and the steps after it read the cache as if they had
+  // filled it themselves: at every later position the logits are the full forward's up to the
+  // order of fp32 sums (bound 2e-5, as for decoding step by step). Prompts of 1 (a step), 2, half
+  // and the whole context, whole or in two pieces (the second attending to the cache the first
+  // left: how prefill runs a long prompt in chunks). With the fp16 cache the keys and values are
+  // rounded as step() rounds them: bound as in KvCacheDecoderWithFp16Cache against the fp32
+  // forward.
+  auto cfg = config();
+  model::ParamLayout layout(cfg);
+  Buffer<float> p(layout.total());
+  model::init_params(layout, p.data(), 13);
+  const int T = cfg.block_size, Vp = cfg.padded_vocab();
+  const double u = std::ldexp(1.0, -11);
+  auto x = random_tokens(T, cfg.vocab_size, 4);
+  model::Activations a;
+  model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
+  for (const auto kv : {model::KvCache::F32, model::KvCache::F16})
+    for (int n : {1, 2, T / 2, T})
+      for (int first : {n, n / 3}) {
+        if (first == 0) continue;
+        SCOPED_TRACE(
+            fmt::format("{} cache, prompt of {} ({} first)", model::kv_cache_name(kv), n, first));
+        model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {}, kv);
+        const float* l = dec.prefill(x.data(), first, first == n);
+        if (first < n) l = dec.prefill(x.data() + first, n - first);
+        EXPECT_EQ(dec.position(), n);
+        for (int t = n - 1; t < T; ++t) {
+          if (t >= n) l = dec.step(x[t]);
+          const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
+          double scale = 0;
+          for (int v = 0; v < cfg.vocab_size; ++v)
+            scale = std::max(scale, std::fabs(double(ref[v])));
+          const double bound = kv == model::KvCache::F32 ? 2e-5 : 4 * u * (1 + scale);
+          for (int v = 0; v < cfg.vocab_size; ++v)
+            ASSERT_NEAR(l[v], ref[v], bound) << "t=" << t << " v=" << v;
+        }
+      }
+  model::Decoder dec(layout, p.data(), T / 2, kernels::GemmLibrary::OneDnn);
+  EXPECT_EQ(dec.prefill(x.data(), 3, false), nullptr);  // no logits asked: none computed
+  EXPECT_EQ(dec.position(), 3);
+  dec.reset();
+  EXPECT_THROW(dec.prefill(x.data(), T / 2 + 1), Error);  // beyond the decoder's capacity
+  dec.prefill(x.data(), T / 2 - 2, false);
+  EXPECT_THROW(dec.prefill(x.data(), 3), Error);
+  EXPECT_EQ(dec.position(), T / 2 - 2);
+  dec.reset();
+  std::vector<std::int32_t> bad(x.begin(), x.begin() + 4);
+  bad[2] = cfg.vocab_size;
+  EXPECT_THROW(dec.prefill(bad.data(), 4), Error);
+  EXPECT_EQ(dec.position(), 0);
+}
+
 TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
   // A step runs as one thread team, each thread taking a share of every product's rows and of
   // the attention's positions, merged per head. Teams of 1, 2 and 3 (more threads than positions

@@ -48,9 +48,7 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
   const auto reach = static_cast<std::int64_t>(window.size()) + std::max(opt.max_new_tokens, 1);
   model::Decoder dec(layout, params, static_cast<int>(std::min<std::int64_t>(ctx, reach)), opt.gemm,
                      opt.kernels, opt.kv_cache);
-  const float* logits = nullptr;
-  for (std::size_t i = 0; i < window.size(); ++i)
-    logits = dec.step(window[i], i + 1 == window.size());  // logits of the last prompt token only
+  const float* logits = dec.prefill(window.data(), static_cast<int>(window.size()));
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     std::int32_t next = pick_token(logits, cfg.vocab_size, opt.temperature, opt.top_k, rng);
     out.push_back(next);
@@ -63,8 +61,7 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
       all.insert(all.end(), out.begin(), out.end());
       std::vector<std::int32_t> recent(all.end() - ctx / 2, all.end());
       dec.reset();
-      for (std::size_t j = 0; j < recent.size(); ++j)
-        logits = dec.step(recent[j], j + 1 == recent.size());
+      logits = dec.prefill(recent.data(), static_cast<int>(recent.size()));
     } else {
       logits = dec.step(next);
     }

@@ -1,12 +1,18 @@
 // The CPU op table of the one block (model/gpt_block.hpp): kernels::cpu in fp32. The CPU model
-// (model/gpt.cpp) trains through it; the quantization runner (quant/runner.cpp) derives from it to
-// see the input of every linear. Also the views of a layer's parameters and gradients that the
-// block reads, from a block of the ParamStore protocol (laid out from the layer's `begin`).
+// (model/gpt.cpp) trains through it; RoutedOps sends the block's linears elsewhere (a quantized
+// model's packed weights: the decoder's prompt prefill, the quantization runner, which also sees
+// the input of every linear). Also one block's activations in a buffer, and the views of a layer's
+// parameters and gradients that the block reads, from a block of the ParamStore protocol (laid out
+// from the layer's `begin`).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
 
+#include "tessera/core/error.hpp"
 #include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -153,6 +159,88 @@ class CpuBf16Ops : public CpuOps {
 
  private:
   kernels::cpu::Bf16Scratch& s_;
+};
+
+// CpuOps whose linears go to a BlockLinear (model/gpt.hpp: 0 the q/k/v projection, 1 the
+// attention's output projection, 2 the MLP's first linear, 3 its output projection) when one is set
+// (else to the fp32 weights), each input first through input() (the identity here; a derived table
+// may capture or round it).
+class RoutedOps : public CpuOps {
+ public:
+  RoutedOps(kernels::GemmLibrary lib, const BlockLinear& fn, int layer,
+            const BlockWeights<float>& w)
+      : CpuOps(lib, nullptr), fn_(fn), layer_(layer), w_(w) {}
+  virtual ~RoutedOps() = default;
+
+  void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
+              int OC) {
+    const float* x = input(site(w), inp, N, IC);
+    if (fn_)
+      fn_(layer_, site(w), out, x, b, N);
+    else
+      CpuOps::linear(out, x, w, b, N, IC, OC);
+  }
+  void linear_residual(float* out, const float* residual, const float* inp, const float* w,
+                       const float* b, std::int64_t N, int IC, int OC) {
+    const float* x = input(site(w), inp, N, IC);
+    if (!fn_) {
+      CpuOps::linear_residual(out, residual, x, w, b, N, IC, OC);
+      return;
+    }
+    std::vector<float> y(static_cast<std::size_t>(N) * OC);  // out may be the residual itself
+    fn_(layer_, site(w), y.data(), x, b, N);
+    for (std::size_t i = 0; i < y.size(); ++i) out[i] = residual[i] + y[i];
+  }
+  void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
+                   std::int64_t N, int IC, int OC) {
+    const float* x = input(site(w), inp, N, IC);
+    if (!fn_) {
+      CpuOps::linear_gelu(out, pre, x, w, b, N, IC, OC);
+      return;
+    }
+    fn_(layer_, site(w), pre, x, b, N);
+    kernels::cpu::gelu_forward(out, pre, N * OC);
+  }
+
+ protected:
+  // x (N, cols), the input of linear `site`: what the linear reads.
+  virtual const float* input(int /*site*/, const float* x, std::int64_t /*N*/, int /*cols*/) {
+    return x;
+  }
+  int layer() const { return layer_; }
+
+ private:
+  int site(const float* w) const {  // the linear by its weight
+    if (w == w_.qkv_w) return 0;
+    if (w == w_.attproj_w) return 1;
+    if (w == w_.fc_w) return 2;
+    TESSERA_CHECK(w == w_.fcproj_w, "a linear of the block that is not one of its four sites");
+    return 3;
+  }
+  const BlockLinear& fn_;
+  int layer_;
+  const BlockWeights<float>& w_;
+};
+
+// Where one block's fp32 activations for N rows lie in one buffer of end floats (each tensor at a
+// multiple of 16 floats), for callers that run the model a block at a time over one buffer.
+struct BlockActOffsets {
+  std::size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, act,
+      res3, end;
+  BlockActOffsets(const ModelConfig& cfg, std::size_t N) {
+    std::size_t off = 0;
+    auto take = [&](std::size_t n) { return std::exchange(off, off + (n + 15) / 16 * 16); };
+    const std::size_t C = cfg.n_embd;
+    ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(N * cfg.qkv_rows());
+    atty = take(N * C), lse = take(N * cfg.n_head), res2 = take(N * C), ln2 = take(N * C);
+    ln2_mean = take(N), ln2_rstd = take(N), fch = take(N * cfg.fc_rows());
+    act = take(N * cfg.ffn()), res3 = take(N * C);
+    end = off;
+  }
+  BlockActs<float> view(float* a) const {
+    return {a + ln1, a + ln1_mean, a + ln1_rstd, a + qkv, a + atty, a + lse, a + res2,
+            a + ln2, a + ln2_mean, a + ln2_rstd, a + fch, a + act,  a + res3};
+  }
 };
 
 // A layer's parameters (a block from the store, laid out from `w.begin`) and activations.

@@ -655,15 +655,15 @@ void Decoder::layer(int l, int t) {
   linear(l, 3, x, act, at(w.fcproj_w), at(w.fcproj_b), F, C, true);
 }
 
-const float* Decoder::step(std::int32_t token, bool want_logits) {
+void Decoder::check_token(std::int32_t token) const {
   const auto& cfg = layout_.config();
-  if (pos_ >= max_T_)
-    throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
   if (token < 0 || token >= cfg.vocab_size)
     throw Error(fmt::format("token id {} is outside the vocabulary of {}", token, cfg.vocab_size));
-  const int C = cfg.n_embd, t = pos_;
+}
+
+void Decoder::embed(std::int32_t token, int t, float* x) const {
+  const int C = layout_.config().n_embd;
   const float* P = params_;
-  float* x = x_.data();
   if (kernels_.embed) {
     kernels_.embed(token, x);
   } else {
@@ -672,7 +672,11 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   }
   if (layout_.wpe != k_absent)
     for (int c = 0; c < C; ++c) x[c] += P[layout_.wpe + static_cast<std::size_t>(t) * C + c];
-  if (cfg.llama()) k::rope_table(cos_.data(), sin_.data(), 1, cfg.head_dim(), inv_freq_.data(), t);
+}
+
+void Decoder::size_team_buffers() {
+  const auto& cfg = layout_.config();
+  const std::size_t C = cfg.n_embd;
   const auto team = static_cast<std::size_t>(omp_get_max_threads());  // a region's is not larger
   if (ln_.size() < team * C) {
     ln_.resize(team * C);
@@ -680,22 +684,152 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
     q_.resize(team * cfg.n_head * cfg.head_dim());
     part_.resize(team * cfg.n_head * (cfg.head_dim() + 2));
   }
+}
+
+// By every thread of the team.
+void Decoder::logits_of_x() {
+  const auto& cfg = layout_.config();
+  const int C = cfg.n_embd;
+  const float* P = params_;
+  float* ln = ln_.data() + static_cast<std::size_t>(omp_get_thread_num()) * C;
+  norm_row(cfg, ln, x_.data(), P + layout_.lnf_w,
+           layout_.lnf_b == k_absent ? nullptr : P + layout_.lnf_b);
+  if (kernels_.head)
+    kernels_.head(logits_.data(), ln);
+  else
+    team_linear(gemm_, logits_.data(), ln, P + layout_.head, nullptr, C, cfg.padded_vocab(), false);
+}
+
+const float* Decoder::step(std::int32_t token, bool want_logits) {
+  const auto& cfg = layout_.config();
+  if (pos_ >= max_T_)
+    throw Error(fmt::format("the context is full ({} tokens)", max_T_), "generate fewer tokens");
+  check_token(token);
+  const int t = pos_;
+  embed(token, t, x_.data());
+  if (cfg.llama()) k::rope_table(cos_.data(), sin_.data(), 1, cfg.head_dim(), inv_freq_.data(), t);
+  size_team_buffers();
 #pragma omp parallel
   {
     for (int l = 0; l < cfg.n_layer; ++l) layer(l, t);
-    if (want_logits) {
-      float* ln = ln_.data() + static_cast<std::size_t>(omp_get_thread_num()) * C;
-      norm_row(cfg, ln, x, P + layout_.lnf_w,
-               layout_.lnf_b == k_absent ? nullptr : P + layout_.lnf_b);
-      if (kernels_.head)
-        kernels_.head(logits_.data(), ln);
-      else
-        team_linear(gemm_, logits_.data(), ln, P + layout_.head, nullptr, C, cfg.padded_vocab(),
-                    false);
-    }
+    if (want_logits) logits_of_x();
   }
   ++pos_;
   return want_logits ? logits_.data() : nullptr;
+}
+
+namespace {
+// The block's op table for a chunk of a prompt fed to the decoder: RoutedOps (the linears, fp32 or
+// packed) with the rotation at the chunk's positions (pos0 on) and the attention given by the
+// decoder (over its cache, the chunk's keys and values written into it first).
+class PrefillOps : public RoutedOps {
+ public:
+  using Attend = std::function<void(float* out, float* lse, const float* qkv, int T)>;
+  PrefillOps(kernels::GemmLibrary lib, const BlockLinear& fn, int layer,
+             const BlockWeights<float>& w, int pos0, const Attend& attend)
+      : RoutedOps(lib, fn, layer, w), pos0_(pos0), attend_(attend) {}
+  void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    k::rope_forward(qkv, B, T, NH, KV, hs, inv_freq, pos0_);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int /*B = 1*/, int T, int /*NH*/,
+                         int /*KV*/, int /*hs*/) {
+    attend_(out, lse, qkv, T);
+  }
+
+ private:
+  int pos0_;
+  const Attend& attend_;
+};
+
+#if TESSERA_KV_F16
+// out (n) = in (fp16) as fp32.
+void from_half(float* out, const std::uint16_t* in, std::size_t n) {
+  std::size_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(out + c, load_half8(in + c));
+  for (; c < n; ++c) out[c] = half_to_float(in[c]);
+}
+#else
+void from_half(float*, const std::uint16_t*, std::size_t) {}
+#endif
+}  // namespace
+
+// The m rows of qkv (positions p .. p + m - 1 of layer l): their keys and values into the cache,
+// then their attention over the cache's positions 0 .. p + m - 1 (the fp16 cache read back as
+// fp32, so each step after reads the same rounded values).
+void Decoder::attend_chunk(int l, int p, float* out, float* lse, const float* qkv, int m) {
+  const auto& cfg = layout_.config();
+  const int NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim();
+  const std::size_t W = cfg.qkv_rows(), QC = static_cast<std::size_t>(NH) * hs;
+  const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
+  const std::size_t layer = static_cast<std::size_t>(l) * max_T_ * KVC;
+  for (int i = 0; i < m; ++i) {  // the keys (llama: rotated) and values, as step() keeps them
+    const float* k = qkv + i * W + QC;
+    const std::size_t row = layer + (static_cast<std::size_t>(p) + i) * KVC;
+    if (kv_ == KvCache::F16) {
+      to_half(k_half_.data() + row, k, static_cast<int>(KVC));
+      to_half(v_half_.data() + row, k + KVC, static_cast<int>(KVC));
+    } else {
+      std::copy(k, k + KVC, k_cache_.data() + row);
+      std::copy(k + KVC, k + 2 * KVC, v_cache_.data() + row);
+    }
+  }
+  const std::size_t seen = (static_cast<std::size_t>(p) + m) * KVC;
+  const float *kc = k_cache_.data() + layer, *vc = v_cache_.data() + layer;
+  std::vector<float> wide;
+  if (kv_ == KvCache::F16) {
+    wide.resize(2 * seen);
+    from_half(wide.data(), k_half_.data() + layer, seen);
+    from_half(wide.data() + seen, v_half_.data() + layer, seen);
+    kc = wide.data();
+    vc = wide.data() + seen;
+  }
+  k::attention_rows(gemm_, out, lse, qkv, static_cast<std::int64_t>(W), kc, vc,
+                    static_cast<std::int64_t>(KVC), m, p, NH, KV, hs);
+}
+
+const float* Decoder::prefill(const std::int32_t* tokens, int n, bool want_logits) {
+  const auto& cfg = layout_.config();
+  TESSERA_CHECK(n > 0, "prefill of {} tokens", n);
+  if (n > max_T_ - pos_)
+    throw Error(
+        fmt::format("{} more tokens do not fit the context of {} ({} held)", n, max_T_, pos_),
+        "give fewer tokens");
+  for (int i = 0; i < n; ++i) check_token(tokens[i]);
+  if (n == 1 || (kernels_.linear && !kernels_.matmul)) {
+    const float* logits = nullptr;
+    for (int i = 0; i < n; ++i) logits = step(tokens[i], want_logits && i + 1 == n);
+    return logits;
+  }
+  // In chunks of at most k_prefill_rows tokens: one block's activations for them, and each
+  // thread's scores of a head (chunk x positions so far), stay tens of MB at 8192 positions.
+  const std::size_t C = cfg.n_embd;
+  const int rows = std::min(n, k_prefill_rows);
+  const BlockActOffsets offsets(cfg, static_cast<std::size_t>(rows));
+  Buffer<float> x(rows * C), acts(offsets.end);
+  for (int done = 0; done < n; done += rows) {
+    const int p = pos_, m = std::min(rows, n - done);
+    for (int i = 0; i < m; ++i) embed(tokens[done + i], p + i, x.data() + i * C);
+    const BlockActs<float> a = BlockActOffsets(cfg, static_cast<std::size_t>(m)).view(acts.data());
+    const BlockShape shape = block_shape(cfg, 1, m);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      const auto& lo = layout_.layers[l];
+      const auto w = block_weights(lo, params_ + lo.begin);
+      const PrefillOps::Attend attend = [this, l, p](float* out, float* lse, const float* qkv,
+                                                     int T) {
+        attend_chunk(l, p, out, lse, qkv, T);
+      };
+      PrefillOps ops(gemm_, kernels_.matmul, l, w, p, attend);
+      block_forward(ops, w, a, x.data(), shape);
+      std::copy(a.res3, a.res3 + m * C, x.data());
+    }
+    pos_ = p + m;
+    if (done + m == n) std::copy(x.data() + (m - 1) * C, x.data() + m * C, x_.data());
+  }
+  if (!want_logits) return nullptr;
+  size_team_buffers();
+#pragma omp parallel
+  logits_of_x();
+  return logits_.data();
 }
 
 }  // namespace tessera::model

@@ -159,88 +159,30 @@ namespace {
 // it, leaving the residual stream it was given untouched.
 struct StopBlock {};
 
-// The CPU op table of the one block with the runner's hooks in front of every linear: it names
-// the linear by its weight, hands its input to the capture hook, stops the block where asked and
+// The block's op table with the runner's hooks in front of every linear (RoutedOps numbers the
+// linears as Lin does): it hands the input to the capture hook, stops the block where asked and
 // applies the simulated activation quantization to a copy of the input.
-class HookedOps : public model::CpuOps {
+static_assert(static_cast<int>(Lin::Qkv) == 0 && static_cast<int>(Lin::FcProj) == 3);
+class HookedOps : public model::RoutedOps {
  public:
-  HookedOps(kernels::GemmLibrary lib, const Hooks& hooks, int layer,
-            const model::BlockWeights<float>& w, float* scratch)
-      : CpuOps(lib, nullptr), hooks_(hooks), layer_(layer), w_(w), scratch_(scratch) {}
+  HookedOps(kernels::GemmLibrary lib, const Hooks& hooks, const model::BlockLinear& linear,
+            int layer, const model::BlockWeights<float>& w, float* scratch)
+      : RoutedOps(lib, linear, layer, w), hooks_(hooks), scratch_(scratch) {}
 
-  void linear(float* out, const float* inp, const float* w, const float* b, std::int64_t N, int IC,
-              int OC) {
-    const float* x = input(w, inp, N, IC);
-    if (hooks_.linear)
-      hooks_.linear(layer_, site(w), out, x, b, N);
-    else
-      CpuOps::linear(out, x, w, b, N, IC, OC);
-  }
-  void linear_residual(float* out, const float* residual, const float* inp, const float* w,
-                       const float* b, std::int64_t N, int IC, int OC) {
-    const float* x = input(w, inp, N, IC);
-    if (!hooks_.linear) {
-      CpuOps::linear_residual(out, residual, x, w, b, N, IC, OC);
-      return;
-    }
-    std::vector<float> y(static_cast<std::size_t>(N) * OC);  // out may be the residual itself
-    hooks_.linear(layer_, site(w), y.data(), x, b, N);
-    for (std::size_t i = 0; i < y.size(); ++i) out[i] = residual[i] + y[i];
-  }
-  void linear_gelu(float* out, float* pre, const float* inp, const float* w, const float* b,
-                   std::int64_t N, int IC, int OC) {
-    const float* x = input(w, inp, N, IC);
-    if (!hooks_.linear) {
-      CpuOps::linear_gelu(out, pre, x, w, b, N, IC, OC);
-      return;
-    }
-    hooks_.linear(layer_, site(w), pre, x, b, N);
-    k::gelu_forward(out, pre, N * OC);
-  }
-
- private:
-  Lin site(const float* w) const {
-    if (w == w_.qkv_w) return Lin::Qkv;
-    if (w == w_.attproj_w) return Lin::AttnProj;
-    if (w == w_.fc_w) return Lin::Fc;
-    TESSERA_CHECK(w == w_.fcproj_w, "a linear of the block that is not one of its four sites");
-    return Lin::FcProj;
-  }
-  // x (N, cols): the input the GEMM reads.
-  const float* input(const float* w, const float* x, std::int64_t N, int cols) {
-    const Lin kind = site(w);
-    if (hooks_.capture) hooks_.capture(layer_, kind, x, N, cols);
-    if (hooks_.stop_after == static_cast<int>(kind)) throw StopBlock{};
+ protected:
+  const float* input(int site, const float* x, std::int64_t N, int cols) override {
+    const auto kind = static_cast<Lin>(site);
+    if (hooks_.capture) hooks_.capture(layer(), kind, x, N, cols);
+    if (hooks_.stop_after == site) throw StopBlock{};
     if (hooks_.act.mode == ActMode::None) return x;
     std::memcpy(scratch_, x, sizeof(float) * N * cols);
     fake_quant_activations(hooks_.act, scratch_, N, cols);
     return scratch_;
   }
 
+ private:
   const Hooks& hooks_;
-  int layer_;
-  const model::BlockWeights<float>& w_;
   float* scratch_;  // (N, max(C, ffn))
-};
-
-// Offsets of one block's activations for N rows in one buffer; total() floats.
-struct ActOffsets {
-  std::size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, act,
-      res3, end;
-  ActOffsets(const model::ModelConfig& cfg, std::size_t N) {
-    std::size_t off = 0;
-    auto take = [&](std::size_t n) { return std::exchange(off, off + (n + 15) / 16 * 16); };
-    const std::size_t C = cfg.n_embd;
-    ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(N * cfg.qkv_rows());
-    atty = take(N * C), lse = take(N * cfg.n_head), res2 = take(N * C), ln2 = take(N * C);
-    ln2_mean = take(N), ln2_rstd = take(N), fch = take(N * cfg.fc_rows());
-    act = take(N * cfg.ffn()), res3 = take(N * C);
-    end = off;
-  }
-  model::BlockActs<float> view(float* a) const {
-    return {a + ln1, a + ln1_mean, a + ln1_rstd, a + qkv, a + atty, a + lse, a + res2,
-            a + ln2, a + ln2_mean, a + ln2_rstd, a + fch, a + act,  a + res3};
-  }
 };
 
 }  // namespace
@@ -249,7 +191,7 @@ void Runner::ensure(std::int64_t N) {
   if (N <= cap_) return;
   const auto& cfg = layout_.config();
   cap_ = N;
-  acts_.resize(ActOffsets(cfg, N).end);
+  acts_.resize(model::BlockActOffsets(cfg, N).end);
   tmp_.resize(static_cast<std::size_t>(N) * std::max(cfg.n_embd, cfg.ffn()));
   x_.resize(static_cast<std::size_t>(N) * cfg.n_embd);
 }
@@ -273,8 +215,14 @@ void Runner::block(const float* P, int l, float* x, int B, int T, const Hooks& h
   ensure(N);
   const auto& lo = layout_.layers[l];
   const auto w = model::block_weights(lo, P + lo.begin);
-  const auto acts = ActOffsets(cfg, N).view(acts_.data());
-  HookedOps ops(gemm_, hooks, l, w, tmp_.data());
+  const auto acts = model::BlockActOffsets(cfg, N).view(acts_.data());
+  model::BlockLinear linear;
+  if (hooks.linear)
+    linear = [&hooks](int layer, int site, float* out, const float* x, const float* bias,
+                      std::int64_t n) {
+      hooks.linear(layer, static_cast<Lin>(site), out, x, bias, n);
+    };
+  HookedOps ops(gemm_, hooks, linear, l, w, tmp_.data());
   try {
     model::block_forward(ops, w, acts, x, model::block_shape(cfg, B, T));
   } catch (const StopBlock&) {

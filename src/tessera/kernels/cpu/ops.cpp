@@ -210,9 +210,6 @@ GemmLibrary per_thread_gemm(GemmLibrary) {
 }
 }  // namespace
 
-// Per (batch, head): S = scale * Q K^T (T,T) by GEMM, causal softmax row by row, O = P V.
-// Work is split over the B*NH (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN
-// detects the enclosing parallel region).
 namespace {
 // Where head h's q, and key-value head g's k and v, start in a qkv row of (NH + 2 KV) hs floats.
 struct QkvRow {
@@ -222,8 +219,43 @@ struct QkvRow {
   std::int64_t k(int g) const { return static_cast<std::int64_t>(NH + g) * hs; }
   std::int64_t v(int g) const { return static_cast<std::int64_t>(NH + KV + g) * hs; }
 };
+
+// One head's attention for Tq query rows at positions p .. p + Tq - 1 over the keys and values of
+// positions 0 .. p + Tq - 1, row i seeing those up to p + i: S (Tq, p + Tq) = scale * Q K^T by
+// GEMM, the softmax row by row (l: its log-sum-exp), o = P V. q, k, v: the head's first row, rows
+// ld apart; o rows ldo apart.
+void attend_head(GemmLibrary lib, std::vector<float>& S, float* o, std::int64_t ldo, float* l,
+                 const float* q, std::int64_t ldq, const float* k, const float* v,
+                 std::int64_t ldkv, int Tq, int p, int hs, float scale) {
+  const std::int64_t Tk = static_cast<std::int64_t>(p) + Tq;
+  S.resize(static_cast<std::size_t>(Tq) * Tk);
+  gemm(lib, false, true, Tq, Tk, hs, scale, q, ldq, k, ldkv, 0.0f, S.data(), Tk);
+  for (int i = 0; i < Tq; ++i) {
+    float* s = S.data() + static_cast<std::int64_t>(i) * Tk;
+    const int last = p + i;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j <= last; ++j) mx = std::max(mx, s[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= last; ++j) {
+      float e = exp_approx(s[j] - mx);
+      s[j] = e;
+      sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= last; ++j) s[j] *= inv;
+    for (std::int64_t j = last + 1; j < Tk; ++j) s[j] = 0.0f;
+    l[i] = mx + std::log(sum);
+  }
+  gemm(lib, false, false, Tq, hs, Tk, 1.0f, S.data(), Tk, v, ldkv, 0.0f, o, ldo);
+}
 }  // namespace
 
+// Per (batch, head): attend_head over the batch row's T positions (p = 0). Work is split over the
+// B*NH (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN detects the enclosing
+// parallel region).
 void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T,
                        int NH, int KV, int hs) {
   const QkvRow row{NH, KV, hs};
@@ -233,37 +265,35 @@ void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv
   lib = per_thread_gemm(lib);
 #pragma omp parallel
   {
-    std::vector<float> S(static_cast<std::size_t>(T) * T);
+    std::vector<float> S;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
         const float* base = qkv + static_cast<std::int64_t>(b) * T * W;
-        const float* q = base + row.q(h);
-        const float* k = base + row.k(h / group);
-        const float* v = base + row.v(h / group);
-        gemm(lib, false, true, T, T, hs, scale, q, W, k, W, 0.0f, S.data(), T);
-        float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
-        for (int i = 0; i < T; ++i) {
-          float* s = S.data() + static_cast<std::int64_t>(i) * T;
-          float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-          for (int j = 0; j <= i; ++j) mx = std::max(mx, s[j]);
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int j = 0; j <= i; ++j) {
-            float e = exp_approx(s[j] - mx);
-            s[j] = e;
-            sum += e;
-          }
-          float inv = 1.0f / sum;
-#pragma omp simd
-          for (int j = 0; j <= i; ++j) s[j] *= inv;
-          for (int j = i + 1; j < T; ++j) s[j] = 0.0f;
-          l[i] = mx + std::log(sum);
-        }
-        float* o = out + static_cast<std::int64_t>(b) * T * OC + row.q(h);
-        gemm(lib, false, false, T, hs, T, 1.0f, S.data(), T, v, W, 0.0f, o, OC);
+        attend_head(lib, S, out + static_cast<std::int64_t>(b) * T * OC + row.q(h), OC,
+                    lse + (static_cast<std::int64_t>(b) * NH + h) * T, base + row.q(h), W,
+                    base + row.k(h / group), base + row.v(h / group), W, T, 0, hs, scale);
       }
+    }
+  }
+}
+
+void attention_rows(GemmLibrary lib, float* out, float* lse, const float* q, std::int64_t ldq,
+                    const float* k, const float* v, std::int64_t ldkv, int Tq, int p, int NH,
+                    int KV, int hs) {
+  const std::int64_t OC = static_cast<std::int64_t>(NH) * hs;
+  const int group = NH / KV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  lib = per_thread_gemm(lib);
+#pragma omp parallel
+  {
+    std::vector<float> S;
+#pragma omp for schedule(static)
+    for (int h = 0; h < NH; ++h) {
+      const std::int64_t g = static_cast<std::int64_t>(h / group) * hs;
+      attend_head(lib, S, out + static_cast<std::int64_t>(h) * hs, OC,
+                  lse + static_cast<std::int64_t>(h) * Tq, q + static_cast<std::int64_t>(h) * hs,
+                  ldq, k + g, v + g, ldkv, Tq, p, hs, scale);
     }
   }
 }

@@ -97,6 +97,13 @@ void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int6
 // probabilities, so memory is O(B*NH*T) instead of O(B*NH*T*T).
 void attention_forward(GemmLibrary lib, float* out, float* lse, const float* qkv, int B, int T,
                        int NH, int KV, int hs);
+// The same for Tq query rows at positions p .. p + Tq - 1 after p earlier ones (a prompt fed to a
+// KV cache in chunks): q (Tq rows ldq apart, NH heads of hs), k and v (p + Tq rows ldkv apart, KV
+// heads each: the cache); row i sees positions 0 .. p + i. out (Tq, NH*hs), lse (NH, Tq). p = 0
+// with q, k, v in one qkv row is attention_forward over one batch row.
+void attention_rows(GemmLibrary lib, float* out, float* lse, const float* q, std::int64_t ldq,
+                    const float* k, const float* v, std::int64_t ldkv, int Tq, int p, int NH,
+                    int KV, int hs);
 // dqkv (B,T,(NH+2KV)*hs) = (overwrite) from dout (B,T,NH*hs); needs out and lse from the forward.
 void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int B, int T, int NH, int KV, int hs);
