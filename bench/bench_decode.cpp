@@ -12,6 +12,9 @@
 //    printed beside it ("at start");
 //  - prefill against compute: the linears' FLOPs / oneDNN's fp32 GEMM rate on the model's largest
 //    shape (the packed prefill decodes tiles of the weight to fp32 and multiplies them with it).
+//    Below each format, a prompt of --prefill tokens fed to the decoder whole (Decoder::prefill:
+//    the linears, norms and causal attention over all of them, the head on the last) beside the
+//    same prompt fed step by step, as sampling fed it before the decoder had prefill.
 // Decode time is split into the block linears, the head and the rest (norms, rotary, attention
 // over the cache, sampling excluded: the bench feeds fixed tokens). ms/tok is the best of
 // --rounds, the median round printed beside it; the GEMM rate is the best of 3. The default
@@ -186,6 +189,32 @@ double time_prefill(const model::ParamLayout& layout, const float* params,
   return best;
 }
 
+// A prompt of N tokens into the decoder, the last one's logits: Decoder::prefill (all at once)
+// and N steps, the best of `rounds` each (the steps: at most 2, they are the slow ones).
+struct Prompt {
+  double prefill_s = 0, steps_s = 0;
+};
+Prompt time_prompt(const model::ParamLayout& layout, const float* params,
+                   const model::DecoderKernels& kernels, model::KvCache kv, int N, int rounds) {
+  const auto& cfg = layout.config();
+  std::vector<std::int32_t> toks(N);
+  for (int t = 0; t < N; ++t) toks[t] = (t * 7919 + 11) % cfg.vocab_size;
+  model::Decoder dec(layout, params, N, kernels::GemmLibrary::OneDnn, kernels, kv);
+  Prompt best{1e30, 1e30};
+  for (int round = 0; round < rounds; ++round) {
+    dec.reset();
+    auto t0 = clock_type::now();
+    dec.prefill(toks.data(), N);
+    best.prefill_s = std::min(best.prefill_s, since(t0));
+    if (round >= 2) continue;
+    dec.reset();
+    t0 = clock_type::now();
+    for (int t = 0; t < N; ++t) dec.step(toks[t], t + 1 == N);
+    best.steps_s = std::min(best.steps_s, since(t0));
+  }
+  return best;
+}
+
 double linear_flops_per_token(const model::ModelConfig& cfg) {
   double f = 2.0 * cfg.n_embd * cfg.padded_vocab();
   for (int k = 0; k < quant::k_num_lin; ++k)
@@ -307,6 +336,7 @@ int main(int argc, char** argv) {
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
     const auto ds = time_decode(layout, params, kernels, context, tokens, rounds, weights, kvs);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
+    const Prompt prompt = time_prompt(layout, params, kernels, kvs[0], prefill, rounds);
     const double clock_ghz = bench::core_clock_ghz();
     if (f.wq.bits == 0) fp32_step = ds[0].step_s;
     for (std::size_t i = 0; i < kvs.size(); ++i) {
@@ -333,6 +363,11 @@ int main(int argc, char** argv) {
           "GHz after them)\n",
           "", read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9, clock_ghz);
     }
+    std::printf(
+        "%-8s (a prompt of %d tokens into the decoder: prefill %.0f ms, %.0f tokens/s; step by "
+        "step %.0f ms, %.0f tokens/s; %.1fx)\n",
+        "", prefill, prompt.prefill_s * 1e3, prefill / prompt.prefill_s, prompt.steps_s * 1e3,
+        prefill / prompt.steps_s, prompt.steps_s / prompt.prefill_s);
   }
   fs::remove_all(tmp);
   std::printf(
