@@ -484,7 +484,7 @@ const float* Decoder::query_and_cache(int l, int t) {
   const auto& cfg = layout_.config();
   const int NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim();
   const int i = omp_get_thread_num();
-  const std::size_t KVC = static_cast<std::size_t>(KV) * hs, QC = static_cast<std::size_t>(NH) * hs;
+  const std::size_t QC = static_cast<std::size_t>(NH) * hs;
   const float* q = qkv_.data();
   if (cfg.llama()) {
     float* own = q_.data() + static_cast<std::size_t>(i) * QC;
@@ -493,18 +493,25 @@ const float* Decoder::query_and_cache(int l, int t) {
     q = own;
   }
   if (i == omp_get_num_threads() - 1) {
-    const std::size_t row = (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
     float* k = qkv_.data() + QC;  // the k and v heads, which no other thread reads
     if (cfg.llama()) k::rope_rotate_heads(k, 0, KV, hs, cos_.data(), sin_.data());
-    if (kv_ == KvCache::F16) {
-      to_half(k_half_.data() + row, k, static_cast<int>(KVC));
-      to_half(v_half_.data() + row, k + KVC, static_cast<int>(KVC));
-    } else {
-      std::copy(k, k + KVC, k_cache_.data() + row);
-      std::copy(k + KVC, k + 2 * KVC, v_cache_.data() + row);
-    }
+    keep_kv(l, t, k);
   }
   return q;
+}
+
+// Position t of layer l: its keys kv (KV heads) and values kv + KV * hs into the cache.
+void Decoder::keep_kv(int l, int t, const float* kv) {
+  const auto& cfg = layout_.config();
+  const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const std::size_t row = (static_cast<std::size_t>(l) * max_T_ + t) * KVC;
+  if (kv_ == KvCache::F16) {
+    to_half(k_half_.data() + row, kv, static_cast<int>(KVC));
+    to_half(v_half_.data() + row, kv + KVC, static_cast<int>(KVC));
+  } else {
+    std::copy(kv, kv + KVC, k_cache_.data() + row);
+    std::copy(kv + KVC, kv + 2 * KVC, v_cache_.data() + row);
+  }
 }
 
 namespace {
@@ -762,17 +769,7 @@ void Decoder::attend_chunk(int l, int p, float* out, float* lse, const float* qk
   const std::size_t W = cfg.qkv_rows(), QC = static_cast<std::size_t>(NH) * hs;
   const std::size_t KVC = static_cast<std::size_t>(KV) * hs;
   const std::size_t layer = static_cast<std::size_t>(l) * max_T_ * KVC;
-  for (int i = 0; i < m; ++i) {  // the keys (llama: rotated) and values, as step() keeps them
-    const float* k = qkv + i * W + QC;
-    const std::size_t row = layer + (static_cast<std::size_t>(p) + i) * KVC;
-    if (kv_ == KvCache::F16) {
-      to_half(k_half_.data() + row, k, static_cast<int>(KVC));
-      to_half(v_half_.data() + row, k + KVC, static_cast<int>(KVC));
-    } else {
-      std::copy(k, k + KVC, k_cache_.data() + row);
-      std::copy(k + KVC, k + 2 * KVC, v_cache_.data() + row);
-    }
-  }
+  for (int i = 0; i < m; ++i) keep_kv(l, p + i, qkv + i * W + QC);  // (llama: k rotated)
   const std::size_t seen = (static_cast<std::size_t>(p) + m) * KVC;
   const float *kc = k_cache_.data() + layer, *vc = v_cache_.data() + layer;
   std::vector<float> wide;

@@ -231,6 +231,7 @@ class Decoder {
   // The parts of a step, each run by every thread of the team.
   void layer(int l, int t);
   void logits_of_x();  // logits_ of the residual stream x_ (the final norm and the head)
+  void keep_kv(int l, int t, const float* kv);
   void attend_chunk(int l, int p, float* out, float* lse, const float* qkv, int m);
   void linear(int layer, int which, float* out, const float* in, const float* weight,
               const float* bias, int IC, int OC, bool accumulate);
