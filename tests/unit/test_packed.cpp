@@ -154,8 +154,12 @@ void check_case(const Case& k) {
   for (Isa isa : isas()) {
     SCOPED_TRACE(fmt::format("{} cols {} act_order {} in_scale {} isa {}", p.describe(), k.cols,
                              k.act_order, k.in_scale, isa_name(isa)));
-    std::vector<float> y(k.rows), Y(std::size_t(N) * k.rows);
+    std::vector<float> y(k.rows), Y(std::size_t(N) * k.rows), Y8(Y.size()), Y8t(Y.size());
     packed_matmul(p, Y.data(), X.data(), nullptr, N, isa);
+    // The int8 matrix-matrix product is the int8 matvec row by row, bit for bit (its kernel over
+    // runs of tiles), with the input rounded per block or per row.
+    packed_matmul_q8(p, Y8.data(), X.data(), nullptr, N, isa);
+    packed_matmul_q8(p, Y8t.data(), X.data(), nullptr, N, isa, ActScale::PerRow);
     for (std::int64_t m = 0; m < N; ++m) {
       packed_matvec(p, y.data(), X.data() + m * k.cols, nullptr, isa);
       for (int r = 0; r < k.rows; ++r) {
@@ -163,9 +167,13 @@ void check_case(const Case& k) {
         ASSERT_NEAR(y[r], yref[i], bound[i]) << "matvec row " << m << " out " << r;
         ASSERT_NEAR(Y[i], yref[i], bound[i]) << "matmul row " << m << " out " << r;
       }
+      packed_matvec_q8(p, y.data(), X.data() + m * k.cols, nullptr, isa, ActScale::PerRow);
+      for (int r = 0; r < k.rows; ++r)
+        ASSERT_EQ(Y8t[m * k.rows + r], y[r]) << "int8 matmul, per row, row " << m << " out " << r;
       packed_matvec_q8(p, y.data(), X.data() + m * k.cols, nullptr, isa);
       for (int r = 0; r < k.rows; ++r) {
         const std::size_t i = m * k.rows + r;
+        ASSERT_EQ(Y8[i], y[r]) << "int8 matmul row " << m << " out " << r;
         const Q8Ref q8 = q8_reference(p, ref, r, X.data() + m * k.cols);
         ASSERT_NEAR(y[r], q8.exact, q8.round) << "int8 matvec row " << m << " out " << r;
         ASSERT_NEAR(y[r], yref[i], bound[i] + q8.quant + q8.round) << "int8 matvec, to fp32";
@@ -210,6 +218,10 @@ TEST(Packed, ScaleTypesAndBias) {
       std::vector<float> acc(20, 1.0f), part(20, -7.0f);
       packed_matvec_q8_tiles(p, in, acc.data(), bias.data(), true, 0, p.tiles(), isa);
       packed_matvec_q8_tiles(p, in, part.data(), nullptr, false, 1, p.tiles(), isa);
+      std::vector<float> mm(20);
+      packed_matmul_q8(p, mm.data(), x.data(), bias.data(), 1, isa);
+      for (int r = 0; r < 20; ++r)
+        EXPECT_EQ(mm[r], y0[r] + bias[r]) << isa_name(isa) << " row " << r;
       for (int r = 0; r < 20; ++r) {
         EXPECT_EQ(acc[r], 1.0f + (y0[r] + bias[r])) << isa_name(isa) << " row " << r;
         EXPECT_EQ(part[r], r < 8 ? -7.0f : y0[r]) << isa_name(isa) << " row " << r;

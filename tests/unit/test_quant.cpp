@@ -1084,20 +1084,20 @@ TEST(QuantPacked, PerTokenW8A8FilesDecodeAsTheirSimulation) {
   }
 }
 
-// A prompt fed at once (Decoder::prefill: the packed matrix-matrix kernel, as eval runs a window)
-// leaves the cache the step-by-step decoder would have left, for the same model: the logits at the
-// prompt's last position and at every step after it agree with decoding the prompt token by token.
-// Prompt of half a window, then the other half decoded, 2 windows:
-//  - fp32 activations (both paths the packed weights with fp32 inputs, summed in another order,
-//    each weight rounded once more in the tiles): every logit within 1e-3 of the largest
-//    logit's magnitude, the bound of the window test below (measured: 3-5e-7);
-//  - int8 activations (the default: the steps round their inputs to int8, the prefill does not,
-//    as eval does not): the mean KL divergence from decoding token by token is below a quarter of
-//    the 4-bit weights' own KL from the fp32 model, as for int8 activations above (measured:
-//    0.3-0.4% of it);
-//  - a per-token W8A8 file (the prefill rounds each linear's input to int8 per token, as the
-//    simulation of that model does): below a tenth of the model's KL, as for its decoding above
-//    (measured: 1e-4 of it and less).
+// A prompt fed at once (Decoder::prefill) leaves the cache the step-by-step decoder would have
+// left, for the same model: the logits at the prompt's last position and at every step after it
+// agree with decoding the prompt token by token. Prompt of half a window, then the other half
+// decoded, 2 windows:
+//  - fp32 activations (the prefill's packed matrix-matrix kernel against the steps' matrix-vector
+//    one: the same weights and fp32 inputs summed in another order, each weight rounded once more
+//    in the tiles): every logit within 1e-3 of the largest logit's magnitude, the bound of the
+//    window test below (measured: 3-5e-7);
+//  - int8 activations (the default; the prefill runs the steps' kernel over the prompt's rows,
+//    each row's input rounded to int8 as a step rounds it) and a per-token W8A8 file: the same
+//    values up to the order of fp32 sums elsewhere in the block, which can move an input across a
+//    rounding boundary now and then, so the check is the mean KL divergence from decoding token
+//    by token: below a tenth of the quantized model's own KL from the fp32 model, as for the
+//    per-token files' decoding above (measured: 1e-4 of it and less).
 TEST(QuantPacked, PrefillThroughThePackedKernelsLeavesTheCacheOfTheSteps) {
   for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
     if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
@@ -1164,7 +1164,7 @@ TEST(QuantPacked, PrefillThroughThePackedKernelsLeavesTheCacheOfTheSteps) {
         "(W4's {:.3e}); W8A8 per token: KL {:.3e} (the model's {:.3e})",
         model::describe(tm->cfg), worst, kl_a8, kl_w4, kl_pt, kl_model));
     EXPECT_LT(worst, 1e-3);
-    EXPECT_LT(kl_a8, 0.25 * kl_w4);
+    EXPECT_LT(kl_a8, 0.1 * kl_w4);
     EXPECT_LT(kl_pt, 0.1 * kl_model);
     std::printf(
         "%s: prefill vs steps: %.2e of the largest logit (fp32 activations), KL %.2e "

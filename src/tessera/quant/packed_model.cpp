@@ -71,20 +71,16 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
     product(linears[static_cast<std::size_t>(layer) * k_num_lin + which], out, in, bias, accumulate,
             act_scale);
   };
-  // A prompt's rows at once (Decoder::prefill): the packed matrix-matrix kernel, as eval runs a
-  // window, its input the fp32 values or, for the files that quantize activations per token, those
-  // rounded to int8 per token (the simulation of the model they define; the step's int8 products
-  // compute the same up to summation order).
+  // A prompt's rows at once (Decoder::prefill), their inputs taken as the steps take them: with
+  // int8 activations the step's kernel over runs of tiles for every row (the same values), else
+  // the packed matrix-matrix kernel over fp32 inputs (the same model, as eval runs a window).
   k.matmul = [this](int layer, int site, float* out, const float* x, const float* bias,
                     std::int64_t N) {
     const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + site];
-    if (act_scale == ActScale::PerRow) {
-      std::vector<float> rounded(x, x + N * w.cols);
-      fake_quant_activations(ActQuant{ActMode::PerToken}, rounded.data(), N, w.cols);
-      packed_matmul(w, out, rounded.data(), bias, N, isa);
-    } else {
+    if (int8_activations)
+      packed_matmul_q8(w, out, x, bias, N, isa, act_scale);
+    else
       packed_matmul(w, out, x, bias, N, isa);
-    }
   };
   const PackedLinear* h = head_matrix();
   if (h)

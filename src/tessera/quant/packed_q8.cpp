@@ -268,6 +268,26 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
   }
 }
 
+void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
+                      std::int64_t N, Isa isa, ActScale scale) {
+  require_isa(isa);
+  if (N <= 0) return;
+  std::vector<Q8Input> in(static_cast<std::size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) quantize_q8(w, X + n * w.cols, scale, isa, in[n]);
+  // Runs of tiles whose codes fill about half of L1 (at least one tile): every row of X passes
+  // over a run while its codes stay in cache.
+  const std::int64_t tile_bytes = std::int64_t(k_tile_rows) * w.colsp * w.storage_bits / 8;
+  const int run = static_cast<int>(std::max<std::int64_t>(1, 16384 / tile_bytes));
+  const int ntiles = w.tiles(), nruns = (ntiles + run - 1) / run;
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < nruns; ++r) {
+    const int t0 = r * run, t1 = std::min(ntiles, t0 + run);
+    for (std::int64_t n = 0; n < N; ++n)
+      packed_matvec_q8_tiles(w, in[n], Y + n * w.rows, bias, false, t0, t1, isa);
+  }
+}
+
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,
                        ActScale scale, Isa isa) {
   Q8Input in;
