@@ -336,7 +336,8 @@ int main(int argc, char** argv) {
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
     const auto ds = time_decode(layout, params, kernels, context, tokens, rounds, weights, kvs);
     const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
-    const Prompt prompt = time_prompt(layout, params, kernels, kvs[0], prefill, rounds);
+    const Prompt prompt =
+        prefill > 0 ? time_prompt(layout, params, kernels, kvs[0], prefill, rounds) : Prompt{};
     const double clock_ghz = bench::core_clock_ghz();
     if (f.wq.bits == 0) fp32_step = ds[0].step_s;
     for (std::size_t i = 0; i < kvs.size(); ++i) {
@@ -363,11 +364,12 @@ int main(int argc, char** argv) {
           "GHz after them)\n",
           "", read_bytes / 1e6, read_bytes / *rhi / 1e9, read_bytes / *rlo / 1e9, clock_ghz);
     }
-    std::printf(
-        "%-8s (a prompt of %d tokens into the decoder: prefill %.0f ms, %.0f tokens/s; step by "
-        "step %.0f ms, %.0f tokens/s; %.1fx)\n",
-        "", prefill, prompt.prefill_s * 1e3, prefill / prompt.prefill_s, prompt.steps_s * 1e3,
-        prefill / prompt.steps_s, prompt.steps_s / prompt.prefill_s);
+    if (prefill > 0)
+      std::printf(
+          "%-8s (a prompt of %d tokens into the decoder: prefill %.0f ms, %.0f tokens/s; step by "
+          "step %.0f ms, %.0f tokens/s; %.1fx)\n",
+          "", prefill, prompt.prefill_s * 1e3, prefill / prompt.prefill_s, prompt.steps_s * 1e3,
+          prefill / prompt.steps_s, prompt.steps_s / prompt.prefill_s);
   }
   fs::remove_all(tmp);
   std::printf(

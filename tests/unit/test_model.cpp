@@ -193,6 +193,8 @@ TEST_P(ModelFamilies, KvCacheDecoderPrefillEqualsTheFullForward) {
         }
       }
   model::Decoder dec(layout, p.data(), T / 2, kernels::GemmLibrary::OneDnn);
+  EXPECT_EQ(dec.prefill(x.data(), 0), nullptr);  // nothing to feed
+  EXPECT_EQ(dec.position(), 0);
   EXPECT_EQ(dec.prefill(x.data(), 3, false), nullptr);  // no logits asked: none computed
   EXPECT_EQ(dec.position(), 3);
   dec.reset();

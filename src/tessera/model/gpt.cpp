@@ -786,7 +786,8 @@ void Decoder::attend_chunk(int l, int p, float* out, float* lse, const float* qk
 
 const float* Decoder::prefill(const std::int32_t* tokens, int n, bool want_logits) {
   const auto& cfg = layout_.config();
-  TESSERA_CHECK(n > 0, "prefill of {} tokens", n);
+  TESSERA_CHECK(n >= 0, "prefill of {} tokens", n);
+  if (n == 0) return nullptr;
   if (n > max_T_ - pos_)
     throw Error(
         fmt::format("{} more tokens do not fit the context of {} ({} held)", n, max_T_, pos_),

@@ -208,7 +208,7 @@ class Decoder {
   // attention over the cache), each layer's keys and values kept in the cache as n step()s would
   // leave them, up to the order of fp32 sums (with packed kernels: DecoderKernels::matmul's
   // products; without one, step by step). Returns the logits of the last token, or nullptr when
-  // `logits` is false. ~10x faster than step() per token on fp32 weights.
+  // `logits` is false or n is 0. ~10x faster than step() per token on fp32 weights.
   const float* prefill(const std::int32_t* tokens, int n, bool logits = true);
   static constexpr int k_prefill_rows = 512;
   int position() const { return pos_; }
