@@ -771,7 +771,7 @@ void Decoder::attend_chunk(int l, int p, float* out, float* lse, const float* qk
   const std::size_t layer = static_cast<std::size_t>(l) * max_T_ * KVC;
   for (int i = 0; i < m; ++i) keep_kv(l, p + i, qkv + i * W + QC);  // (llama: k rotated)
   const std::size_t seen = (static_cast<std::size_t>(p) + m) * KVC;
-  const float *kc = k_cache_.data() + layer, *vc = v_cache_.data() + layer;
+  const float *kc = nullptr, *vc = nullptr;  // (the other cache's buffers are empty)
   std::vector<float> wide;
   if (kv_ == KvCache::F16) {
     wide.resize(2 * seen);
@@ -779,6 +779,9 @@ void Decoder::attend_chunk(int l, int p, float* out, float* lse, const float* qk
     from_half(wide.data() + seen, v_half_.data() + layer, seen);
     kc = wide.data();
     vc = wide.data() + seen;
+  } else {
+    kc = k_cache_.data() + layer;
+    vc = v_cache_.data() + layer;
   }
   k::attention_rows(gemm_, out, lse, qkv, static_cast<std::int64_t>(W), kc, vc,
                     static_cast<std::int64_t>(KVC), m, p, NH, KV, hs);
