@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -281,36 +282,40 @@ TEST(Model, KvCacheDecoderMatchesFullForwardAtOtherHeadSizes) {
   // The decoder sums the weighted values of head sizes 64 and 128 (most llamas) in registers of
   // a fixed size, others in a loop over the head size (the tiny models above: 8); so does its
   // fp16 cache. 12 is not a multiple of 8, the vectors' width: the dot products' and the fp16
-  // conversions' tails.
-  for (int hs : {12, 64, 128}) {
-    auto cfg = tiny_llama();
-    cfg.n_head = 2;
-    cfg.n_kv_head = 1;
-    cfg.n_embd = 2 * hs;
-    cfg.block_size = 12;
-    model::ParamLayout layout(cfg);
-    Buffer<float> p(layout.total());
-    model::init_params(layout, p.data(), 13);
-    const int T = cfg.block_size, Vp = cfg.padded_vocab();
-    auto x = random_tokens(T, cfg.vocab_size, 7);
-    model::Activations a;
-    model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
-    model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
-    model::Decoder d16(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {}, model::KvCache::F16);
-    const double u = std::ldexp(1.0, -11);
-    for (int t = 0; t < T; ++t) {
-      const float* l = dec.step(x[t]);
-      const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
-      for (int v = 0; v < cfg.vocab_size; ++v)
-        ASSERT_NEAR(l[v], ref[v], 2e-5) << "head size " << hs << " t=" << t << " v=" << v;
-      const float* h = d16.step(x[t]);  // the fp16 cache: bound as in KvCacheDecoderWithFp16Cache
-      double scale = 0;
-      for (int v = 0; v < cfg.vocab_size; ++v) scale = std::max(scale, std::fabs(double(ref[v])));
-      for (int v = 0; v < cfg.vocab_size; ++v)
-        ASSERT_NEAR(h[v], ref[v], 4 * u * (1 + scale))
-            << "fp16 cache, head size " << hs << " t=" << t;
+  // conversions' tails. Groups of 1, 2 and 4 query heads per key-value head, and 300 positions,
+  // so that each thread's share of the attention (up to a team of 4) is long, as in real use.
+  for (int hs : {12, 64, 128})
+    for (const auto& [heads, kv_heads] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{3, 3}}) {
+      SCOPED_TRACE(fmt::format("head size {}, {} heads, {} key-value heads", hs, heads, kv_heads));
+      auto cfg = tiny_llama();
+      cfg.n_head = heads;
+      cfg.n_kv_head = kv_heads;
+      cfg.n_embd = heads * hs;
+      cfg.block_size = 300;
+      model::ParamLayout layout(cfg);
+      Buffer<float> p(layout.total());
+      model::init_params(layout, p.data(), 13);
+      const int T = cfg.block_size, Vp = cfg.padded_vocab();
+      auto x = random_tokens(T, cfg.vocab_size, 7);
+      model::Activations a;
+      model::forward(layout, p.data(), a, x.data(), nullptr, 1, T, {});
+      model::Decoder dec(layout, p.data(), T, kernels::GemmLibrary::OneDnn);
+      model::Decoder d16(layout, p.data(), T, kernels::GemmLibrary::OneDnn, {},
+                         model::KvCache::F16);
+      const double u = std::ldexp(1.0, -11);
+      for (int t = 0; t < T; ++t) {
+        const float* l = dec.step(x[t]);
+        const float* ref = a.at(a.logits) + std::size_t(t) * Vp;
+        for (int v = 0; v < cfg.vocab_size; ++v)
+          ASSERT_NEAR(l[v], ref[v], 2e-5) << "head size " << hs << " t=" << t << " v=" << v;
+        const float* h = d16.step(x[t]);  // the fp16 cache: bound as in KvCacheDecoderWithFp16Cache
+        double scale = 0;
+        for (int v = 0; v < cfg.vocab_size; ++v) scale = std::max(scale, std::fabs(double(ref[v])));
+        for (int v = 0; v < cfg.vocab_size; ++v)
+          ASSERT_NEAR(h[v], ref[v], 4 * u * (1 + scale))
+              << "fp16 cache, head size " << hs << " t=" << t;
+      }
     }
-  }
 }
 
 TEST(Model, TeamSharesCoverTheRangeInOrder) {
