@@ -237,18 +237,21 @@ class Decoder {
               const float* bias, int IC, int OC, bool accumulate);
   const float* query_and_cache(int l, int t);
   template <typename T>
+  void attend(const float* q, const T* kc, const T* vc, int t);
+  template <int HS, typename T>
   void attend_share(const float* q, const T* kc, const T* vc, int t);
   void attend_combine(float* out) const;
 
   // (L, max_T, n_kv_head * head_dim): fp32 or fp16 bits, the other pair empty
   Buffer<float> k_cache_, v_cache_;
   Buffer<std::uint16_t> k_half_, v_half_;
-  Buffer<float> x_, qkv_, fch_, act_, logits_, scores_;
+  Buffer<float> x_, qkv_, fch_, act_, logits_;
   // Per thread of the team (sized for the largest team so far): the normed input and the attention
   // output (C each) and the rotated query (n_head * head_dim), which every thread computes whole
   // from shared values, and its attention partials over its positions (per head: max score, sum of
-  // exp, then head_dim weighted values).
-  Buffer<float> ln_, att_, q_, part_;
+  // exp, then head_dim weighted values), and a block's scores (n_head rows of a block) with each
+  // head's rescaling factor.
+  Buffer<float> ln_, att_, q_, part_, block_;
   std::vector<double> inv_freq_;  // llama's rotary inverse frequencies (head_dim / 2)
   std::vector<float> cos_, sin_;  // the rotation of the step's position (head_dim / 2)
 };
