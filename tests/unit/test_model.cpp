@@ -279,11 +279,14 @@ TEST_P(ModelFamilies, KvCacheDecoderWithFp16Cache) {
 }
 
 TEST(Model, KvCacheDecoderMatchesFullForwardAtOtherHeadSizes) {
-  // The decoder sums the weighted values of head sizes 64 and 128 (most llamas) in registers of
-  // a fixed size, others in a loop over the head size (the tiny models above: 8); so does its
+  // The decoder's attention has kernels for head sizes 64 and 128 (most llamas): the scores of 8
+  // positions at a time and the weighted values of up to 3 heads of a group at once, in
+  // registers; other sizes (the tiny models above: 8) take loops over the head size; so does its
   // fp16 cache. 12 is not a multiple of 8, the vectors' width: the dot products' and the fp16
-  // conversions' tails. Groups of 1, 2 and 4 query heads per key-value head, and 300 positions,
-  // so that each thread's share of the attention (up to a team of 4) is long, as in real use.
+  // conversions' tails. Groups of 1, 2 and 4 query heads per key-value head (4: a pass of 3 and
+  // one of 1). 300 positions: each thread's share (up to a team of 4) spans blocks of 64
+  // positions, whose softmax is merged as it goes (a later block with a larger max rescales the
+  // sums so far), and ends in a block of any length.
   for (int hs : {12, 64, 128})
     for (const auto& [heads, kv_heads] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{3, 3}}) {
       SCOPED_TRACE(fmt::format("head size {}, {} heads, {} key-value heads", hs, heads, kv_heads));

@@ -629,7 +629,10 @@ void block_scores(float* sc, const float* q, const T* k, std::size_t ld, int n, 
       _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8<HS>(q, k + j * ld, ld), s));
     }
 #endif
-  for (; j < n; ++j) sc[j] = dot8(q, k + j * ld, hs) * scale;
+  for (; j < n; ++j) {  // other head sizes (and the tail): the same prefetch, one dot at a time
+    if (j % 8 == 0 && j + 8 <= n) ahead.part(piece++);
+    sc[j] = dot8(q, k + j * ld, hs) * scale;
+  }
 }
 
 // The online softmax of one head over a block: its running max m and sum s (in part[0], part[1])
