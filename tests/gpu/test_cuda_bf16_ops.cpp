@@ -81,6 +81,90 @@ TEST_P(CudaBf16LayerNorm, ForwardBackward) {
   for (int i = 0; i < N * C; ++i) ASSERT_EQ(copy[i], to_bf16(got_dinp[i])) << "bf16 copy " << i;
 }
 
+// The llama ops with bf16 activations. RMSNorm at C = 100 (the general warp-per-row kernel), 96
+// and 768 (the 16-byte kernel shared with LayerNorm, 1 and 3 chunks per lane), bounds as for
+// LayerNorm above. The rotation and SwiGLU: bf16 inputs rounded on the host, the same fp32
+// arithmetic on both sides (cos and sin from the same double angles; exp within ~2e-7
+// relative), so the difference is the bf16 rounding of the output: u16 relative, plus 1e-6.
+// Rows of 37 tokens and widths F = 40 (8 columns at a time) and 36 (one at a time).
+class CudaBf16RmsNorm : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Widths, CudaBf16RmsNorm, ::testing::Values(100, 96, 768));
+
+TEST_P(CudaBf16RmsNorm, ForwardBackward) {
+  REQUIRE_GPU();
+  const int N = 37, C = GetParam();
+  Rng rng(23);
+  auto x = randn(rng, N * C, 2.0f, 0.5f), w = randn(rng, C, 0.5f, 1.0f);
+  std::vector<float> ref(N * C), rstd(N);
+  cpu::rmsnorm_forward(ref.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  auto dx = upload(x), dw = upload(w);
+  gpu::DeviceBuffer out(N * C * 2), drstd(N * 4);
+  gpu::rmsnorm_forward_bf16(out.as<std::uint16_t>(), drstd.as<float>(), dx.as<float>(),
+                            dw.as<float>(), N, C, 1e-5f, nullptr);
+  expect_within(widen(download<std::uint16_t>(out, N * C)), ref, bounds(ref, k_u_bf16, 1e-5),
+                "rmsnorm_forward_bf16");
+  expect_close(download<float>(drstd, N), rstd, 0, 1e-5, "rstd");
+
+  std::vector<float> g_r;
+  auto g16 = bf16_of(randn(rng, N * C), g_r);
+  auto dinp0 = randn(rng, N * C), dw0 = randn(rng, C);
+  std::vector<float> ref_dinp = dinp0, ref_dw = dw0;
+  cpu::rmsnorm_backward(ref_dinp.data(), ref_dw.data(), g_r.data(), x.data(), w.data(), rstd.data(),
+                        N, C);
+  auto d_dinp = upload(dinp0), d_dw = upload(dw0), d_g = upload(g16);
+  gpu::DeviceBuffer copy16(N * C * 2);
+  gpu::rmsnorm_backward_bf16(d_dinp.as<float>(), copy16.as<std::uint16_t>(), d_dw.as<float>(),
+                             d_g.as<std::uint16_t>(), dx.as<float>(), dw.as<float>(),
+                             drstd.as<float>(), N, C, nullptr);
+  auto got_dinp = download<float>(d_dinp, N * C);
+  expect_close(got_dinp, ref_dinp, 2e-5, 1e-5, "rmsnorm_backward_bf16 dinp");
+  expect_close(download<float>(d_dw, C), ref_dw, 2e-5, 1e-5, "dweight");
+  auto copy = download<std::uint16_t>(copy16, N * C);
+  for (int i = 0; i < N * C; ++i) ASSERT_EQ(copy[i], to_bf16(got_dinp[i])) << "bf16 copy " << i;
+}
+
+TEST(CudaBf16Ops, RopeAndSwiGluMatchCpu) {
+  REQUIRE_GPU();
+  Rng rng(29);
+  const int B = 2, T = 37, NH = 4, KV = 2, hs = 64;
+  const std::int64_t N = B * T, W = (NH + 2 * KV) * hs;
+  std::vector<double> inv(hs / 2);
+  for (int i = 0; i < hs / 2; ++i) inv[i] = std::pow(10000.0, -2.0 * i / hs);
+  for (const bool back : {false, true}) {
+    std::vector<float> r;
+    auto q16 = bf16_of(randn(rng, N * W), r);
+    if (back)
+      cpu::rope_backward(r.data(), B, T, NH, KV, hs, inv.data());
+    else
+      cpu::rope_forward(r.data(), B, T, NH, KV, hs, inv.data());
+    auto d_q = upload(q16);
+    if (back)
+      gpu::rope_backward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
+    else
+      gpu::rope_forward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
+    expect_within(widen(download<std::uint16_t>(d_q, N * W)), r, bounds(r, k_u_bf16, 1e-6),
+                  back ? "rope_backward_bf16" : "rope_forward_bf16");
+  }
+  for (const int F : {40, 36}) {
+    std::vector<float> in_r, gd_r;
+    auto in16 = bf16_of(randn(rng, N * 2 * F, 2.0f), in_r);
+    auto gd16 = bf16_of(randn(rng, N * F), gd_r);
+    std::vector<float> so(N * F), sd(N * 2 * F);
+    cpu::swiglu_forward(so.data(), in_r.data(), N, F);
+    cpu::swiglu_backward(sd.data(), gd_r.data(), in_r.data(), N, F);
+    auto d_in = upload(in16), d_gd = upload(gd16);
+    gpu::DeviceBuffer d_so(N * F * 2), d_sd(N * 2 * F * 2);
+    gpu::swiglu_forward_bf16(d_so.as<std::uint16_t>(), d_in.as<std::uint16_t>(), N, F, nullptr);
+    gpu::swiglu_backward_bf16(d_sd.as<std::uint16_t>(), d_gd.as<std::uint16_t>(),
+                              d_in.as<std::uint16_t>(), N, F, nullptr);
+    const double rel = k_u_bf16 + 1e-6;
+    expect_within(widen(download<std::uint16_t>(d_so, N * F)), so, bounds(so, rel, 1e-6),
+                  "swiglu_forward_bf16 F=" + std::to_string(F));
+    expect_within(widen(download<std::uint16_t>(d_sd, N * 2 * F)), sd, bounds(sd, rel, 1e-6),
+                  "swiglu_backward_bf16 F=" + std::to_string(F));
+  }
+}
+
 TEST(CudaBf16Ops, GeluAndBiasBackward) {
   REQUIRE_GPU();
   const int n = 1003;  // not a multiple of 8: the scalar tail too

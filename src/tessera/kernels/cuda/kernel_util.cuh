@@ -1,6 +1,7 @@
 // Shared helpers of the .cu files: launch shapes, grid-stride indices, warp/block reductions.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,6 +58,33 @@ __device__ inline float block_max(float v, float* scratch) {
   __syncthreads();
   v = lane < nwarps ? scratch[lane] : -INFINITY;
   return warp_max(v);
+}
+
+// Eight consecutive values between memory (fp32 or bf16, 16-byte aligned) and fp32 registers,
+// in 16-byte accesses.
+__device__ inline void load8(float (&f)[8], const float* p) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ inline void store8(float* p, const float (&f)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+__device__ inline void load8(float (&f)[8], const __nv_bfloat16* p) {
+  uint4 v = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 t = __bfloat1622float2(h[k]);
+    f[2 * k] = t.x, f[2 * k + 1] = t.y;
+  }
+}
+__device__ inline void store8(__nv_bfloat16* p, const float (&f)[8]) {
+  uint4 v;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = v;
 }
 
 }  // namespace tessera::kernels::cuda

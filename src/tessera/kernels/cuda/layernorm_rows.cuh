@@ -1,6 +1,7 @@
-// The block-per-row LayerNorm kernels and the column sums of its parameter gradients, over fp32
-// or bf16 tensors: the fp32 ops (ops.cu) and the bf16 ops' fallback for widths the warp-per-row
-// kernels do not take (ops_bf16.cu) share them. Statistics and sums are fp32 throughout.
+// The general norm kernels over fp32 or bf16 tensors: LayerNorm a block per row with the column
+// sums of its parameter gradients, and RMSNorm a warp per row. The fp32 ops (ops.cu,
+// llama_ops.cu) and the bf16 ops' fallback for widths the 16-byte warp-per-row kernels do not
+// take (ops_bf16.cu) share them. Statistics and sums are fp32 throughout.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -155,6 +156,79 @@ void launch_layernorm_backward_rows(float* dinp, Copy* copy, float* dweight, flo
       dinp, copy, dout, inp, weight, mean, rstd, C);
   TESSERA_CUDA_CHECK_LAUNCH();
   launch_column_sums(dweight, dbias, dout, inp, mean, rstd, N, C, s);
+}
+
+// RMSNorm, a warp per row: out = x r w, r = 1 / sqrt(mean(x^2) + eps).
+constexpr int k_rms_rows_per_block = 8;
+
+template <class Out>
+__global__ void rmsnorm_forward_rows_kernel(Out* out, float* rstd, const float* inp, const float* w,
+                                            std::int64_t N, int C, float eps) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * k_rms_rows_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / C + eps);
+  if (lane == 0) rstd[row] = r;
+  for (int c = lane; c < C; c += 32) out[row * C + c] = from_float<Out>(x[c] * r * w[c]);
+}
+
+// dx += r (w g - n mean(w g n)), n = x r; dw += g n: per-block sums in shared memory, then one
+// atomic per column and block. copy, if not null, = dinp after the update, in Copy's type.
+template <class G, class Copy>
+__global__ void rmsnorm_backward_rows_kernel(float* dinp, Copy* copy, float* dw, const G* dout,
+                                             const float* inp, const float* w, const float* rstd,
+                                             std::int64_t N, int C) {
+  extern __shared__ float sdw[];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) sdw[c] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k_rms_rows_per_block + warp;
+       row < N; row += static_cast<std::int64_t>(gridDim.x) * k_rms_rows_per_block) {
+    const float* x = inp + row * C;
+    const float r = rstd[row];
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += w[c] * to_float(dout[row * C + c]) * x[c] * r;
+    const float mean = warp_sum(s) / C;
+    for (int c = lane; c < C; c += 32) {
+      const float g = to_float(dout[row * C + c]), n = x[c] * r;
+      atomicAdd(sdw + c, g * n);
+      const float d = dinp[row * C + c] + (w[c] * g - n * mean) * r;
+      dinp[row * C + c] = d;
+      if (copy) copy[row * C + c] = from_float<Copy>(d);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dw + c, sdw[c]);
+}
+
+inline unsigned rmsnorm_rows_blocks(std::int64_t N) {
+  return static_cast<unsigned>((N + k_rms_rows_per_block - 1) / k_rms_rows_per_block);
+}
+
+template <class Out>
+void launch_rmsnorm_forward_rows(Out* out, float* rstd, const float* inp, const float* w,
+                                 std::int64_t N, int C, float eps, cudaStream_t s) {
+  if (N <= 0) return;
+  rmsnorm_forward_rows_kernel<Out>
+      <<<rmsnorm_rows_blocks(N), 32 * k_rms_rows_per_block, 0, s>>>(out, rstd, inp, w, N, C, eps);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+template <class G, class Copy>
+void launch_rmsnorm_backward_rows(float* dinp, Copy* copy, float* dw, const G* dout,
+                                  const float* inp, const float* w, const float* rstd,
+                                  std::int64_t N, int C, cudaStream_t s) {
+  if (N <= 0) return;
+  const unsigned blocks = std::min(rmsnorm_rows_blocks(N), 1024u);
+  rmsnorm_backward_rows_kernel<G, Copy>
+      <<<blocks, 32 * k_rms_rows_per_block, static_cast<std::size_t>(C) * sizeof(float), s>>>(
+          dinp, copy, dw, dout, inp, w, rstd, N, C);
+  TESSERA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

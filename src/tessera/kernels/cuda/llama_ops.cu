@@ -1,6 +1,7 @@
-// CUDA kernels of the llama family's ops (ops.hpp): RMSNorm, rotary positions and SwiGLU, in
-// fp32 and with bf16 activations (statistics and arithmetic in fp32). Straightforward kernels: a
-// warp per row for the norm, one thread per element (pair) for the rest.
+// CUDA kernels of the llama family's ops (ops.hpp): rotary positions and SwiGLU, in fp32 and with
+// bf16 activations (arithmetic in fp32), and the fp32 RMSNorm (layernorm_rows.cuh; the bf16 one
+// is ops_bf16.cu's warp-per-row norm). A block takes a row (token) at a time, so that a row's
+// rotation angles are computed once and its columns are read in 16-byte pieces.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -9,6 +10,7 @@
 
 #include "tessera/kernels/cuda/check.hpp"
 #include "tessera/kernels/cuda/kernel_util.cuh"
+#include "tessera/kernels/cuda/layernorm_rows.cuh"
 #include "tessera/kernels/cuda/ops.hpp"
 
 namespace tessera::kernels::cuda {
@@ -17,176 +19,172 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ inline float load(const float* p, std::int64_t i) {
-  return p[i];
-}
-__device__ inline float load(const std::uint16_t* p, std::int64_t i) {
-  return __bfloat162float(reinterpret_cast<const bf16*>(p)[i]);
-}
-__device__ inline void store(float* p, std::int64_t i, float v) {
-  p[i] = v;
-}
-__device__ inline void store(std::uint16_t* p, std::int64_t i, float v) {
-  reinterpret_cast<bf16*>(p)[i] = __float2bfloat16(v);
-}
-
-constexpr int k_rows_per_block = 8;  // a warp per row
-
-// out = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps); a warp per row.
-template <class Out>
-__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp, const float* w,
-                                       std::int64_t N, int C, float eps) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * k_rows_per_block + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= N) return;
-  const float* x = inp + row * C;
-  float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
-  ss = warp_sum(ss);
-  const float r = rsqrtf(ss / C + eps);
-  if (lane == 0) rstd[row] = r;
-  for (int c = lane; c < C; c += 32) store(out, row * C + c, x[c] * r * w[c]);
-}
-
-// dx += r (w g - n mean(w g n)), n = x r; dw += g n: per-block sums in shared memory, then one
-// atomic per column and block. dinp_copy, if not null, = bf16(dinp) after the update.
-template <class G>
-__global__ void rmsnorm_backward_kernel(float* dinp, std::uint16_t* dinp_copy, float* dw,
-                                        const G* dout, const float* inp, const float* w,
-                                        const float* rstd, std::int64_t N, int C) {
-  extern __shared__ float sdw[];
-  for (int c = threadIdx.x; c < C; c += blockDim.x) sdw[c] = 0.0f;
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k_rows_per_block + warp; row < N;
-       row += static_cast<std::int64_t>(gridDim.x) * k_rows_per_block) {
-    const float* x = inp + row * C;
-    const float r = rstd[row];
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += w[c] * load(dout, row * C + c) * x[c] * r;
-    const float mean = warp_sum(s) / C;
-    for (int c = lane; c < C; c += 32) {
-      const float g = load(dout, row * C + c), n = x[c] * r;
-      atomicAdd(sdw + c, g * n);
-      const float d = dinp[row * C + c] + (w[c] * g - n * mean) * r;
-      dinp[row * C + c] = d;
-      if (dinp_copy) store(dinp_copy, row * C + c, d);
-    }
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dw + c, sdw[c]);
-}
-
 // The rotary inverse frequencies, passed to the kernel by value (kernel parameters live in
-// constant memory; 2 KiB of them stay well under the 4 KiB limit of parameters).
+// constant memory; 2 KiB of them stay well under the 4 KiB limit of parameters) and copied to
+// shared memory by each block.
 constexpr int k_rope_max_half = 256;  // head sizes up to 512
 struct RopeFreqs {
   double v[k_rope_max_half];
 };
 
-// Rotates (x_i, x_{i+half}) of every q and k head by +-angle (t * inv_freq[i]). The block first
-// copies the table to shared memory: neighbouring threads read different entries, which the
-// parameters' constant bank would serve one address at a time.
+// Rows (tokens) are spread over the blocks, a block at a time. The row's cos and sin (half of
+// each, its angle t * inv_freq[i] in double as the CPU kernel computes it, then rounded to fp32)
+// are computed once into shared memory, and the block's threads rotate the pairs (x_i, x_{i+half})
+// of every q and k head by +-angle, neighbouring threads on neighbouring i.
 template <class T>
-__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f,
+__global__ void rope_kernel(T* qkv, std::int64_t rows, int Tn, int NH, int KV, int hs, RopeFreqs f,
                             float sign) {
-  const int half = hs / 2, heads = NH + KV;
-  __shared__ double inv_freq[k_rope_max_half];
+  const int half = hs / 2, pairs = (NH + KV) * half;
+  __shared__ double inv_freq[k_rope_max_half];  // neighbouring threads read different entries,
+  __shared__ float cs[2 * k_rope_max_half];     // which the parameters' bank serves one at a time
   for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = f.v[j];
-  __syncthreads();
   const std::int64_t W = static_cast<std::int64_t>(NH + 2 * KV) * hs;
-  const std::int64_t total = static_cast<std::int64_t>(B) * Tn * heads * half;
-  for (std::int64_t e = global_index(); e < total; e += global_stride()) {
-    const int i = static_cast<int>(e % half);
-    const std::int64_t rest = e / half;
-    const int h = static_cast<int>(rest % heads);
-    const std::int64_t row = rest / heads;  // b * Tn + t
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {  // row = b * Tn + t
     const int t = static_cast<int>(row % Tn);
-    // the angle in double, as the CPU kernel computes it, then cos and sin in fp32
-    const double a = t * inv_freq[i];
-    const float c = static_cast<float>(cos(a)), s = sign * static_cast<float>(sin(a));
-    const std::int64_t o = row * W + static_cast<std::int64_t>(h) * hs + i;
-    const float x1 = load(qkv, o), x2 = load(qkv, o + half);
-    store(qkv, o, x1 * c - x2 * s);
-    store(qkv, o + half, x2 * c + x1 * s);
+    __syncthreads();  // the previous row's readers are done with cs
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const double a = t * inv_freq[i];
+      cs[i] = static_cast<float>(cos(a));
+      cs[half + i] = sign * static_cast<float>(sin(a));
+    }
+    __syncthreads();
+    T* x = qkv + row * W;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+      const int h = p / half, i = p - h * half;
+      const int o = h * hs + i;
+      const float c = cs[i], s = cs[half + i];
+      const float x1 = to_float(x[o]), x2 = to_float(x[o + half]);
+      x[o] = from_float<T>(x1 * c - x2 * s);
+      x[o + half] = from_float<T>(x2 * c + x1 * s);
+    }
   }
 }
 
-template <class T>
+// SwiGLU over rows of [gate | up] (2 F wide): out = silu(gate) up. A block per row at a time,
+// its threads over the columns, 8 at a time (16-byte accesses) where Vec.
+__device__ inline float silu_of(float g) {
+  return g / (1.0f + expf(-g));
+}
+
+template <class T, bool Vec>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, std::int64_t N, int F) {
-  const std::int64_t total = N * F;
-  for (std::int64_t e = global_index(); e < total; e += global_stride()) {
-    const std::int64_t row = e / F, c = e - row * F;
-    const float g = load(inp, row * 2 * F + c), u = load(inp, row * 2 * F + F + c);
-    store(out, e, g / (1.0f + expf(-g)) * u);
+  constexpr int V = Vec ? 8 : 1;
+  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* gate = inp + row * 2 * F;
+    const T* up = gate + F;
+    T* o = out + row * F;
+    for (int c = threadIdx.x * V; c < F; c += blockDim.x * V) {
+      if constexpr (Vec) {
+        float g[8], u[8];
+        load8(g, gate + c);
+        load8(u, up + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[e] = silu_of(g[e]) * u[e];
+        store8(o + c, g);
+      } else {
+        o[c] = from_float<T>(silu_of(to_float(gate[c])) * to_float(up[c]));
+      }
+    }
   }
 }
 
-template <class T>
+// d gate = d out up sig (1 + g (1 - sig)), d up = d out silu(g)
+template <class T, bool Vec>
 __global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, std::int64_t N,
                                        int F) {
-  const std::int64_t total = N * F;
-  for (std::int64_t e = global_index(); e < total; e += global_stride()) {
-    const std::int64_t row = e / F, c = e - row * F;
-    const float g = load(inp, row * 2 * F + c), u = load(inp, row * 2 * F + F + c);
-    const float d = load(dout, e), sig = 1.0f / (1.0f + expf(-g));
-    store(dinp, row * 2 * F + c, d * u * sig * (1.0f + g * (1.0f - sig)));
-    store(dinp, row * 2 * F + F + c, d * g * sig);
+  constexpr int V = Vec ? 8 : 1;
+  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* gate = inp + row * 2 * F;
+    const T* up = gate + F;
+    const T* d = dout + row * F;
+    T* dgate = dinp + row * 2 * F;
+    T* dup = dgate + F;
+    for (int c = threadIdx.x * V; c < F; c += blockDim.x * V) {
+      float g[V], u[V], dd[V], dg[V], du[V];
+      if constexpr (Vec) {
+        load8(g, gate + c);
+        load8(u, up + c);
+        load8(dd, d + c);
+      } else {
+        g[0] = to_float(gate[c]), u[0] = to_float(up[c]), dd[0] = to_float(d[c]);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float sig = 1.0f / (1.0f + expf(-g[e]));
+        dg[e] = dd[e] * u[e] * sig * (1.0f + g[e] * (1.0f - sig));
+        du[e] = dd[e] * g[e] * sig;
+      }
+      if constexpr (Vec) {
+        store8(dgate + c, dg);
+        store8(dup + c, du);
+      } else {
+        dgate[c] = from_float<T>(dg[0]), dup[c] = from_float<T>(du[0]);
+      }
+    }
   }
 }
 
-unsigned norm_blocks(std::int64_t N) {
-  return static_cast<unsigned>((N + k_rows_per_block - 1) / k_rows_per_block);
+unsigned row_blocks(std::int64_t rows) {
+  return static_cast<unsigned>(std::min<std::int64_t>(rows, 65536));
 }
-unsigned norm_backward_blocks(std::int64_t N) {
-  return static_cast<unsigned>(std::min<std::int64_t>(norm_blocks(N), 1024));
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 template <class T>
 void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq, float sign,
           void* st) {
-  const std::int64_t total = static_cast<std::int64_t>(B) * Tn * (NH + KV) * (hs / 2);
-  if (total <= 0) return;
+  const std::int64_t rows = static_cast<std::int64_t>(B) * Tn;
+  if (rows <= 0 || NH + KV <= 0 || hs < 2) return;
   TESSERA_CUDA_REQUIRE(hs / 2 <= k_rope_max_half, "rope: head size above 512");
   RopeFreqs f{};
   for (int i = 0; i < hs / 2; ++i) f.v[i] = inv_freq[i];
-  rope_kernel<<<grid_for(total), k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
+  rope_kernel<<<row_blocks(rows), k_block, 0, as_stream(st)>>>(qkv, rows, Tn, NH, KV, hs, f, sign);
   TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void swiglu_forward_rows(T* out, const T* inp, std::int64_t N, int F, void* st) {
+  if (N <= 0 || F <= 0) return;
+  const bool vec = F % 8 == 0 && aligned16(out) && aligned16(inp);
+  if (vec)
+    swiglu_forward_kernel<T, true><<<row_blocks(N), k_block, 0, as_stream(st)>>>(out, inp, N, F);
+  else
+    swiglu_forward_kernel<T, false><<<row_blocks(N), k_block, 0, as_stream(st)>>>(out, inp, N, F);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void swiglu_backward_rows(T* dinp, const T* dout, const T* inp, std::int64_t N, int F, void* st) {
+  if (N <= 0 || F <= 0) return;
+  const bool vec = F % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp);
+  if (vec)
+    swiglu_backward_kernel<T, true>
+        <<<row_blocks(N), k_block, 0, as_stream(st)>>>(dinp, dout, inp, N, F);
+  else
+    swiglu_backward_kernel<T, false>
+        <<<row_blocks(N), k_block, 0, as_stream(st)>>>(dinp, dout, inp, N, F);
+  TESSERA_CUDA_CHECK_LAUNCH();
+}
+
+bf16* as_bf16(std::uint16_t* p) {
+  return reinterpret_cast<bf16*>(p);
+}
+const bf16* as_bf16(const std::uint16_t* p) {
+  return reinterpret_cast<const bf16*>(p);
 }
 
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, std::int64_t N,
                      int C, float eps, void* stream) {
-  if (N <= 0) return;
-  rmsnorm_forward_kernel<<<norm_blocks(N), 32 * k_rows_per_block, 0, as_stream(stream)>>>(
-      out, rstd, inp, w, N, C, eps);
-  TESSERA_CUDA_CHECK_LAUNCH();
-}
-void rmsnorm_forward_bf16(std::uint16_t* out, float* rstd, const float* inp, const float* w,
-                          std::int64_t N, int C, float eps, void* stream) {
-  if (N <= 0) return;
-  rmsnorm_forward_kernel<<<norm_blocks(N), 32 * k_rows_per_block, 0, as_stream(stream)>>>(
-      out, rstd, inp, w, N, C, eps);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_rmsnorm_forward_rows(out, rstd, inp, w, N, C, eps, as_stream(stream));
 }
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, std::int64_t N, int C, void* stream) {
-  if (N <= 0) return;
-  rmsnorm_backward_kernel<<<norm_backward_blocks(N), 32 * k_rows_per_block,
-                            static_cast<std::size_t>(C) * sizeof(float), as_stream(stream)>>>(
-      dinp, nullptr, dw, dout, inp, w, rstd, N, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
-}
-void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dw,
-                           const std::uint16_t* dout, const float* inp, const float* w,
-                           const float* rstd, std::int64_t N, int C, void* stream) {
-  if (N <= 0) return;
-  rmsnorm_backward_kernel<<<norm_backward_blocks(N), 32 * k_rows_per_block,
-                            static_cast<std::size_t>(C) * sizeof(float), as_stream(stream)>>>(
-      dinp, dinp_bf16, dw, dout, inp, w, rstd, N, C);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  launch_rmsnorm_backward_rows(dinp, static_cast<float*>(nullptr), dw, dout, inp, w, rstd, N, C,
+                               as_stream(stream));
 }
 
 void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
@@ -199,35 +197,27 @@ void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const doub
 }
 void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs,
                        const double* inv_freq, void* stream) {
-  rope(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, stream);
+  rope(as_bf16(qkv), B, T, NH, KV, hs, inv_freq, 1.0f, stream);
 }
 void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs,
                         const double* inv_freq, void* stream) {
-  rope(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, stream);
+  rope(as_bf16(dqkv), B, T, NH, KV, hs, inv_freq, -1.0f, stream);
 }
 
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* stream) {
-  if (N * F <= 0) return;
-  swiglu_forward_kernel<<<grid_for(N * F), k_block, 0, as_stream(stream)>>>(out, inp, N, F);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  swiglu_forward_rows(out, inp, N, F, stream);
 }
 void swiglu_backward(float* dinp, const float* dout, const float* inp, std::int64_t N, int F,
                      void* stream) {
-  if (N * F <= 0) return;
-  swiglu_backward_kernel<<<grid_for(N * F), k_block, 0, as_stream(stream)>>>(dinp, dout, inp, N, F);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  swiglu_backward_rows(dinp, dout, inp, N, F, stream);
 }
 void swiglu_forward_bf16(std::uint16_t* out, const std::uint16_t* inp, std::int64_t N, int F,
                          void* stream) {
-  if (N * F <= 0) return;
-  swiglu_forward_kernel<<<grid_for(N * F), k_block, 0, as_stream(stream)>>>(out, inp, N, F);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  swiglu_forward_rows(as_bf16(out), as_bf16(inp), N, F, stream);
 }
 void swiglu_backward_bf16(std::uint16_t* dinp, const std::uint16_t* dout, const std::uint16_t* inp,
                           std::int64_t N, int F, void* stream) {
-  if (N * F <= 0) return;
-  swiglu_backward_kernel<<<grid_for(N * F), k_block, 0, as_stream(stream)>>>(dinp, dout, inp, N, F);
-  TESSERA_CUDA_CHECK_LAUNCH();
+  swiglu_backward_rows(as_bf16(dinp), as_bf16(dout), as_bf16(inp), N, F, stream);
 }
 
 }  // namespace tessera::kernels::cuda

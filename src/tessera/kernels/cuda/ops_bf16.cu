@@ -29,18 +29,44 @@ __host__ __device__ inline bf16* as_bf16(std::uint16_t* p) {
 
 constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
 
-// ---------------------------------------------------------------- layernorm, a warp per row
-// For C % 8 == 0 and C <= 8 * 32 * k_ln_max_cpl: each lane holds chunks of 8 columns (lane,
-// lane + 32, ...) of its row in registers, read and written 16 bytes at a time; the statistics
-// and the backward's row sums are warp reductions. The backward also accumulates the weight
-// and bias gradients: per block in shared memory, then one atomicAdd per column and block.
+// ---------------------------------------------------------------- norms, a warp per row
+// LayerNorm and RMSNorm over fp32 rows with bf16 outputs, for C % 8 == 0 and C <= 8 * 32 *
+// k_ln_max_cpl (and 16-byte aligned rows): each lane holds chunks of 8 columns (lane, lane + 32,
+// ...) of its row in registers, read and written 16 bytes at a time; the statistics and the
+// backward's row sums are warp reductions. The backward also accumulates the weight (and bias)
+// gradients: per block in shared memory, then one atomicAdd per column and block. RMSNorm is
+// LayerNorm without the centring and the shift: n = x r, r = 1 / sqrt(mean(x^2) + eps), and its
+// input gradient r (w g - n mean(w g n)) lacks LayerNorm's - mean(w g) term.
 constexpr int k_ln_max_cpl = 8;  // chunks of 8 columns per lane: C <= 2048
 constexpr int k_ln_warps = 8;    // rows in flight per block
 
-bool layernorm_warp_path(int C) {
-  return C % 8 == 0 && C <= 8 * 32 * k_ln_max_cpl;
+// One call's tensors. Forward: out (bf16), mean (LayerNorm only), rstd from inp, weight, bias
+// (LayerNorm only). Backward: dinp +=, out (if not null) = bf16(dinp), dweight (and dbias) +=,
+// from dout (bf16) and the forward's inp, weight, mean and rstd.
+struct NormRows {
+  std::uint16_t* out = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  const float* inp = nullptr;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  float* dinp = nullptr;
+  float* dweight = nullptr;
+  float* dbias = nullptr;
+  const std::uint16_t* dout = nullptr;
+  std::int64_t N = 0;
+  int C = 0;
+  float eps = 0.0f;
+};
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
-unsigned layernorm_blocks(std::int64_t N) {
+bool norm_warp_path(const NormRows& a) {
+  return a.C % 8 == 0 && a.C <= 8 * 32 * k_ln_max_cpl && aligned16(a.inp) && aligned16(a.out) &&
+         aligned16(a.weight) && aligned16(a.dinp) && aligned16(a.dout) && aligned16(a.bias);
+}
+unsigned norm_blocks(std::int64_t N) {
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -49,94 +75,68 @@ unsigned layernorm_blocks(std::int64_t N) {
       std::clamp<std::int64_t>((N + k_ln_warps - 1) / k_ln_warps, 1, want));
 }
 
-__device__ inline void load8(float (&f)[8], const float* p) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-__device__ inline void store8(float* p, const float (&f)[8]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-__device__ inline void load8(float (&f)[8], const bf16* p) {
-  uint4 v = *reinterpret_cast<const uint4*>(p);
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 t = __bfloat1622float2(h[k]);
-    f[2 * k] = t.x, f[2 * k + 1] = t.y;
-  }
-}
-__device__ inline void store8(bf16* p, const float (&f)[8]) {
-  uint4 v;
-  auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p) = v;
-}
-
-template <int CPL>
-__global__ void __launch_bounds__(32 * k_ln_warps)
-    layernorm_forward_warp_kernel(std::uint16_t* out_, float* mean, float* rstd, const float* inp,
-                                  const float* weight, const float* bias, std::int64_t N, int C) {
-  bf16* out = as_bf16(out_);
-  const int lane = threadIdx.x & 31, nchunks = C / 8;
+template <int CPL, bool Rms>
+__global__ void __launch_bounds__(32 * k_ln_warps) norm_forward_warp_kernel(NormRows a) {
+  bf16* out = as_bf16(a.out);
+  const int C = a.C, lane = threadIdx.x & 31, nchunks = C / 8;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * k_ln_warps;
   for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k_ln_warps + (threadIdx.x >> 5);
-       row < N; row += warps) {
+       row < a.N; row += warps) {
     float x[CPL][8];
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       const int ch = lane + 32 * k;
       if (ch < nchunks) {
-        load8(x[k], inp + row * C + 8 * ch);
+        load8(x[k], a.inp + row * C + 8 * ch);
 #pragma unroll
         for (int e = 0; e < 8; ++e) s += x[k][e];
       }
     }
-    const float m = warp_sum(s) / C;
+    const float m = Rms ? 0.0f : warp_sum(s) / C;
     float v = 0.0f;
 #pragma unroll
     for (int k = 0; k < CPL; ++k)
       if (lane + 32 * k < nchunks)
 #pragma unroll
         for (int e = 0; e < 8; ++e) v += (x[k][e] - m) * (x[k][e] - m);
-    const float r = rsqrtf(warp_sum(v) / C + k_layernorm_eps);
+    const float r = rsqrtf(warp_sum(v) / C + a.eps);
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       const int ch = lane + 32 * k;
       if (ch >= nchunks) continue;
-      float w[8], b[8], o[8];
-      load8(w, weight + 8 * ch);
-      load8(b, bias + 8 * ch);
+      float w[8], o[8];
+      load8(w, a.weight + 8 * ch);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = (x[k][e] - m) * r * w[e] + b[e];
+      for (int e = 0; e < 8; ++e) o[e] = (x[k][e] - m) * r * w[e];
+      if constexpr (!Rms) {
+        float b[8];
+        load8(b, a.bias + 8 * ch);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] += b[e];
+      }
       store8(out + row * C + 8 * ch, o);
     }
     if (lane == 0) {
-      mean[row] = m;
-      rstd[row] = r;
+      if constexpr (!Rms) a.mean[row] = m;
+      a.rstd[row] = r;
     }
   }
 }
 
-// dynamic shared memory: dweight and dbias partial sums of the block, 2 C floats
-template <int CPL>
-__global__ void __launch_bounds__(32 * k_ln_warps)
-    layernorm_backward_warp_kernel(float* dinp, std::uint16_t* dinp_bf16_, float* dweight,
-                                   float* dbias, const std::uint16_t* dout_, const float* inp,
-                                   const float* weight, const float* mean, const float* rstd,
-                                   std::int64_t N, int C) {
+// dynamic shared memory: the block's dweight (and, LayerNorm, dbias) partial sums, C (2 C) floats
+template <int CPL, bool Rms>
+__global__ void __launch_bounds__(32 * k_ln_warps) norm_backward_warp_kernel(NormRows a) {
   extern __shared__ float part[];  // [0, C): dweight, [C, 2C): dbias
-  const bf16* dout = as_bf16(dout_);
-  bf16* dinp_bf16 = dinp_bf16_ ? as_bf16(dinp_bf16_) : nullptr;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) part[c] = 0.0f;
+  const bf16* dout = as_bf16(a.dout);
+  bf16* dinp_bf16 = a.out ? as_bf16(a.out) : nullptr;
+  const int C = a.C, lane = threadIdx.x & 31, nchunks = C / 8;
+  for (int c = threadIdx.x; c < (Rms ? 1 : 2) * C; c += blockDim.x) part[c] = 0.0f;
   __syncthreads();
-  const int lane = threadIdx.x & 31, nchunks = C / 8;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * k_ln_warps;
   for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k_ln_warps + (threadIdx.x >> 5);
-       row < N; row += warps) {
-    const float m = mean[row], r = rstd[row];
+       row < a.N; row += warps) {
+    const float m = Rms ? 0.0f : a.mean[row], r = a.rstd[row];
     float n[CPL][8], dn[CPL][8];
     float sum_dn = 0.0f, sum_dn_n = 0.0f;
 #pragma unroll
@@ -144,9 +144,9 @@ __global__ void __launch_bounds__(32 * k_ln_warps)
       const int ch = lane + 32 * k;
       if (ch >= nchunks) continue;
       float g[8], w[8];
-      load8(n[k], inp + row * C + 8 * ch);
+      load8(n[k], a.inp + row * C + 8 * ch);
       load8(g, dout + row * C + 8 * ch);
-      load8(w, weight + 8 * ch);
+      load8(w, a.weight + 8 * ch);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         n[k][e] = (n[k][e] - m) * r;
@@ -156,16 +156,16 @@ __global__ void __launch_bounds__(32 * k_ln_warps)
         // shared-memory atomics, laid out [e][chunk] so that a warp's lanes (consecutive
         // chunks) hit distinct banks
         atomicAdd(&part[e * nchunks + ch], n[k][e] * g[e]);
-        atomicAdd(&part[C + e * nchunks + ch], g[e]);
+        if constexpr (!Rms) atomicAdd(&part[C + e * nchunks + ch], g[e]);
       }
     }
-    const float mean_dn = warp_sum(sum_dn) / C, mean_dn_n = warp_sum(sum_dn_n) / C;
+    const float mean_dn = Rms ? 0.0f : warp_sum(sum_dn) / C, mean_dn_n = warp_sum(sum_dn_n) / C;
 #pragma unroll
     for (int k = 0; k < CPL; ++k) {
       const int ch = lane + 32 * k;
       if (ch >= nchunks) continue;
       float d[8];
-      float* dst = dinp + row * C + 8 * ch;
+      float* dst = a.dinp + row * C + 8 * ch;
       load8(d, dst);
 #pragma unroll
       for (int e = 0; e < 8; ++e) d[e] += (dn[k][e] - mean_dn - n[k][e] * mean_dn_n) * r;
@@ -176,30 +176,23 @@ __global__ void __launch_bounds__(32 * k_ln_warps)
   __syncthreads();
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const int at = (c % 8) * nchunks + c / 8;  // column c = 8 chunk + e
-    atomicAdd(dweight + c, part[at]);
-    atomicAdd(dbias + c, part[C + at]);
+    atomicAdd(a.dweight + c, part[at]);
+    if constexpr (!Rms) atomicAdd(a.dbias + c, part[C + at]);
   }
 }
 
-template <int CPL>
-void launch_layernorm_warp(bool forward, std::uint16_t* out, float* mean, float* rstd,
-                           const float* inp, const float* weight, const float* bias, float* dinp,
-                           float* dweight, float* dbias, const std::uint16_t* dout, std::int64_t N,
-                           int C, cudaStream_t s) {
-  if (C > 8 * 32 * CPL) {  // the fewest chunks per lane that hold the row
-    if constexpr (CPL < k_ln_max_cpl)
-      launch_layernorm_warp<CPL + 1>(forward, out, mean, rstd, inp, weight, bias, dinp, dweight,
-                                     dbias, dout, N, C, s);
+template <bool Rms, int CPL = 1>
+void launch_norm_warp(bool forward, const NormRows& a, cudaStream_t s) {
+  if (a.C > 8 * 32 * CPL) {  // the fewest chunks per lane that hold the row
+    if constexpr (CPL < k_ln_max_cpl) launch_norm_warp<Rms, CPL + 1>(forward, a, s);
     return;
   }
-  const unsigned blocks = layernorm_blocks(N);
+  const unsigned blocks = norm_blocks(a.N);
   if (forward) {
-    layernorm_forward_warp_kernel<CPL>
-        <<<blocks, 32 * k_ln_warps, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C);
+    norm_forward_warp_kernel<CPL, Rms><<<blocks, 32 * k_ln_warps, 0, s>>>(a);
   } else {
-    const int smem = 2 * C * static_cast<int>(sizeof(float));
-    layernorm_backward_warp_kernel<CPL><<<blocks, 32 * k_ln_warps, smem, s>>>(
-        dinp, out, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    const int smem = (Rms ? 1 : 2) * a.C * static_cast<int>(sizeof(float));
+    norm_backward_warp_kernel<CPL, Rms><<<blocks, 32 * k_ln_warps, smem, s>>>(a);
   }
   TESSERA_CUDA_CHECK_LAUNCH();
 }
@@ -393,11 +386,16 @@ void layernorm_forward_bf16(std::uint16_t* out, float* mean, float* rstd, const 
                             const float* weight, const float* bias, std::int64_t N, int C,
                             void* stream) {
   if (N <= 0) return;
-  if (layernorm_warp_path(C)) {
-    launch_layernorm_warp<1>(true, out, mean, rstd, inp, weight, bias, nullptr, nullptr, nullptr,
-                             nullptr, N, C, as_stream(stream));
-    return;
-  }
+  const NormRows a{.out = out,
+                   .mean = mean,
+                   .rstd = rstd,
+                   .inp = inp,
+                   .weight = weight,
+                   .bias = bias,
+                   .N = N,
+                   .C = C,
+                   .eps = k_layernorm_eps};
+  if (norm_warp_path(a)) return launch_norm_warp<false>(true, a, as_stream(stream));
   launch_layernorm_forward_rows(as_bf16(out), mean, rstd, inp, weight, bias, N, C,
                                 as_stream(stream));
 }
@@ -408,13 +406,47 @@ void layernorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweig
                              void* stream) {
   if (N <= 0) return;
   auto s = as_stream(stream);
-  if (layernorm_warp_path(C)) {  // out carries dinp_bf16 here
-    launch_layernorm_warp<1>(false, dinp_bf16, const_cast<float*>(mean), const_cast<float*>(rstd),
-                             inp, weight, nullptr, dinp, dweight, dbias, dout, N, C, s);
-    return;
-  }
+  const NormRows a{.out = dinp_bf16,
+                   .mean = const_cast<float*>(mean),
+                   .rstd = const_cast<float*>(rstd),
+                   .inp = inp,
+                   .weight = weight,
+                   .dinp = dinp,
+                   .dweight = dweight,
+                   .dbias = dbias,
+                   .dout = dout,
+                   .N = N,
+                   .C = C};
+  if (norm_warp_path(a)) return launch_norm_warp<false>(false, a, s);
   launch_layernorm_backward_rows(dinp, dinp_bf16 ? as_bf16(dinp_bf16) : nullptr, dweight, dbias,
                                  as_bf16(dout), inp, weight, mean, rstd, N, C, s);
+}
+
+void rmsnorm_forward_bf16(std::uint16_t* out, float* rstd, const float* inp, const float* w,
+                          std::int64_t N, int C, float eps, void* stream) {
+  if (N <= 0) return;
+  const NormRows a{.out = out, .rstd = rstd, .inp = inp, .weight = w, .N = N, .C = C, .eps = eps};
+  if (norm_warp_path(a)) return launch_norm_warp<true>(true, a, as_stream(stream));
+  launch_rmsnorm_forward_rows(as_bf16(out), rstd, inp, w, N, C, eps, as_stream(stream));
+}
+
+void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dw,
+                           const std::uint16_t* dout, const float* inp, const float* w,
+                           const float* rstd, std::int64_t N, int C, void* stream) {
+  if (N <= 0) return;
+  auto s = as_stream(stream);
+  const NormRows a{.out = dinp_bf16,
+                   .rstd = const_cast<float*>(rstd),
+                   .inp = inp,
+                   .weight = w,
+                   .dinp = dinp,
+                   .dweight = dw,
+                   .dout = dout,
+                   .N = N,
+                   .C = C};
+  if (norm_warp_path(a)) return launch_norm_warp<true>(false, a, s);
+  launch_rmsnorm_backward_rows(dinp, dinp_bf16 ? as_bf16(dinp_bf16) : nullptr, dw, as_bf16(dout),
+                               inp, w, rstd, N, C, s);
 }
 
 void bias_backward_bf16(float* dbias, const std::uint16_t* dout, std::int64_t N, int OC,
