@@ -86,7 +86,8 @@ TEST_P(CudaBf16LayerNorm, ForwardBackward) {
 // LayerNorm above. The rotation and SwiGLU: bf16 inputs rounded on the host, the same fp32
 // arithmetic on both sides (cos and sin from the same double angles; exp within ~2e-7
 // relative), so the difference is the bf16 rounding of the output: u16 relative, plus 1e-6.
-// Rows of 37 tokens and widths F = 40 (8 columns at a time) and 36 (one at a time).
+// Rows of 37 tokens, head sizes 64 and 12 (pairs 8 at a time and one at a time), SwiGLU widths
+// F = 40 (8 columns at a time) and 36 (one at a time).
 class CudaBf16RmsNorm : public ::testing::TestWithParam<int> {};
 INSTANTIATE_TEST_SUITE_P(Widths, CudaBf16RmsNorm, ::testing::Values(100, 96, 768));
 
@@ -126,25 +127,28 @@ TEST_P(CudaBf16RmsNorm, ForwardBackward) {
 TEST(CudaBf16Ops, RopeAndSwiGluMatchCpu) {
   REQUIRE_GPU();
   Rng rng(29);
-  const int B = 2, T = 37, NH = 4, KV = 2, hs = 64;
-  const std::int64_t N = B * T, W = (NH + 2 * KV) * hs;
-  std::vector<double> inv(hs / 2);
-  for (int i = 0; i < hs / 2; ++i) inv[i] = std::pow(10000.0, -2.0 * i / hs);
-  for (const bool back : {false, true}) {
-    std::vector<float> r;
-    auto q16 = bf16_of(randn(rng, N * W), r);
-    if (back)
-      cpu::rope_backward(r.data(), B, T, NH, KV, hs, inv.data());
-    else
-      cpu::rope_forward(r.data(), B, T, NH, KV, hs, inv.data());
-    auto d_q = upload(q16);
-    if (back)
-      gpu::rope_backward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
-    else
-      gpu::rope_forward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
-    expect_within(widen(download<std::uint16_t>(d_q, N * W)), r, bounds(r, k_u_bf16, 1e-6),
-                  back ? "rope_backward_bf16" : "rope_forward_bf16");
-  }
+  const int B = 2, T = 37, NH = 4, KV = 2;
+  const std::int64_t N = B * T;
+  for (const int hs : {64, 12})  // pairs 8 at a time, and one at a time
+    for (const bool back : {false, true}) {
+      const std::int64_t W = (NH + 2 * KV) * hs;
+      std::vector<double> inv(hs / 2);
+      for (int i = 0; i < hs / 2; ++i) inv[i] = std::pow(10000.0, -2.0 * i / hs);
+      std::vector<float> r;
+      auto q16 = bf16_of(randn(rng, N * W), r);
+      if (back)
+        cpu::rope_backward(r.data(), B, T, NH, KV, hs, inv.data());
+      else
+        cpu::rope_forward(r.data(), B, T, NH, KV, hs, inv.data());
+      auto d_q = upload(q16);
+      if (back)
+        gpu::rope_backward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
+      else
+        gpu::rope_forward_bf16(d_q.as<std::uint16_t>(), B, T, NH, KV, hs, inv.data(), nullptr);
+      expect_within(
+          widen(download<std::uint16_t>(d_q, N * W)), r, bounds(r, k_u_bf16, 1e-6),
+          (back ? "rope_backward_bf16 hs=" : "rope_forward_bf16 hs=") + std::to_string(hs));
+    }
   for (const int F : {40, 36}) {
     std::vector<float> in_r, gd_r;
     auto in16 = bf16_of(randn(rng, N * 2 * F, 2.0f), in_r);

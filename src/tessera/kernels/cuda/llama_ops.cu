@@ -1,7 +1,7 @@
 // CUDA kernels of the llama family's ops (ops.hpp): rotary positions and SwiGLU, in fp32 and with
 // bf16 activations (arithmetic in fp32), and the fp32 RMSNorm (layernorm_rows.cuh; the bf16 one
-// is ops_bf16.cu's warp-per-row norm). A block takes a row (token) at a time, so that a row's
-// rotation angles are computed once and its columns are read in 16-byte pieces.
+// is ops_bf16.cu's warp-per-row norm). A block takes a position (rotation) or a row (SwiGLU) at
+// a time, so that a position's angles are computed once and rows are read in 16-byte pieces.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,35 +27,51 @@ struct RopeFreqs {
   double v[k_rope_max_half];
 };
 
-// Rows (tokens) are spread over the blocks, a block at a time. The row's cos and sin (half of
-// each, its angle t * inv_freq[i] in double as the CPU kernel computes it, then rounded to fp32)
-// are computed once into shared memory, and the block's threads rotate the pairs (x_i, x_{i+half})
-// of every q and k head by +-angle, neighbouring threads on neighbouring i.
-template <class T>
-__global__ void rope_kernel(T* qkv, std::int64_t rows, int Tn, int NH, int KV, int hs, RopeFreqs f,
+// A block takes a position t at a time, for every sequence of the batch: the position's cos and
+// sin (half of each, the angle t * inv_freq[i] in double as the CPU kernel computes it, then
+// rounded to fp32) are computed once into shared memory, then the block's threads rotate the
+// pairs (x_i, x_{i+half}) of every q and k head of the B rows by +-angle, V consecutive i at a
+// time (8 for 16-byte accesses where half % 8 == 0).
+template <class T, int V>
+__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f,
                             float sign) {
-  const int half = hs / 2, pairs = (NH + KV) * half;
+  const int half = hs / 2, per_row = (NH + KV) * (half / V), items = B * per_row;
   __shared__ double inv_freq[k_rope_max_half];  // neighbouring threads read different entries,
   __shared__ float cs[2 * k_rope_max_half];     // which the parameters' bank serves one at a time
   for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = f.v[j];
   const std::int64_t W = static_cast<std::int64_t>(NH + 2 * KV) * hs;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {  // row = b * Tn + t
-    const int t = static_cast<int>(row % Tn);
-    __syncthreads();  // the previous row's readers are done with cs
+  for (int t = blockIdx.x; t < Tn; t += gridDim.x) {
+    __syncthreads();  // the previous position's readers are done with cs
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
       const double a = t * inv_freq[i];
       cs[i] = static_cast<float>(cos(a));
       cs[half + i] = sign * static_cast<float>(sin(a));
     }
     __syncthreads();
-    T* x = qkv + row * W;
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-      const int h = p / half, i = p - h * half;
-      const int o = h * hs + i;
-      const float c = cs[i], s = cs[half + i];
-      const float x1 = to_float(x[o]), x2 = to_float(x[o + half]);
-      x[o] = from_float<T>(x1 * c - x2 * s);
-      x[o + half] = from_float<T>(x2 * c + x1 * s);
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+      const int b = item / per_row, p = item - b * per_row;
+      const int h = p / (half / V), i = (p - h * (half / V)) * V;
+      T* x = qkv + (static_cast<std::int64_t>(b) * Tn + t) * W + h * hs + i;
+      float x1[V], x2[V];
+      if constexpr (V == 8) {
+        load8(x1, x);
+        load8(x2, x + half);
+      } else {
+        x1[0] = to_float(x[0]), x2[0] = to_float(x[half]);
+      }
+      float y1[V], y2[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float c = cs[i + e], s = cs[half + i + e];
+        y1[e] = x1[e] * c - x2[e] * s;
+        y2[e] = x2[e] * c + x1[e] * s;
+      }
+      if constexpr (V == 8) {
+        store8(x, y1);
+        store8(x + half, y2);
+      } else {
+        x[0] = from_float<T>(y1[0]), x[half] = from_float<T>(y2[0]);
+      }
     }
   }
 }
@@ -135,12 +151,17 @@ bool aligned16(const void* p) {
 template <class T>
 void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq, float sign,
           void* st) {
-  const std::int64_t rows = static_cast<std::int64_t>(B) * Tn;
-  if (rows <= 0 || NH + KV <= 0 || hs < 2) return;
+  if (B <= 0 || Tn <= 0 || NH + KV <= 0 || hs < 2) return;
   TESSERA_CUDA_REQUIRE(hs / 2 <= k_rope_max_half, "rope: head size above 512");
+  TESSERA_CUDA_REQUIRE(static_cast<std::int64_t>(B) * (NH + KV) * hs <= 0x7fffffff,
+                       "rope: batch x heads x head size above 2^31");
   RopeFreqs f{};
   for (int i = 0; i < hs / 2; ++i) f.v[i] = inv_freq[i];
-  rope_kernel<<<row_blocks(rows), k_block, 0, as_stream(st)>>>(qkv, rows, Tn, NH, KV, hs, f, sign);
+  const unsigned blocks = row_blocks(Tn);
+  if ((hs / 2) % 8 == 0 && aligned16(qkv))
+    rope_kernel<T, 8><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
+  else
+    rope_kernel<T, 1><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
   TESSERA_CUDA_CHECK_LAUNCH();
 }
 
