@@ -10,8 +10,8 @@
 // measured in the same run: a parallel read (sum) of a --stream_mib buffer, best of 5. GB/s
 // counts the bytes of the weight as stored (codes, scales, zeros). "tok/s" is one token through
 // the 30 layers (qkv, o, gate_up, down: the products the decoder calls) and the 49152 x 576 head at
-// these rates. Prefill: --prefill tokens at once, GFLOP/s = 2 N OC IC / time, beside oneDNN's fp32
-// GEMM.
+// these rates. Prefill: --prefill tokens at once, GFLOP/s = 2 N OC IC / time (counting the
+// int8 products as operations too), beside oneDNN's fp32 GEMM.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -77,7 +77,8 @@ Result bench_fp32(const Shape& s, const std::vector<float>& W, int ring_mib, int
   return r;
 }
 
-// a8: decode with int8 activations (packed_matvec_q8), else fp32 activations (packed_matvec).
+// a8: int8 activations (packed_matvec_q8, packed_matmul_q8), else fp32 activations
+// (packed_matvec, packed_matmul).
 Result bench_packed(const Shape& s, const std::vector<float>& W, quant::WeightQuant wq,
                     int ring_mib, int N, quant::Isa isa, bool a8) {
   const quant::PackedLinear p = quant::pack(quant::rtn(W.data(), s.oc, s.ic, wq));
@@ -94,8 +95,12 @@ Result bench_packed(const Shape& s, const std::vector<float>& W, quant::WeightQu
     else
       quant::packed_matvec(w, y.data(), x.data(), nullptr, isa);
   });
-  const double t =
-      time_median([&] { quant::packed_matmul(p, Y.data(), X.data(), nullptr, N, isa); });
+  const double t = time_median([&] {
+    if (a8)
+      quant::packed_matmul_q8(p, Y.data(), X.data(), nullptr, N, isa);
+    else
+      quant::packed_matmul(p, Y.data(), X.data(), nullptr, N, isa);
+  });
   r.prefill_gflops = 2.0 * N * s.oc * s.ic / t / 1e9;
   return r;
 }
@@ -130,8 +135,8 @@ int main(int argc, char** argv) {
                           {"gate_up 3072x576", 3072, 576, 30},
                           {"down 576x1536", 576, 1536, 30},
                           {"head 49152x576", 49152, 576, 1}};
-  // a16: fp32 activations; a8: int8 activations per block of 32 (decode only: the prefill
-  // column of an a8 row is the same product as its a16 row's).
+  // a16: fp32 activations (the prefill: tiles decoded to fp32, oneDNN's sgemm); a8: int8
+  // activations per block of 32 (the prefill: the integer kernel over runs of tiles).
   const char* fmts[] = {"fp32", "W8A16 pc", "W4A16 g128", "W8A8 pc", "W4A8 g128"};
   constexpr int kF = 5;
   double token_s[kF] = {0, 0, 0, 0, 0};

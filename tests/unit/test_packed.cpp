@@ -156,8 +156,9 @@ void check_case(const Case& k) {
                              k.act_order, k.in_scale, isa_name(isa)));
     std::vector<float> y(k.rows), Y(std::size_t(N) * k.rows), Y8(Y.size()), Y8t(Y.size());
     packed_matmul(p, Y.data(), X.data(), nullptr, N, isa);
-    // The int8 matrix-matrix product is the int8 matvec row by row, bit for bit (its kernel over
-    // runs of tiles), with the input rounded per block or per row.
+    // The int8 matrix-matrix product is the int8 matvec row by row, bit for bit (over runs of
+    // tiles, rows 0-3 through the four-token kernel and row 4 through the one-token one), with
+    // the input rounded per block or per row.
     packed_matmul_q8(p, Y8.data(), X.data(), nullptr, N, isa);
     packed_matmul_q8(p, Y8t.data(), X.data(), nullptr, N, isa, ActScale::PerRow);
     for (std::int64_t m = 0; m < N; ++m) {

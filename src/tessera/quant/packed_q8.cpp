@@ -224,6 +224,21 @@ bool cpu_has_vnni() {
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 
+// A prompt's rows k_tokens at a time (SIMD ISAs only).
+constexpr int k_tokens = 4;
+void tokens_tiles(const PackedLinear& w, const Q8Input* in, int t0, int t1, const Rows* rows,
+                  Isa isa) {
+  const int sb = w.storage_bits;
+  if (isa == Isa::Avx512 && cpu_has_vnni()) {
+    if (sb == 3) return vnni::tiles_tokens<3, k_tokens>(w, in, t0, t1, rows);
+    if (sb == 4) return vnni::tiles_tokens<4, k_tokens>(w, in, t0, t1, rows);
+    return vnni::tiles_tokens<8, k_tokens>(w, in, t0, t1, rows);
+  }
+  if (sb == 3) return avx2::tiles_tokens<3, k_tokens>(w, in, t0, t1, rows);
+  if (sb == 4) return avx2::tiles_tokens<4, k_tokens>(w, in, t0, t1, rows);
+  avx2::tiles_tokens<8, k_tokens>(w, in, t0, t1, rows);
+}
+
 }  // namespace
 
 const char* q8_dot_name(Isa isa) {
@@ -276,14 +291,21 @@ void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const flo
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) quantize_q8(w, X + n * w.cols, scale, isa, in[n]);
   // Runs of tiles whose codes fill about half of L1 (at least one tile): every row of X passes
-  // over a run while its codes stay in cache.
+  // over a run while its codes stay in cache, k_tokens rows at a time (each block's codes
+  // unpacked once for them); the last N % k_tokens rows one at a time.
   const std::int64_t tile_bytes = std::int64_t(k_tile_rows) * w.colsp * w.storage_bits / 8;
   const int run = static_cast<int>(std::max<std::int64_t>(1, 16384 / tile_bytes));
   const int ntiles = w.tiles(), nruns = (ntiles + run - 1) / run;
+  const std::int64_t nq = isa == Isa::Portable ? 0 : N / k_tokens * k_tokens;
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < nruns; ++r) {
     const int t0 = r * run, t1 = std::min(ntiles, t0 + run);
-    for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t n = 0; n < nq; n += k_tokens) {
+      Rows rows[k_tokens];
+      for (int k = 0; k < k_tokens; ++k) rows[k] = Rows{Y + (n + k) * w.rows, bias, false};
+      tokens_tiles(w, in.data() + n, t0, t1, rows, isa);
+    }
+    for (std::int64_t n = nq; n < N; ++n)
       packed_matvec_q8_tiles(w, in[n], Y + n * w.rows, bias, false, t0, t1, isa);
   }
 }
