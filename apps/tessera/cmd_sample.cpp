@@ -137,10 +137,17 @@ void add_sample_command(CLI::App& root) {
       throw Error("--kv-cache is the CPU decoder's (the GPU recomputes the context per token)",
                   "leave it out with --device cuda");
     auto path = resolve_model_path(a->model);
-    // Quantized files for the packed kernels load without their dequantized matrices (never
-    // resident); the paths that compute from fp32 weights dequantize them below.
+    // With the packed kernels a quantized file is packed as it loads, never resident unpacked; one
+    // that they do not take loads again, dequantized.
     const bool packed_kernels = a->device == "cpu" && a->kernels != "fp32";
-    auto any = quant::load_any_model(path, !packed_kernels);
+    quant::PackedModel packed;
+    std::string not_packed;
+    auto any = packed_kernels ? quant::load_packed_model(path, packed, not_packed)
+                              : quant::load_any_model(path);
+    if (!not_packed.empty()) {
+      std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", not_packed.c_str());
+      any = quant::load_any_model(path);
+    }
     if (a->device == "cuda" && any.act.mode != quant::ActMode::None)
       throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
                   "sample this model on the CPU");
@@ -199,23 +206,13 @@ void add_sample_command(CLI::App& root) {
           },
           print);
     } else {
-      quant::PackedModel packed;
-      bool use_packed = false;
-      if (any.quantized && a->kernels != "fp32") {  // the packed kernels
-        try {
-          packed = quant::pack_model(any);
-          packed.int8_activations = a->kernels == "packed";
-          so.kernels = packed.decoder_kernels();
-          packed.release_packed_weights(layout, loaded.params.data());
-          any.linears = {};  // the unpacked codes: only the packed form is read from here on
-          any.vocab = {};
-          release_free_heap();
-          kernels_used = describe_packed(packed);
-          use_packed = true;
-        } catch (const Error& e) {  // a format the kernels do not take: the fp32 weights
-          std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", e.what());
-          quant::dequantize_weights(any);
-        }
+      const bool use_packed = !packed.linears.empty();
+      if (use_packed) {  // the packed kernels
+        packed.int8_activations = a->kernels == "packed";
+        so.kernels = packed.decoder_kernels();
+        packed.release_packed_weights(layout, loaded.params.data());
+        release_free_heap();
+        kernels_used = describe_packed(packed);
       }
       t_start = clock::now();
       if (!use_packed && any.act.mode != quant::ActMode::None) {  // simulated activation rounding

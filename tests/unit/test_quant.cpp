@@ -929,6 +929,17 @@ TEST(QuantPacked, ReleasesOnlyTheLinearWeights) {
 // packed embedding and head: the greedy tokens of the fp32 decoder over the packed dequantization
 // (fp32 activations: the same sums reordered, as above), with the embedding's and head's fp32
 // values replaced by NaN (never read).
+void expect_same_packed(const PackedLinear& a, const PackedLinear& b) {
+  EXPECT_EQ(a.describe(), b.describe());
+  EXPECT_EQ(a.rows, b.rows);
+  EXPECT_EQ(a.cols, b.cols);
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_EQ(a.scales, b.scales);
+  EXPECT_EQ(a.zeros, b.zeros);
+  EXPECT_EQ(a.perm, b.perm);
+  EXPECT_EQ(a.in_scale, b.in_scale);
+}
+
 TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
   for (const TrainedModel* tm : {trained_model(), trained_llama()}) {
     if (!tm) GTEST_SKIP() << "Brown corpus missing (run scripts/setup)";
@@ -945,7 +956,22 @@ TEST(QuantPacked, QuantizedEmbeddingRoundTripsAndDecodesPacked) {
     const AnyModel any = load_any_model(dir);
     // Loaded for the packed kernels: the quantized matrices left zero, then filled in the same.
     AnyModel lazy = load_any_model(dir, false);
+    // Packed as it loads: the packed model of the whole loaded file, matrix for matrix.
+    PackedModel streamed;
+    std::string why_not;
+    const AnyModel streamed_any = load_packed_model(dir, streamed, why_not);
     fs::remove_all(dir);
+    EXPECT_EQ(why_not, "");
+    EXPECT_TRUE(streamed_any.linears.empty() && streamed_any.vocab.empty());
+    EXPECT_EQ(streamed_any.description, any.description);
+    {
+      const PackedModel whole = pack_model(any);
+      ASSERT_EQ(streamed.linears.size(), whole.linears.size());
+      for (std::size_t i = 0; i < whole.linears.size(); ++i)
+        expect_same_packed(streamed.linears[i], whole.linears[i]);
+      expect_same_packed(streamed.embed, whole.embed);
+      expect_same_packed(streamed.head, whole.head);
+    }
     EXPECT_EQ(lazy.model.params.data()[layout.wte], 0.0f);
     quant::dequantize_weights(lazy);
     for (std::size_t i = 0; i < layout.total(); ++i)
@@ -1236,6 +1262,13 @@ TEST(QuantPacked, RefusesModelsItCannotPack) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("per tensor"), std::string::npos) << e.what();
   }
+  // Packed as it loads: nothing packed, and why.
+  PackedModel packed;
+  std::string why_not;
+  const AnyModel any = load_packed_model(dir, packed, why_not);
+  EXPECT_TRUE(any.quantized);
+  EXPECT_TRUE(packed.linears.empty());
+  EXPECT_NE(why_not.find("per tensor"), std::string::npos) << why_not;
   fs::remove_all(dir);
 }
 

@@ -178,6 +178,15 @@ PackedModel empty_packed(const model::ModelConfig& cfg, const ActQuant& act, Isa
   if (act.mode == ActMode::PerToken) pm.act_scale = ActScale::PerRow;
   return pm;
 }
+
+// The packed vocabulary matrix at `offset` of the parameters: the embedding, or an untied head.
+void put_vocab(PackedModel& pm, const model::ParamLayout& layout, std::size_t offset,
+               PackedLinear&& p) {
+  if (offset == layout.wte)
+    pm.embed = std::move(p);
+  else if (offset == layout.head)
+    pm.head = std::move(p);
+}
 }  // namespace
 
 PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
@@ -190,13 +199,44 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type, Isa isa) {
   pm.linears.reserve(any.linears.size());
   for (const auto& q : any.linears) pm.linears.push_back(pack(q, scale_type));
   const model::ParamLayout layout(cfg);
-  for (const auto& v : any.vocab) {
-    if (v.offset == layout.wte)
-      pm.embed = pack(v.q, scale_type);
-    else if (v.offset == layout.head)
-      pm.head = pack(v.q, scale_type);
-  }
+  for (const auto& v : any.vocab) put_vocab(pm, layout, v.offset, pack(v.q, scale_type));
   return pm;
+}
+
+AnyModel load_packed_model(const std::filesystem::path& path, PackedModel& packed,
+                           std::string& why_not, ScaleType scale_type, Isa isa) {
+  std::vector<PackedLinear> linears;
+  std::vector<std::pair<std::size_t, PackedLinear>> vocab;
+  why_not.clear();
+  const auto pack_or_say = [&](const QuantizedLinear& q, auto&& put) {
+    if (!why_not.empty()) return;  // a matrix the kernels do not take: the rest are not packed
+    try {
+      put(pack(q, scale_type));
+    } catch (const Error& e) {
+      why_not = e.what();
+    }
+  };
+  const QuantizedSink sink{
+      [&](std::size_t i, QuantizedLinear&& q) {
+        pack_or_say(q, [&](PackedLinear&& p) {
+          if (linears.size() <= i) linears.resize(i + 1);
+          linears[i] = std::move(p);
+        });
+      },
+      [&](std::size_t offset, QuantizedLinear&& q) {
+        pack_or_say(q, [&](PackedLinear&& p) { vocab.emplace_back(offset, std::move(p)); });
+      }};
+  AnyModel any = load_any_model(path, false, &sink);
+  packed = PackedModel{};
+  if (!any.quantized) return any;
+  if (why_not.empty() && !packable(any.act))
+    why_not = not_packable(any.description, any.act).what();
+  if (!why_not.empty()) return any;
+  packed = empty_packed(any.model.config, any.act, isa);
+  packed.linears = std::move(linears);
+  const model::ParamLayout layout(any.model.config);
+  for (auto& [offset, p] : vocab) put_vocab(packed, layout, offset, std::move(p));
+  return any;
 }
 
 PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type, Isa isa) {

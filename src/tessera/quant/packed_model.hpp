@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "tessera/eval/perplexity.hpp"
@@ -67,6 +69,16 @@ PackedModel pack_model(const AnyModel& any, ScaleType scale_type = ScaleType::F1
 // The same for a model quantized in memory (the studies), under the same refusals.
 PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type = ScaleType::F16,
                        Isa isa = best_isa());
+// Loads a model file as load_any_model does, without the dequantized weights, and packs a
+// quantized file's matrices as it reads them (each one's unpacked codes freed before the next is
+// read), so that the unpacked model is never resident at once. `packed` is left empty (no
+// linears) for a file that is not quantized, and for a quantized one that the packed kernels do
+// not take (its activation quantization or a matrix's format), which `why_not` then explains:
+// its matrices are not kept, so load it again with load_any_model to compute from them. Throws
+// what load_any_model throws. The returned AnyModel's linears and vocab are empty.
+AnyModel load_packed_model(const std::filesystem::path& path, PackedModel& packed,
+                           std::string& why_not, ScaleType scale_type = ScaleType::F16,
+                           Isa isa = best_isa());
 // Whether the packed kernels reproduce this activation quantization: none, or per token (one
 // scale per token, which a token alone determines).
 bool packable(const ActQuant& act);

@@ -510,13 +510,14 @@ std::vector<std::uint8_t> pack(const QuantizedLinear& q) {
 }
 
 // q's codes from qweight stored with the layout of `layout_bits` codes.
-void unpack(const std::vector<std::int64_t>& packed, int layout_bits, QuantizedLinear& q) {
+template <typename T>
+void unpack(const T* packed, int layout_bits, QuantizedLinear& q) {
   const int pc = packed_cols(q.cols, layout_bits);
   q.q.resize(static_cast<std::size_t>(q.rows) * q.cols);
   for (int r = 0; r < q.rows; ++r)
     for (int c = 0; c < q.cols; ++c)
       q.q[static_cast<std::size_t>(r) * q.cols + c] = static_cast<std::uint8_t>(
-          file_code(packed.data() + static_cast<std::size_t>(r) * pc, layout_bits, c));
+          file_code(packed + static_cast<std::size_t>(r) * pc, layout_bits, c));
 }
 
 bool is_linear_weight(const model::ParamTensor& t) {
@@ -586,14 +587,14 @@ void save_quantized(const fs::path& dir, const QuantizedModel& qm) {
 }
 
 namespace {
-AnyModel read_any_model(const fs::path& path, bool dequantize);
+AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSink* sink);
 }  // namespace
 
 // read_any_model does the work; a JSON value of the wrong type anywhere in the quantization
 // metadata becomes one clear error instead of an escaping library exception.
-AnyModel load_any_model(const fs::path& path, bool dequantize) {
+AnyModel load_any_model(const fs::path& path, bool dequantize, const QuantizedSink* sink) {
   try {
-    return read_any_model(path, dequantize);
+    return read_any_model(path, dequantize, sink);
   } catch (const json::exception& e) {
     throw Error(fmt::format("quantized model {}: damaged quantization metadata: {}", path.string(),
                             e.what()),
@@ -645,7 +646,13 @@ QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file
   expect(name + ".scales", {q.rows, ng});
   expect(name + ".zeros", {q.rows, ng});
   expect(name + ".g_idx", {q.cols});
-  unpack(st.read_i64(name + ".qweight"), layout_bits, q);
+  // the codes from the file's bytes where they are bytes (as write_qlinear writes them): widened
+  // to int64 first, an 8-bit embedding's codes took eight times their size
+  const io::TensorInfo& qt = *st.find(name + ".qweight");
+  if (qt.dtype == io::DType::U8)
+    unpack(reinterpret_cast<const std::uint8_t*>(st.bytes(qt).data()), layout_bits, q);
+  else
+    unpack(st.read_i64(name + ".qweight").data(), layout_bits, q);
   q.scales = st.read_f32(name + ".scales");
   if (q.spec.min_offset) {
     q.zeros = st.read_f32(name + ".zeros");
@@ -684,7 +691,7 @@ std::map<std::string, json> spec_list(const json& meta, const char* key, const f
   return specs;
 }
 
-AnyModel read_any_model(const fs::path& path, bool dequantize) {
+AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSink* sink) {
   const bool is_dir = input_kind(path, "model") == InputKind::Directory;
   fs::path file = is_dir ? path / "model.safetensors" : path;
   AnyModel out;
@@ -732,13 +739,18 @@ AnyModel read_any_model(const fs::path& path, bool dequantize) {
   out.model.config = cfg;
   out.model.params = Buffer<float>(layout.total());
   float* P = out.model.params.data();  // zeros
+  int vocab_bits = 0;                  // of the quantized embedding and head, if any
   for (const auto& t : layout.tensors()) {
     if (quantized(t)) {
       if (!t.vocab_rows) continue;
       AnyModel::VocabMatrix v{t.offset, read_qlinear(st, file, cfg, vocab_name(t), cfg.vocab_size,
                                                      cfg.n_embd, vocab_specs.at(vocab_name(t)))};
       if (dequantize) v.q.dequantize(P + t.offset);
-      out.vocab.push_back(std::move(v));
+      vocab_bits = v.q.spec.bits;
+      if (sink)
+        sink->vocab(v.offset, std::move(v.q));
+      else
+        out.vocab.push_back(std::move(v));
       continue;
     }
     std::vector<std::int64_t> shape = t.shape;
@@ -754,7 +766,10 @@ AnyModel read_any_model(const fs::path& path, bool dequantize) {
       QuantizedLinear q =
           read_qlinear(st, file, cfg, name, lin_rows(cfg, kind), lin_cols(cfg, kind), sp->second);
       if (dequantize) q.dequantize(P + lin_weight_offset(layout, l, kind));
-      out.linears.push_back(std::move(q));
+      if (sink)
+        sink->linear(static_cast<std::size_t>(l) * k_num_lin + k, std::move(q));
+      else
+        out.linears.push_back(std::move(q));
     }
   if (dequantize)
     io::check_finite(layout, P, file.string() + " (dequantized)");
@@ -767,8 +782,7 @@ AnyModel read_any_model(const fs::path& path, bool dequantize) {
   WeightQuant wq{l0.value("bits", 0), l0.value("group", 0), l0.value("sym", false)};
   out.description = fmt::format(
       "{} {} act {}{}", meta.value("method", "?"), describe(wq), act_mode_name(out.act.mode),
-      out.vocab.empty() ? std::string()
-                        : fmt::format(", embedding {}-bit", out.vocab[0].q.spec.bits));
+      vocab_bits == 0 ? std::string() : fmt::format(", embedding {}-bit", vocab_bits));
   if (meta.contains("info") && meta["info"].is_object())
     for (auto& [k, v] : meta["info"].items())
       if (v.is_string()) out.info[k] = v.get<std::string>();

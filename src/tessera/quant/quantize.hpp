@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -103,10 +104,21 @@ struct AnyModel {
   };
   std::vector<VocabMatrix> vocab;
 };
+// Where load_any_model hands a quantized file's matrices as it reads them, in place of keeping
+// them in AnyModel::linears and ::vocab, so that a caller converting them (the packed loader)
+// never holds the whole model's unpacked codes at once: linear(i, q) for block linear i
+// (layer-major, in Lin order), vocab(offset, q) for the quantized embedding or head at that
+// offset of the parameters.
+struct QuantizedSink {
+  std::function<void(std::size_t, QuantizedLinear&&)> linear;
+  std::function<void(std::size_t, QuantizedLinear&&)> vocab;
+};
 // dequantize false: a quantized file's block linears (and quantized embedding and head) stay
 // zero in model.params, their memory never touched, for callers that compute from the packed
-// form (tessera sample); dequantize_weights fills them in later if needed.
-AnyModel load_any_model(const std::filesystem::path& path, bool dequantize = true);
+// form (tessera sample); dequantize_weights fills them in later if needed (not after a sink
+// took them).
+AnyModel load_any_model(const std::filesystem::path& path, bool dequantize = true,
+                        const QuantizedSink* sink = nullptr);
 // Writes a loaded quantized file's dequantized matrices into its parameters.
 void dequantize_weights(AnyModel& any);
 
