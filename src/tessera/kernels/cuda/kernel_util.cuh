@@ -13,6 +13,19 @@ inline cudaStream_t as_stream(void* stream) {
   return static_cast<cudaStream_t>(stream);
 }
 
+// bf16 tensors travel through the op table as uint16_t bits.
+__host__ __device__ inline const __nv_bfloat16* as_bf16(const std::uint16_t* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
+}
+__host__ __device__ inline __nv_bfloat16* as_bf16(std::uint16_t* p) {
+  return reinterpret_cast<__nv_bfloat16*>(p);
+}
+
+// Whether p may be read and written 16 bytes at a time (null counts as aligned).
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 constexpr int k_block = 256;  // threads per block of the grid-stride kernels
 
 // Blocks for a grid-stride loop over n elements: enough to fill any current GPU several times

@@ -144,10 +144,6 @@ unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>(std::min<std::int64_t>(rows, 65536));
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
-
 template <class T>
 void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq, float sign,
           void* st) {
@@ -187,13 +183,6 @@ void swiglu_backward_rows(T* dinp, const T* dout, const T* inp, std::int64_t N, 
     swiglu_backward_kernel<T, false>
         <<<row_blocks(N), k_block, 0, as_stream(st)>>>(dinp, dout, inp, N, F);
   TESSERA_CUDA_CHECK_LAUNCH();
-}
-
-bf16* as_bf16(std::uint16_t* p) {
-  return reinterpret_cast<bf16*>(p);
-}
-const bf16* as_bf16(const std::uint16_t* p) {
-  return reinterpret_cast<const bf16*>(p);
 }
 
 }  // namespace

@@ -20,13 +20,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__host__ __device__ inline const bf16* as_bf16(const std::uint16_t* p) {
-  return reinterpret_cast<const bf16*>(p);
-}
-__host__ __device__ inline bf16* as_bf16(std::uint16_t* p) {
-  return reinterpret_cast<bf16*>(p);
-}
-
 constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
 
 // ---------------------------------------------------------------- norms, a warp per row
@@ -59,9 +52,6 @@ struct NormRows {
   float eps = 0.0f;
 };
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
 bool norm_warp_path(const NormRows& a) {
   return a.C % 8 == 0 && a.C <= 8 * 32 * k_ln_max_cpl && aligned16(a.inp) && aligned16(a.out) &&
          aligned16(a.weight) && aligned16(a.dinp) && aligned16(a.dout) && aligned16(a.bias);
