@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,34 @@ TEST(Core, BufferIsAlignedAndZeroed) {
   Buffer<float> b(1000);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % k_buffer_alignment, 0u);
   for (std::size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], 0.0f);
+}
+
+// How many of the pages under [p, p + bytes) are backed by memory now (mincore).
+static std::size_t resident_pages(const void* p, std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const std::size_t n = (reinterpret_cast<std::uintptr_t>(p) + bytes - begin + page - 1) / page;
+  std::vector<unsigned char> in(n);
+  if (mincore(reinterpret_cast<void*>(begin), n * page, in.data()) != 0) return 0;
+  std::size_t r = 0;
+  for (unsigned char c : in) r += c & 1;
+  return r;
+}
+
+TEST(Core, MappedBufferIsBackedWhereWrittenOrAllAtOnce) {
+  const std::size_t n = std::size_t(4) << 20;  // 16 MiB of floats: a memory map
+  Buffer<float> lazy(n), resident;
+  resident.resize(n, Buffer<float>::Pages::Resident);
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t pages = (n * sizeof(float) + page - 1) / page;
+  // unwritten pages of the lazy map are not backed (at most the pages a neighbour shares)
+  EXPECT_LE(resident_pages(lazy.data(), lazy.bytes()), 2u);
+  lazy[n / 2] = 1.0f;
+  EXPECT_GE(resident_pages(lazy.data(), lazy.bytes()), 1u);
+  // one write: its page (or, where the system backs anonymous maps with 2 MiB pages, those)
+  EXPECT_LE(resident_pages(lazy.data(), lazy.bytes()), pages / 4);
+  EXPECT_EQ(resident_pages(resident.data(), resident.bytes()), pages);
+  for (std::size_t i = 0; i < n; i += 1021) ASSERT_EQ(resident[i], 0.0f);
 }
 
 TEST(Core, RngIsDeterministicAndResumable) {

@@ -35,16 +35,25 @@ class Buffer {
   }
   ~Buffer() { release(); }
 
+  // Whether a mapped buffer's pages are backed by memory only where written (Lazy) or all at
+  // once (Resident).
+  enum class Pages { Lazy, Resident };
+
   // Resizes to n elements, zero-filled (contents are not preserved). Buffers of 1 MiB or more
   // are anonymous memory maps: the system's zero pages, backed by memory only where written, so
-  // a model whose packed weights replace most of its fp32 parameters never holds those.
-  void resize(std::size_t n) {
+  // a model whose packed weights replace most of its fp32 parameters never holds those. With
+  // Pages::Resident every page is backed at once instead (MAP_POPULATE): for a buffer that is
+  // filled a little at a time inside a timed loop, such as a decoder's KV cache, where each
+  // first write to a page would otherwise stop that loop for a page fault.
+  void resize(std::size_t n, Pages pages = Pages::Lazy) {
     release();
     if (n == 0) return;
     std::size_t bytes =
         (n * sizeof(T) + k_buffer_alignment - 1) / k_buffer_alignment * k_buffer_alignment;
     if (bytes >= k_map_bytes) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      const int populate = pages == Pages::Resident ? MAP_POPULATE : 0;
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate,
+                     -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
       data_ = static_cast<T*>(p);
       mapped_ = bytes;
