@@ -90,15 +90,16 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
     k.linear = [&layout, params](int l, int which, float* out, const float* in, const float* bias,
                                  bool acc) {
       const auto kind = static_cast<quant::Lin>(which);
+      const int rows = quant::lin_rows(layout.config(), kind);
       model::team_linear(kernels::GemmLibrary::OneDnn, out, in,
                          params + quant::lin_weight_offset(layout, l, kind), bias,
-                         quant::lin_cols(layout.config(), kind),
-                         quant::lin_rows(layout.config(), kind), acc);
+                         quant::lin_cols(layout.config(), kind), acc,
+                         model::linear_rows(layout.config(), which, rows));
     };
   if (!k.head)
     k.head = [&layout, params, &cfg](float* logits, const float* x) {
       model::team_linear(kernels::GemmLibrary::OneDnn, logits, x, params + layout.head, nullptr,
-                         cfg.n_embd, cfg.padded_vocab(), false);
+                         cfg.n_embd, false, model::team_rows(cfg.padded_vocab()));
     };
   auto lin = k.linear;
   k.linear = [lin, &linear_s](int l, int which, float* out, const float* in, const float* bias,

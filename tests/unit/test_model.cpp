@@ -339,6 +339,43 @@ TEST(Model, TeamSharesCoverTheRangeInOrder) {
   EXPECT_EQ(model::team_share(9).end, 9);  // outside a parallel region: all of it
 }
 
+// Every row of a decoder product is computed by exactly one thread, in whole groups of
+// k_team_rows; llama's gate_up pairs each thread's gate rows with the same up rows and drops the
+// barrier after it (the decoder's SwiGLU of those rows needs nothing else), every other product
+// keeps it.
+TEST(Model, DecoderProductRowsCoverEachRowOnceInGroups) {
+  auto llama = tiny_llama();
+  llama.intermediate_size = 48;
+  auto odd = llama;
+  odd.intermediate_size = 44;  // not a multiple of the groups: gate_up is shared as one run
+  for (const auto& cfg : {tiny(), llama, odd})
+    for (int team : {1, 2, 3, 5})
+      for (int which = 0; which < 4; ++which) {
+        const int rows = which == 0 ? cfg.qkv_rows() : which == 2 ? cfg.fc_rows() : cfg.n_embd;
+        std::vector<model::TeamRows> got(team);
+#pragma omp parallel num_threads(team)
+        got[omp_get_thread_num()] = model::linear_rows(cfg, which, rows);
+        const bool paired = cfg.llama() && which == 2 && cfg.ffn() % model::k_team_rows == 0;
+        std::vector<int> count(rows, 0);
+        for (const auto& r : got) {
+          EXPECT_EQ(r.barrier, !paired);
+          for (const auto& run : {r.first, r.second}) {
+            EXPECT_EQ(run.begin % model::k_team_rows, 0);
+            EXPECT_TRUE(run.end % model::k_team_rows == 0 || run.end == rows);
+            for (int i = run.begin; i < run.end; ++i) ++count[i];
+          }
+          if (paired) {
+            EXPECT_EQ(r.second.begin, r.first.begin + cfg.ffn());
+            EXPECT_EQ(r.second.end, r.first.end + cfg.ffn());
+          } else {
+            EXPECT_EQ(r.second.end, r.second.begin);
+          }
+        }
+        for (int i = 0; i < rows; ++i)
+          ASSERT_EQ(count[i], 1) << team << " threads, linear " << which << ", row " << i;
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Both, ModelFamilies,
                          ::testing::Values(model::Family::Gpt2, model::Family::Llama),
                          [](const auto& info) { return model::family_name(info.param); });

@@ -337,15 +337,31 @@ TeamShare team_share(int n) {
   return {static_cast<int>(n * i / nt), static_cast<int>(n * (i + 1) / nt)};
 }
 
+TeamRows team_rows(int rows) {
+  const auto [g0, g1] = team_share((rows + k_team_rows - 1) / k_team_rows);
+  return {{g0 * k_team_rows, std::min(rows, g1 * k_team_rows)}, {0, 0}, true};
+}
+
+TeamRows linear_rows(const ModelConfig& cfg, int which, int rows) {
+  const int F = cfg.ffn();
+  if (which != 2 || !cfg.llama() || F % k_team_rows != 0 || rows != 2 * F) return team_rows(rows);
+  const TeamRows gate = team_rows(F);
+  return {gate.first, {F + gate.first.begin, F + gate.first.end}, false};
+}
+
 void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const float* weight,
-                 const float* bias, int IC, int OC, bool accumulate) {
-  const auto [r0, r1] = team_share(OC);
-  if (r1 > r0)  // (the bias added here: linear_forward's loop for it is a parallel region)
-    k::linear_forward(lib, out + r0, in, weight + static_cast<std::size_t>(r0) * IC, nullptr, 1, IC,
-                      r1 - r0, accumulate);
-  if (bias)
-    for (int r = r0; r < r1; ++r) out[r] += bias[r];
+                 const float* bias, int IC, bool accumulate, const TeamRows& rows) {
+  for (const TeamShare& run : {rows.first, rows.second}) {
+    const auto [r0, r1] = run;
+    if (r1 > r0)  // (the bias added here: linear_forward's loop for it is a parallel region)
+      k::linear_forward(lib, out + r0, in, weight + static_cast<std::size_t>(r0) * IC, nullptr, 1,
+                        IC, r1 - r0, accumulate);
+    if (bias)
+      for (int r = r0; r < r1; ++r) out[r] += bias[r];
+  }
+  if (rows.barrier) {
 #pragma omp barrier
+  }
 }
 
 // The fp16 cache's conversions and products use F16C (and FMA): part of x86-64-v3, the default
@@ -477,7 +493,8 @@ void Decoder::linear(int layer, int which, float* out, const float* in, const fl
   if (kernels_.linear)
     kernels_.linear(layer, which, out, in, bias, accumulate);
   else
-    team_linear(gemm_, out, in, weight, bias, IC, OC, accumulate);
+    team_linear(gemm_, out, in, weight, bias, IC, accumulate,
+                linear_rows(layout_.config(), which, OC));
 }
 
 // This thread's copy of the newest position's q heads, rotated (llama; GPT-2's are read in
@@ -781,7 +798,9 @@ void Decoder::layer(int l, int t) {
   linear(l, 1, x, att, at(w.attproj_w), at(w.attproj_b), C, C, true);
   norm_row(cfg, ln, x, at(w.ln2_w), at(w.ln2_b));
   linear(l, 2, fch_.data(), ln, at(w.fc_w), at(w.fc_b), C, cfg.fc_rows(), false);
-  const auto [f0, f1] = team_share(F);
+  // llama: the rows of gate and up this thread computed (no barrier after them); GPT-2: its share
+  const TeamRows fc = linear_rows(cfg, 2, cfg.fc_rows());
+  const auto [f0, f1] = fc.barrier ? team_share(F) : fc.first;
   float* act = fch_.data();
   if (cfg.llama()) {
     k::swiglu_slice(act_.data() + f0, fch_.data() + f0, fch_.data() + F + f0, f1 - f0);
@@ -836,7 +855,8 @@ void Decoder::logits_of_x() {
   if (kernels_.head)
     kernels_.head(logits_.data(), ln);
   else
-    team_linear(gemm_, logits_.data(), ln, P + layout_.head, nullptr, C, cfg.padded_vocab(), false);
+    team_linear(gemm_, logits_.data(), ln, P + layout_.head, nullptr, C, false,
+                team_rows(cfg.padded_vocab()));
 }
 
 const float* Decoder::step(std::int32_t token, bool want_logits) {

@@ -49,27 +49,36 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
     Q8Input in;
   };
   auto scratch = std::make_shared<std::vector<Scratch>>(omp_get_max_threads());
-  // The calling thread's share of w's tiles, then the team's barrier. Each thread quantizes
-  // (or prepares) its own copy of the input: the same values, without waiting for one another.
+  // The calling thread's rows of w (whole tiles), then the team's barrier where they say so.
+  // Each thread quantizes (or prepares) its own copy of the input: the same values, without
+  // waiting for one another.
+  static_assert(model::k_team_rows == k_tile_rows, "the team's row groups are the tiles");
   auto product = [this, scratch](const PackedLinear& w, float* y, const float* x, const float* bias,
-                                 bool accumulate, ActScale scale) {
-    const auto [t0, t1] = model::team_share(w.tiles());
+                                 bool accumulate, ActScale scale, const model::TeamRows& rows) {
+    Q8Input own;
+    Q8Input* in = nullptr;
     if (int8_activations) {
       const auto i = static_cast<std::size_t>(omp_get_thread_num());
-      Q8Input own;
-      Q8Input& in = i < scratch->size() ? (*scratch)[i].in : own;
-      quantize_q8(w, x, scale, isa, in);
-      packed_matvec_q8_tiles(w, in, y, bias, accumulate, t0, t1, isa);
-    } else {
-      packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa);
+      in = i < scratch->size() ? &(*scratch)[i].in : &own;
+      quantize_q8(w, x, scale, isa, *in);
     }
+    for (const model::TeamShare& run : {rows.first, rows.second}) {
+      const int t0 = run.begin / k_tile_rows, t1 = (run.end + k_tile_rows - 1) / k_tile_rows;
+      if (t1 <= t0) continue;
+      if (in)
+        packed_matvec_q8_tiles(w, *in, y, bias, accumulate, t0, t1, isa);
+      else
+        packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa);
+    }
+    if (rows.barrier) {
 #pragma omp barrier
+    }
   };
   model::DecoderKernels k;
   k.linear = [this, product](int layer, int which, float* out, const float* in, const float* bias,
                              bool accumulate) {
-    product(linears[static_cast<std::size_t>(layer) * k_num_lin + which], out, in, bias, accumulate,
-            act_scale);
+    const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + which];
+    product(w, out, in, bias, accumulate, act_scale, model::linear_rows(config, which, w.rows));
   };
   // A prompt's rows at once (Decoder::prefill), their inputs taken as the steps take them: with
   // int8 activations the step's kernel over runs of tiles for every row (the same values), else
@@ -87,7 +96,7 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
     k.head = [this, h, product](float* logits, const float* x) {
       if (omp_get_thread_num() == 0)  // the padding rows (not packed): 0
         std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
-      product(*h, logits, x, nullptr, false, ActScale::PerBlock);
+      product(*h, logits, x, nullptr, false, ActScale::PerBlock, model::team_rows(h->rows));
     };
   if (embed.rows)
     k.embed = [this](std::int32_t token, float* x) { embed.dequantize_row(token, x); };
