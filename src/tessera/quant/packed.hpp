@@ -146,8 +146,8 @@ void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, 
 // Y (N, rows) = X (N, cols) W^T + bias (may be null), each row of X rounded to int8 as
 // packed_matvec_q8 rounds it (so row n of Y is packed_matvec_q8 of row n of X, bit for bit): runs
 // of tiles, the codes of a run read once from memory for all N rows, each block's codes unpacked
-// once for four rows at a time. A prompt's products in the decoder's prefill when it decodes with
-// int8 activations.
+// once for four rows at a time (with VNNI, two tiles' blocks at once). A prompt's products in the
+// decoder's prefill when it decodes with int8 activations.
 void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
                       std::int64_t N, Isa isa, ActScale scale = ActScale::PerBlock);
 // The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order,
