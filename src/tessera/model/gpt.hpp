@@ -142,8 +142,9 @@ void backward(const ParamLayout& layout, const float* params, float* grads, Acti
 // ---- incremental decoding with a KV cache (sampling) ----
 // A decoding step runs as one OpenMP parallel region: every thread of the team goes through the
 // layers together, each computing its share of every product and of the attention, with a
-// barrier where one needs what all computed (5 per layer instead of a fork and a join per
-// operation, which cost ~1 us each on a 2-core machine against ~3-20 us of work).
+// barrier where one needs what all computed (5 per layer for llama, 6 for GPT-2, instead of a
+// fork and a join per operation, which cost ~1 us each on a 2-core machine against ~3-20 us of
+// work).
 
 // The share [begin, end) of n items that the calling thread of the current OpenMP team takes:
 // contiguous runs whose sizes differ by at most one, in thread order; all of them for a thread
