@@ -67,6 +67,21 @@ inline Result run(const std::string& args) {
   return r;
 }
 
+// Starts `tessera <args>` in the background from the source dir, its output redirected as
+// `redirect` says (shell syntax, e.g. ">/dev/null 2>&1"); returns the child's pid (its own shell
+// execs tessera, so the pid is tessera's). The command line is built before fork(): this process
+// has threads, and the child may only call exec.
+inline pid_t spawn(const std::string& args, const std::string& redirect) {
+  const std::string cmd =
+      "cd '" TESSERA_SOURCE_DIR "' && exec '" TESSERA_BIN "' " + args + " " + redirect;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
 inline bool have_tokenizer() {
   return fs::exists(fs::path(TESSERA_DATA) / "gpt2" / "encoder.json");
 }

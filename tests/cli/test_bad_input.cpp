@@ -181,14 +181,8 @@ TEST_F(BadInput, MetricsContinueFromTheCheckpointOnResume) {
 
 TEST_F(BadInput, MetricsStayWholeWhenKilled) {
   auto out = cli::scratch("bad_metrics_kill");
-  pid_t pid = fork();
+  const pid_t pid = cli::spawn(train(out, 100000, "train.ckpt_every=20"), ">/dev/null 2>&1");
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && exec '" TESSERA_BIN "' " +
-                      train(out, 100000, "train.ckpt_every=20") + " >/dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   // Waits for the first checkpoint (step 20: well under a second on an idle machine; up to a
   // minute allowed, since a loaded CI machine can be many times slower).
   for (int i = 0; i < 1200 && !tessera::io::latest_checkpoint(out / "checkpoints"); ++i)
@@ -228,14 +222,8 @@ TEST_F(BadInput, FreshRunIntoAUsedOutDirIsRefusedUnlessOverwrite) {
 
 TEST_F(BadInput, SecondRunOnALockedOutDirIsRefused) {
   auto out = cli::scratch("bad_lock");
-  pid_t pid = fork();
+  const pid_t pid = cli::spawn(train(out, 100000), ">/dev/null 2>&1");
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && exec '" TESSERA_BIN "' " +
-                      train(out, 100000) + " >/dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   for (int i = 0; i < 150 && !fs::exists(out / "metrics.jsonl"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto r = cli::run(train(out, 3, "--resume"));

@@ -287,16 +287,10 @@ TEST_F(Cli, KillDuringCheckpointSaveLeavesLoadableNewest) {
        attempt < 6 ||
        (attempt < 20 && !tessera::io::latest_checkpoint(out / "checkpoints").has_value());
        ++attempt) {
-    pid_t pid = fork();
+    const pid_t pid = cli::spawn(tiny_run_args(data_, out, 400) +
+                                     " --set train.ckpt_every=1 train.keep_checkpoints=3 --resume",
+                                 ">/dev/null 2>&1");
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      std::string cmd =
-          "cd '" TESSERA_SOURCE_DIR "' && exec '" TESSERA_BIN "' " +
-          tiny_run_args(data_, out, 400) +
-          " --set train.ckpt_every=1 train.keep_checkpoints=3 --resume >/dev/null 2>&1";
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(600 + 170 * attempt));
     if (kill(pid, SIGKILL) == 0) ++kills;
     int st = 0;

@@ -100,14 +100,7 @@ class RunControl : public ::testing::Test {
   }
   // Starts `tessera <args>` in the background, its stderr to `err`.
   static pid_t spawn(const std::string& args, const fs::path& err) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && exec '" TESSERA_BIN "' " + args +
-                              " >/dev/null 2>'" + err.string() + "'";
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    return pid;
+    return cli::spawn(args, ">/dev/null 2>'" + err.string() + "'");
   }
   // Waits (up to two minutes: a loaded machine is slow) until `metrics` has `n` step rows.
   static bool wait_for_steps(const fs::path& metrics, std::size_t n) {
