@@ -1,6 +1,5 @@
 #include "tessera/core/stop_signals.hpp"
 
-#include <omp.h>
 #include <pthread.h>
 
 #include <ctime>
