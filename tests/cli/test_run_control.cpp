@@ -98,10 +98,6 @@ class RunControl : public ::testing::Test {
         k_vocab, k_T, k_T, k_B, steps, (shard.empty() ? data_ / "train.bin" : shard).string(),
         (data_ / "val.bin").string(), out.string(), extra);
   }
-  // Starts `tessera <args>` in the background, its stderr to `err`.
-  static pid_t spawn(const std::string& args, const fs::path& err) {
-    return cli::spawn(args, ">/dev/null 2>'" + err.string() + "'");
-  }
   // Waits (up to two minutes: a loaded machine is slow) until `metrics` has `n` step rows.
   static bool wait_for_steps(const fs::path& metrics, std::size_t n) {
     for (int i = 0; i < 2400; ++i) {
@@ -131,7 +127,8 @@ TEST_F(RunControl, StopSignalSavesACheckpointAndResumeContinues) {
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
     SCOPED_TRACE(name);
     const auto out = cli::scratch("signal_" + name);
-    const pid_t pid = spawn(train(out, 100000), out.parent_path() / (name + ".err"));
+    const fs::path err_file = out.parent_path() / (name + ".err");
+    const pid_t pid = cli::spawn(train(out, 100000), ">/dev/null 2>'" + err_file.string() + "'");
     ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 3));
     kill(pid, sig);
     EXPECT_EQ(exit_code(pid), 0);
