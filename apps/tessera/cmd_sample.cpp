@@ -7,6 +7,7 @@
 #include <malloc.h>
 #endif
 #include <cstdio>
+#include <functional>
 
 #include "commands.hpp"
 #include "model_paths.hpp"
@@ -49,8 +50,8 @@ std::string describe_packed(const quant::PackedModel& pm) {
   return s;
 }
 
-// One line on stderr after the text, as llama.cpp prints its timings: the prompt's tokens (fed
-// one by one through the KV-cache decoder, the first generated token's sampling included), the
+// One line on stderr after the text, as llama.cpp prints its timings: the prompt's tokens (through
+// the KV-cache decoder in one pass, the first generated token's sampling included), the
 // generated tokens' rate after the first, and this process's resident memory at the last token
 // (while decoding) and at its peak (loading included).
 void print_timings(int prompt_tokens, int generated, std::chrono::steady_clock::time_point t0,
@@ -68,24 +69,120 @@ void print_timings(int prompt_tokens, int generated, std::chrono::steady_clock::
                peak_resident_bytes() / 1e6, kernels.c_str());
 }
 
+struct SampleArgs {
+  std::string model;
+  std::string prompt;
+  std::string tokenizer;  // "": the model's own, else GPT-2's
+  int tokens = 128;
+  double temperature = 1.0;
+  int top_k = 40;
+  std::uint64_t seed = 42;
+  bool ids = false;
+  bool stop_at_eot = false;
+  std::string device = "cpu", precision = "fp32", kernels = "packed", kv_cache = "f32";
+};
+
+void check_args(const SampleArgs& a) {
+  if (a.tokens < 0) throw Error("--tokens must be >= 0");
+  if (!std::isfinite(a.temperature) || a.temperature < 0)
+    throw Error(fmt::format("--temperature must be a number >= 0, got {}", a.temperature),
+                "0 means greedy; 1 samples from the model's distribution");
+  if (a.top_k < 0) throw Error("--top-k must be >= 0");
+  if (a.precision == "bf16" && a.device != "cuda")
+    throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
+  if (a.kv_cache != "f32" && a.device != "cpu")
+    throw Error("--kv-cache is the CPU decoder's (the GPU recomputes the context per token)",
+                "leave it out with --device cuda");
+}
+
+// The prompt's tokens. The model's start: BOS for models that expect it (Llama 3), else an empty
+// prompt starts after an end of text, as a new document would.
+std::vector<std::int32_t> prompt_tokens(const data::Tokenizer& tok, const std::string& text) {
+  std::vector<std::int32_t> prompt;
+  if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
+  for (auto id : tok.encode(text)) prompt.push_back(static_cast<std::int32_t>(id));
+  if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
+  return prompt;
+}
+
+// The model to sample from. With the packed kernels on the CPU a quantized file is packed as it
+// loads, never resident unpacked; one that they do not take loads again, dequantized.
+struct SampleModel {
+  quant::AnyModel any;
+  quant::PackedModel packed;  // empty unless packed
+};
+
+SampleModel load_for_sampling(const SampleArgs& a) {
+  const auto path = resolve_model_path(a.model);
+  SampleModel m;
+  std::string not_packed;
+  if (a.device == "cpu" && a.kernels != "fp32")
+    m.any = quant::load_packed_model(path, m.packed, not_packed);
+  else
+    m.any = quant::load_any_model(path);
+  if (!not_packed.empty()) {
+    std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", not_packed.c_str());
+    m.any = quant::load_any_model(path);
+  }
+  if (a.device == "cuda" && m.any.act.mode != quant::ActMode::None)
+    throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
+                "sample this model on the CPU");
+  return m;
+}
+
+eval::SampleOptions sample_options(const SampleArgs& a, const data::Tokenizer& tok) {
+  eval::SampleOptions so;
+  so.max_new_tokens = a.tokens;
+  so.temperature = static_cast<float>(a.temperature);
+  so.top_k = a.top_k;
+  so.kv_cache = model::parse_kv_cache(a.kv_cache);
+  if (a.stop_at_eot) so.stop_token = static_cast<std::int32_t>(tok.eot_id());
+  return so;
+}
+
+using Emit = std::function<void(std::int32_t)>;
+
+// On the current NVIDIA GPU: each token recomputes the context. `start` is set once the weights
+// are on the device (the prompt's time counts from there).
+void generate_on_gpu(const model::ModelConfig& cfg, const float* params, bool bf16,
+                     const std::vector<std::int32_t>& prompt, const eval::SampleOptions& so,
+                     Rng& rng, const Emit& emit, std::chrono::steady_clock::time_point& start) {
+  model::DeviceGpt dev(cfg, bf16 ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32, 1,
+                       cfg.block_size);
+  dev.upload_params(params);
+  std::vector<float> row(cfg.padded_vocab());
+  start = std::chrono::steady_clock::now();
+  eval::generate_recompute(
+      cfg.vocab_size, cfg.block_size, prompt, so, rng,
+      [&](const std::int32_t* context, int T) {
+        dev.forward(context, nullptr, 1, T, false, 0.0f);
+        dev.download_logits_row(T - 1, row.data());
+        return row.data();
+      },
+      emit);
+}
+
+// On the CPU: the KV-cache decoder over the fp32 (or dequantized) weights, or the packed kernels
+// where `so` carries them; the files it cannot decode one token at a time (per-tensor W8A8,
+// LLM.int8()) simulate their activation quantization, recomputing the context per token.
+void generate_on_cpu(const model::ParamLayout& layout, const float* params,
+                     const quant::ActQuant& act, const std::vector<std::int32_t>& prompt,
+                     const eval::SampleOptions& so, Rng& rng, const Emit& emit) {
+  if (!so.kernels.linear && act.mode != quant::ActMode::None) {
+    if (so.kv_cache != model::KvCache::F32)
+      std::fprintf(stderr, "note: --kv-cache: this model recomputes its context per token\n");
+    quant::generate(layout, params, act, prompt, so, rng, emit);
+  } else {
+    eval::generate(layout, params, prompt, so, rng, emit);
+  }
+}
+
 }  // namespace
 
 void add_sample_command(CLI::App& root) {
   auto* cmd =
       root.add_subcommand("sample", "generate text from a trained model (KV-cache decoding)");
-  struct Args {
-    std::string model;
-    std::string prompt;
-    std::string tokenizer;  // "": the model's own, else GPT-2's
-    int tokens = 128;
-    double temperature = 1.0;
-    int top_k = 40;
-    std::uint64_t seed = 42;
-    bool ids = false;
-    bool stop_at_eot = false;
-    std::string device = "cpu", precision = "fp32", kernels = "packed", kv_cache = "f32";
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<SampleArgs>();
   cmd->add_option(
          "--model,-m", a->model,
          "run directory, checkpoint directory, model.safetensors (Hugging Face GPT-2 and "
@@ -126,47 +223,16 @@ void add_sample_command(CLI::App& root) {
       ->check(CLI::IsMember(
           {model::kv_cache_name(model::KvCache::F32), model::kv_cache_name(model::KvCache::F16)}));
   cmd->callback([a] {
-    if (a->tokens < 0) throw Error("--tokens must be >= 0");
-    if (!std::isfinite(a->temperature) || a->temperature < 0)
-      throw Error(fmt::format("--temperature must be a number >= 0, got {}", a->temperature),
-                  "0 means greedy; 1 samples from the model's distribution");
-    if (a->top_k < 0) throw Error("--top-k must be >= 0");
-    if (a->precision == "bf16" && a->device != "cuda")
-      throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
-    if (a->kv_cache != "f32" && a->device != "cpu")
-      throw Error("--kv-cache is the CPU decoder's (the GPU recomputes the context per token)",
-                  "leave it out with --device cuda");
-    auto path = resolve_model_path(a->model);
-    // With the packed kernels a quantized file is packed as it loads, never resident unpacked; one
-    // that they do not take loads again, dequantized.
-    const bool packed_kernels = a->device == "cpu" && a->kernels != "fp32";
-    quant::PackedModel packed;
-    std::string not_packed;
-    auto any = packed_kernels ? quant::load_packed_model(path, packed, not_packed)
-                              : quant::load_any_model(path);
-    if (!not_packed.empty()) {
-      std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", not_packed.c_str());
-      any = quant::load_any_model(path);
-    }
-    if (a->device == "cuda" && any.act.mode != quant::ActMode::None)
-      throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
-                  "sample this model on the CPU");
+    check_args(*a);
+    SampleModel m = load_for_sampling(*a);
+    quant::AnyModel& any = m.any;
+    quant::PackedModel& packed = m.packed;
     auto& loaded = any.model;
     model::ParamLayout layout(loaded.config);
     auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
     io::require_tokenizer_fits(tok, loaded.config.vocab_size);
-    // The model's start: BOS for models that expect it (Llama 3), else an empty prompt starts
-    // after an end of text, as a new document would.
-    std::vector<std::int32_t> prompt;
-    if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
-    for (auto id : tok.encode(a->prompt)) prompt.push_back(static_cast<std::int32_t>(id));
-    if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
-    eval::SampleOptions so;
-    so.max_new_tokens = a->tokens;
-    so.temperature = static_cast<float>(a->temperature);
-    so.top_k = a->top_k;
-    so.kv_cache = model::parse_kv_cache(a->kv_cache);
-    if (a->stop_at_eot) so.stop_token = static_cast<std::int32_t>(tok.eot_id());
+    const std::vector<std::int32_t> prompt = prompt_tokens(tok, a->prompt);
+    eval::SampleOptions so = sample_options(*a, tok);
     Rng rng(a->seed);
     if (!a->ids) std::fputs(a->prompt.c_str(), stdout);
     std::fflush(stdout);
@@ -186,44 +252,22 @@ void add_sample_command(CLI::App& root) {
       std::fflush(stdout);
     };
     std::string kernels_used = any.quantized ? any.description + ", dequantized to fp32" : "fp32";
-    // Quantized files decode from their packed form; the ones it cannot reproduce one token at a
-    // time (per-tensor W8A8, LLM.int8()) simulate their activation quantization (full recompute
-    // per token).
-    if (a->device == "cuda") {
-      const auto& cfg = loaded.config;
-      model::DeviceGpt dev(
-          cfg, a->precision == "bf16" ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32,
-          1, cfg.block_size);
-      dev.upload_params(loaded.params.data());
-      std::vector<float> row(cfg.padded_vocab());
-      t_start = clock::now();
-      eval::generate_recompute(
-          cfg.vocab_size, cfg.block_size, prompt, so, rng,
-          [&](const std::int32_t* context, int T) {
-            dev.forward(context, nullptr, 1, T, false, 0.0f);
-            dev.download_logits_row(T - 1, row.data());
-            return row.data();
-          },
-          print);
-    } else {
-      const bool use_packed = !packed.linears.empty();
-      if (use_packed) {  // the packed kernels
-        packed.int8_activations = a->kernels == "packed";
-        so.kernels = packed.decoder_kernels();
-        packed.release_packed_weights(layout, loaded.params.data());
-        release_free_heap();
-        kernels_used = describe_packed(packed);
-      }
-      t_start = clock::now();
-      if (!use_packed && any.act.mode != quant::ActMode::None) {  // simulated activation rounding
-        if (so.kv_cache != model::KvCache::F32)
-          std::fprintf(stderr, "note: --kv-cache: this model recomputes its context per token\n");
-        quant::generate(layout, loaded.params.data(), any.act, prompt, so, rng, print);
-      } else {
-        if (so.kv_cache != model::KvCache::F32) kernels_used += ", KV cache f16";
-        eval::generate(layout, loaded.params.data(), prompt, so, rng, print);
-      }
+    if (a->device == "cpu" && !packed.linears.empty()) {  // decode from the packed form
+      packed.int8_activations = a->kernels == "packed";
+      so.kernels = packed.decoder_kernels();
+      packed.release_packed_weights(layout, loaded.params.data());
+      release_free_heap();
+      kernels_used = describe_packed(packed);
     }
+    if (a->device == "cpu" && so.kv_cache != model::KvCache::F32 &&
+        (so.kernels.linear || any.act.mode == quant::ActMode::None))
+      kernels_used += ", KV cache f16";
+    t_start = clock::now();
+    if (a->device == "cuda")
+      generate_on_gpu(loaded.config, loaded.params.data(), a->precision == "bf16", prompt, so, rng,
+                      print, t_start);
+    else
+      generate_on_cpu(layout, loaded.params.data(), any.act, prompt, so, rng, print);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     print_timings(static_cast<int>(prompt.size()), generated, t_start, t_first, clock::now(),
