@@ -691,6 +691,110 @@ std::map<std::string, json> spec_list(const json& meta, const char* key, const f
   return specs;
 }
 
+// A tessera-quantized file's metadata: its config, layout, and the linears' and vocabulary
+// matrices' entries by name.
+struct QuantizedHeader {
+  json meta;
+  model::ModelConfig cfg;
+  model::ParamLayout layout;
+  std::map<std::string, json> specs, vocab_specs;
+
+  static std::string vocab_name(const model::ParamTensor& t) {
+    return t.name.substr(0, t.name.rfind(".weight"));
+  }
+  // Whether the file holds t quantized (a block linear's weight, or a vocabulary matrix it lists).
+  bool quantized(const model::ParamTensor& t) const {
+    return is_linear_weight(t) || (t.vocab_rows && vocab_specs.count(vocab_name(t)));
+  }
+};
+
+QuantizedHeader read_quantized_header(const io::SafetensorsFile& st, const std::string& text,
+                                      const fs::path& file, const fs::path& config) {
+  json meta = json::parse(text, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
+      meta["format"] != k_format)
+    throw bad_file(file, "unknown quantization metadata");
+  const model::ModelConfig cfg = io::model_config_of(st, config);
+  if (!meta.contains("linears")) throw bad_file(file, "no 'linears' list");
+  QuantizedHeader h{meta, cfg, model::ParamLayout(cfg), spec_list(meta, "linears", file),
+                    spec_list(meta, "vocab", file)};
+  // The file must hold this model before its memory is allocated.
+  try {
+    io::check_model_tensors(st, h.layout, "", [&](const auto& t) { return h.quantized(t); });
+  } catch (const Error& e) {
+    throw Error(
+        fmt::format("quantized model {} does not match its config: {}", file.string(), e.what()),
+        "use the config.json written with the quantized file");
+  }
+  io::check_model_fits(h.layout, file);
+  return h;
+}
+
+// Every tensor but the block linears into P: the fp32 ones read, the quantized vocabulary
+// matrices dequantized into P if `dequantize` and handed to the sink (else kept in out).
+// Returns the vocabulary matrices' bits (0: none quantized).
+int read_vocab_and_fp32(const io::SafetensorsFile& st, const fs::path& file,
+                        const QuantizedHeader& h, bool dequantize, const QuantizedSink* sink,
+                        float* P, AnyModel& out) {
+  const model::ModelConfig& cfg = h.cfg;
+  int vocab_bits = 0;
+  for (const auto& t : h.layout.tensors()) {
+    if (!h.quantized(t)) {
+      std::vector<std::int64_t> shape = t.shape;
+      if (t.vocab_rows) shape = {cfg.vocab_size, cfg.n_embd};
+      st.read_f32(t.name, shape, P + t.offset);
+      continue;
+    }
+    if (!t.vocab_rows) continue;  // a block linear: read_linears
+    const std::string name = QuantizedHeader::vocab_name(t);
+    AnyModel::VocabMatrix v{t.offset, read_qlinear(st, file, cfg, name, cfg.vocab_size, cfg.n_embd,
+                                                   h.vocab_specs.at(name))};
+    if (dequantize) v.q.dequantize(P + t.offset);
+    vocab_bits = v.q.spec.bits;
+    if (sink)
+      sink->vocab(v.offset, std::move(v.q));
+    else
+      out.vocab.push_back(std::move(v));
+  }
+  return vocab_bits;
+}
+
+// The block linears, layer-major in Lin order: dequantized into P if `dequantize`, handed to the
+// sink (else kept in out).
+void read_linears(const io::SafetensorsFile& st, const fs::path& file, const QuantizedHeader& h,
+                  bool dequantize, const QuantizedSink* sink, float* P, AnyModel& out) {
+  const model::ModelConfig& cfg = h.cfg;
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      const Lin kind = static_cast<Lin>(k);
+      const std::string name = linear_name(cfg, l, kind);
+      auto sp = h.specs.find(name);
+      if (sp == h.specs.end()) throw bad_file(file, fmt::format("linear {} is missing", name));
+      QuantizedLinear q =
+          read_qlinear(st, file, cfg, name, lin_rows(cfg, kind), lin_cols(cfg, kind), sp->second);
+      if (dequantize) q.dequantize(P + lin_weight_offset(h.layout, l, kind));
+      if (sink)
+        sink->linear(static_cast<std::size_t>(l) * k_num_lin + k, std::move(q));
+      else
+        out.linears.push_back(std::move(q));
+    }
+}
+
+// The method, activations, description and info of a quantized file's metadata.
+void describe_quantized(const json& meta, int vocab_bits, AnyModel& out) {
+  out.quantized = true;
+  out.act.mode = parse_act_mode(meta.value("activations", "none"));
+  out.act.threshold = meta.value("int8_threshold", 6.0f);
+  const auto& l0 = meta["linears"].empty() ? json::object() : meta["linears"][0];
+  WeightQuant wq{l0.value("bits", 0), l0.value("group", 0), l0.value("sym", false)};
+  out.description = fmt::format(
+      "{} {} act {}{}", meta.value("method", "?"), describe(wq), act_mode_name(out.act.mode),
+      vocab_bits == 0 ? std::string() : fmt::format(", embedding {}-bit", vocab_bits));
+  if (meta.contains("info") && meta["info"].is_object())
+    for (auto& [k, v] : meta["info"].items())
+      if (v.is_string()) out.info[k] = v.get<std::string>();
+}
+
 AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSink* sink) {
   const bool is_dir = input_kind(path, "model") == InputKind::Directory;
   fs::path file = is_dir ? path / "model.safetensors" : path;
@@ -711,81 +815,18 @@ AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSi
     out.description = "fp32";
     return out;
   }
-  json meta = json::parse(it->second, nullptr, false);
-  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
-      meta["format"] != k_format)
-    throw bad_file(file, "unknown quantization metadata");
-  const model::ModelConfig cfg =
-      io::model_config_of(st, (is_dir ? path : path.parent_path()) / "config.json");
-  model::ParamLayout layout(cfg);
-  if (!meta.contains("linears")) throw bad_file(file, "no 'linears' list");
-  const auto specs = spec_list(meta, "linears", file);
-  const auto vocab_specs = spec_list(meta, "vocab", file);
-  auto vocab_name = [](const model::ParamTensor& t) {
-    return t.name.substr(0, t.name.rfind(".weight"));
-  };
-  auto quantized = [&](const model::ParamTensor& t) {
-    return is_linear_weight(t) || (t.vocab_rows && vocab_specs.count(vocab_name(t)));
-  };
-  // The file must hold this model before its memory is allocated.
-  try {
-    io::check_model_tensors(st, layout, "", quantized);
-  } catch (const Error& e) {
-    throw Error(
-        fmt::format("quantized model {} does not match its config: {}", file.string(), e.what()),
-        "use the config.json written with the quantized file");
-  }
-  io::check_model_fits(layout, file);
-  out.model.config = cfg;
-  out.model.params = Buffer<float>(layout.total());
+  const QuantizedHeader h = read_quantized_header(
+      st, it->second, file, (is_dir ? path : path.parent_path()) / "config.json");
+  out.model.config = h.cfg;
+  out.model.params = Buffer<float>(h.layout.total());
   float* P = out.model.params.data();  // zeros
-  int vocab_bits = 0;                  // of the quantized embedding and head, if any
-  for (const auto& t : layout.tensors()) {
-    if (quantized(t)) {
-      if (!t.vocab_rows) continue;
-      AnyModel::VocabMatrix v{t.offset, read_qlinear(st, file, cfg, vocab_name(t), cfg.vocab_size,
-                                                     cfg.n_embd, vocab_specs.at(vocab_name(t)))};
-      if (dequantize) v.q.dequantize(P + t.offset);
-      vocab_bits = v.q.spec.bits;
-      if (sink)
-        sink->vocab(v.offset, std::move(v.q));
-      else
-        out.vocab.push_back(std::move(v));
-      continue;
-    }
-    std::vector<std::int64_t> shape = t.shape;
-    if (t.vocab_rows) shape = {cfg.vocab_size, cfg.n_embd};
-    st.read_f32(t.name, shape, P + t.offset);
-  }
-  for (int l = 0; l < cfg.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k) {
-      Lin kind = static_cast<Lin>(k);
-      const std::string name = linear_name(cfg, l, kind);
-      auto sp = specs.find(name);
-      if (sp == specs.end()) throw bad_file(file, fmt::format("linear {} is missing", name));
-      QuantizedLinear q =
-          read_qlinear(st, file, cfg, name, lin_rows(cfg, kind), lin_cols(cfg, kind), sp->second);
-      if (dequantize) q.dequantize(P + lin_weight_offset(layout, l, kind));
-      if (sink)
-        sink->linear(static_cast<std::size_t>(l) * k_num_lin + k, std::move(q));
-      else
-        out.linears.push_back(std::move(q));
-    }
+  const int vocab_bits = read_vocab_and_fp32(st, file, h, dequantize, sink, P, out);
+  read_linears(st, file, h, dequantize, sink, P, out);
   if (dequantize)
-    io::check_finite(layout, P, file.string() + " (dequantized)");
+    io::check_finite(h.layout, P, file.string() + " (dequantized)");
   else  // the quantized matrices' scales were checked by read_qlinear
-    io::check_finite(layout, P, file.string(), quantized);
-  out.quantized = true;
-  out.act.mode = parse_act_mode(meta.value("activations", "none"));
-  out.act.threshold = meta.value("int8_threshold", 6.0f);
-  const auto& l0 = meta["linears"].empty() ? json::object() : meta["linears"][0];
-  WeightQuant wq{l0.value("bits", 0), l0.value("group", 0), l0.value("sym", false)};
-  out.description = fmt::format(
-      "{} {} act {}{}", meta.value("method", "?"), describe(wq), act_mode_name(out.act.mode),
-      vocab_bits == 0 ? std::string() : fmt::format(", embedding {}-bit", vocab_bits));
-  if (meta.contains("info") && meta["info"].is_object())
-    for (auto& [k, v] : meta["info"].items())
-      if (v.is_string()) out.info[k] = v.get<std::string>();
+    io::check_finite(h.layout, P, file.string(), [&](const auto& t) { return h.quantized(t); });
+  describe_quantized(h.meta, vocab_bits, out);
   return out;
 }
 }  // namespace
