@@ -78,6 +78,22 @@ Interval perplexity_interval(const std::vector<WindowSums>& w) {
                      [&](const std::vector<int>& c) { return perplexity_of(w, &c); });
 }
 
+namespace {
+// A result's totals from its windows' negative log-likelihoods (sum, sum of squares, count):
+// the mean, the perplexity, its standard error (as llama-perplexity reports it) and its
+// bootstrap interval over r.per_window.
+void finish_perplexity(PplResult& r, double sum, double sumsq, std::int64_t count) {
+  r.scored = count;
+  r.nll = count ? sum / count : 0;
+  r.perplexity = std::exp(r.nll);
+  if (count > 1) {
+    double var = std::max(0.0, sumsq / count - r.nll * r.nll);
+    r.stderr_ppl = r.perplexity * std::sqrt(var / (count - 1));
+  }
+  r.ppl_ci95 = perplexity_interval(r.per_window);
+}
+}  // namespace
+
 Interval perplexity_ratio_interval(const std::vector<WindowSums>& a,
                                    const std::vector<WindowSums>& b) {
   TESSERA_CHECK(a.size() == b.size(), "a paired interval needs the same windows");
@@ -150,16 +166,58 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
     }
   }
   progress.finish();
-  r.scored = count;
-  r.nll = count ? sum / count : 0;
-  r.perplexity = std::exp(r.nll);
-  if (count > 1) {
-    double var = std::max(0.0, sumsq / count - r.nll * r.nll);
-    r.stderr_ppl = r.perplexity * std::sqrt(var / (count - 1));
-  }
-  r.ppl_ci95 = perplexity_interval(r.per_window);
+  finish_perplexity(r, sum, sumsq, count);
   return r;
 }
+
+namespace {
+// The comparison of one position's logits: KL(reference || model) and whether their argmaxes
+// agree. pa, ea, pb, eb: the two rows' log-probabilities and probabilities (over V).
+struct PositionKl {
+  double kl;
+  bool agree;
+};
+PositionKl compare_position(const std::vector<double>& pa, const std::vector<double>& ea,
+                            const std::vector<double>& pb, int V) {
+  double kl = 0;
+  int aa = 0, ab = 0;
+  for (int v = 0; v < V; ++v) {
+    kl += ea[v] * (pa[v] - pb[v]);
+    if (pa[v] > pa[aa]) aa = v;
+    if (pb[v] > pb[ab]) ab = v;
+  }
+  return {kl, aa == ab};
+}
+
+// r's summary of the positions' divergences (kls, sorted here) and argmax agreements: mean,
+// percentiles, top-1 agreement, and bootstrap intervals over the windows.
+void summarize_kl(KlResult& r, std::vector<double>& kls, const std::vector<WindowSums>& windows,
+                  std::int64_t agree) {
+  const int nw = static_cast<int>(windows.size());
+  auto mean_of = [&](const std::vector<int>& c, bool top1) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < windows.size(); ++i) {
+      num += c[i] * (top1 ? static_cast<double>(windows[i].top1) : windows[i].kl);
+      den += c[i] * static_cast<double>(windows[i].positions);
+    }
+    return den > 0 ? num / den : 0.0;
+  };
+  r.mean_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, false); });
+  r.top1_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, true); });
+  double s = 0;
+  for (double k : kls) s += k;
+  r.mean = s / kls.size();
+  std::sort(kls.begin(), kls.end());
+  auto pct = [&](double p) {
+    return kls[std::min(kls.size() - 1, static_cast<std::size_t>(p * (kls.size() - 1) + 0.5))];
+  };
+  r.median = pct(0.5);
+  r.p90 = pct(0.9);
+  r.p99 = pct(0.99);
+  r.max = kls.back();
+  r.top1_agreement = static_cast<double>(agree) / kls.size();
+}
+}  // namespace
 
 KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
                        const std::vector<std::int32_t>& tokens, int ctx, int V, int Vp,
@@ -188,13 +246,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
       WindowSums& ws = windows[static_cast<std::size_t>(w0) + i / ctx];
       log_softmax(la.data() + i * Vp, V, pa, ea);
       log_softmax(lb.data() + i * Vp, V, pb, eb);
-      double kl = 0;
-      int aa = 0, ab = 0;
-      for (int v = 0; v < V; ++v) {
-        kl += ea[v] * (pa[v] - pb[v]);
-        if (pa[v] > pa[aa]) aa = v;
-        if (pb[v] > pb[ab]) ab = v;
-      }
+      const PositionKl c = compare_position(pa, ea, pb, V);
       if (i % ctx != ctx - 1) {  // the model's NLL of the next token inside the window
         double nll = -pb[in[i + 1]];
         nll_sum += nll;
@@ -203,11 +255,11 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
         ws.nll += nll;
         ++ws.scored;
       }
-      if (!std::isfinite(kl)) throw non_finite(w0 + static_cast<int>(i / ctx), i % ctx);
-      kls.push_back(std::max(0.0, kl));
-      agree += aa == ab;
+      if (!std::isfinite(c.kl)) throw non_finite(w0 + static_cast<int>(i / ctx), i % ctx);
+      kls.push_back(std::max(0.0, c.kl));
+      agree += c.agree;
       ws.kl += kls.back();
-      ws.top1 += aa == ab;
+      ws.top1 += c.agree;
       ++ws.positions;
     }
   }
@@ -218,39 +270,9 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
   r.model_ppl.ctx = ctx;
   r.model_ppl.windows = nw;
   r.model_ppl.label = protocol_label(PplProtocol::Windows, ctx);
-  r.model_ppl.scored = scored;
-  r.model_ppl.nll = scored ? nll_sum / scored : 0;
-  r.model_ppl.perplexity = std::exp(r.model_ppl.nll);
-  if (scored > 1)
-    r.model_ppl.stderr_ppl =
-        r.model_ppl.perplexity *
-        std::sqrt(std::max(0.0, nll_sq / scored - r.model_ppl.nll * r.model_ppl.nll) /
-                  (scored - 1));
   r.model_ppl.per_window = windows;
-  r.model_ppl.ppl_ci95 = perplexity_interval(windows);
-  if (kls.empty()) return r;
-  auto mean_of = [&](const std::vector<int>& c, bool top1) {
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < windows.size(); ++i) {
-      num += c[i] * (top1 ? static_cast<double>(windows[i].top1) : windows[i].kl);
-      den += c[i] * static_cast<double>(windows[i].positions);
-    }
-    return den > 0 ? num / den : 0.0;
-  };
-  r.mean_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, false); });
-  r.top1_ci95 = bootstrap95(nw, [&](const std::vector<int>& c) { return mean_of(c, true); });
-  double s = 0;
-  for (double k : kls) s += k;
-  r.mean = s / kls.size();
-  std::sort(kls.begin(), kls.end());
-  auto pct = [&](double p) {
-    return kls[std::min(kls.size() - 1, static_cast<std::size_t>(p * (kls.size() - 1) + 0.5))];
-  };
-  r.median = pct(0.5);
-  r.p90 = pct(0.9);
-  r.p99 = pct(0.99);
-  r.max = kls.back();
-  r.top1_agreement = static_cast<double>(agree) / kls.size();
+  finish_perplexity(r.model_ppl, nll_sum, nll_sq, scored);
+  if (!kls.empty()) summarize_kl(r, kls, windows, agree);
   return r;
 }
 
