@@ -83,6 +83,19 @@ const char* trace_category(OpKind op) {
 
 }  // namespace
 
+// One run()'s arguments, what it accumulates, and its sends still in flight.
+struct PipelineExecutor::Step {
+  model::ParamStore& store;
+  const std::vector<const std::int32_t*>& inputs;
+  const std::vector<const std::int32_t*>& targets;
+  const model::ForwardOptions& opt;
+  DataParallel* dp;           // the hooks' data parallelism, or null
+  bool one_stage;             // pp = 1: each backward's reductions complete at once
+  std::vector<float> losses;  // (m): each micro-batch's loss, from the chunk with the head
+  std::map<std::pair<int, int>, Pending> act_sends;  // (chunk, mb)
+  std::vector<Pending> grad_sends;
+};
+
 std::vector<float> PipelineExecutor::run(model::ParamStore& store,
                                          const std::vector<const std::int32_t*>& inputs,
                                          const std::vector<const std::int32_t*>& targets, int B,
@@ -97,108 +110,120 @@ std::vector<float> PipelineExecutor::run(model::ParamStore& store,
   TESSERA_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
                 "{} micro-batches given, the schedule has {}", inputs.size(), m);
   model_.begin_step(B, T);
-  const std::size_t n = model_.boundary_numel();
-  grad_in_.resize(n);
+  grad_in_.resize(model_.boundary_numel());
   stats_ = PipelineStats{};
   Timer step_timer;
-  std::vector<float> losses(m, 0.0f);
-  // Tags: the message key of the instruction (parallel::message_key: activation or gradient,
-  // micro-batch, consuming model chunk), within MPI's guaranteed tag range; messages with the
-  // same tag between two stages arrive in the order sent, which is also the order received.
-  auto tag = [&](const Instr& in) { return parallel::message_key(spec_, stage_, in) % 32767; };
-  std::map<std::pair<int, int>, Pending> act_sends;  // (chunk, mb)
-  std::vector<Pending> grad_sends;
+  Step s{store, inputs, targets, opt, dp, one_stage, std::vector<float>(m, 0.0f), {}, {}};
   reset_pool();
-  const std::size_t wire_bytes = n * (bf16_wire_ ? 2 : 4);
-  auto reap = [&](bool all) {
-    for (auto it = grad_sends.begin(); it != grad_sends.end();) {
-      if (all) poll_wait(it->req);
-      if (!it->req.pending() || it->req.test()) {
-        release(*it);
-        it = grad_sends.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  };
   trace_.clear();
   for (const Instr& in : list_) {
     const double started = step_timer.seconds();
-    switch (in.op) {
-      case OpKind::RecvAct:
-        stats_.recv_wait_s += receive(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in));
-        break;
-      case OpKind::Forward: {
-        if (dp && one_stage) dp->begin_micro_batch(in.mb == m - 1);
-        Timer t;
-        store.begin_forward();
-        const float loss =
-            model_.forward_chunk(store, in.chunk, in.mb, inputs[in.mb], targets[in.mb], opt);
-        if (model_.chunks()[in.chunk].head) losses[in.mb] = loss;
-        stats_.forward_s += t.seconds();
-        stats_.compute_s += t.seconds();
-        ++stats_.forwards;
-        break;
-      }
-      case OpKind::SendAct:
-        act_sends[{in.chunk, in.mb}] =
-            post_send(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in), true);
-        stats_.sent_bytes += wire_bytes;
-        break;
-      case OpKind::RecvGrad:
-        stats_.recv_wait_s += receive(grad_in_.data(), n, in.peer, tag(in));
-        break;
-      case OpKind::Backward: {
-        // The slot's output may still be on its way to the next stage (it has arrived by now:
-        // the gradient received for it proves it, but the request must complete).
-        if (auto it = act_sends.find({in.chunk, in.mb}); it != act_sends.end()) {
-          Timer t;
-          poll_wait(it->second.req);
-          stats_.send_wait_s += t.seconds();
-          release(it->second);
-          act_sends.erase(it);
-        }
-        Timer t;
-        store.begin_backward();
-        const bool head = model_.chunks()[in.chunk].head;
-        model_.backward_chunk(store, in.chunk, in.mb, head ? nullptr : grad_in_.data(), opt.gemm);
-        stats_.backward_s += t.seconds();
-        stats_.compute_s += t.seconds();
-        ++stats_.backwards;
-        if (dp && one_stage) {  // the reductions this backward issued
-          Timer w;
-          dp->end_micro_batch();
-          stats_.reduce_wait_s += w.seconds();
-        }
-        reap(false);
-        break;
-      }
-      case OpKind::SendGrad:
-        grad_sends.push_back(post_send(model_.input_grad(), n, in.peer, tag(in), false));
-        stats_.sent_bytes += wire_bytes;
-        break;
-      case OpKind::OptimizerStep:
-        break;  // the last instruction: run below, once the sends have completed
-    }
+    execute(in, s);
     if (tracing_ && in.op != OpKind::OptimizerStep)
       trace_.push_back({0, stage_, describe(in), trace_category(in.op), started,
                         step_timer.seconds() - started});
   }
   Timer t;
-  for (auto& [k, p] : act_sends) poll_wait(p.req);
-  reap(true);
+  for (auto& [k, p] : s.act_sends) poll_wait(p.req);
+  reap_grad_sends(s, true);
   stats_.send_wait_s += t.seconds();
   stats_.step_s = step_timer.seconds();  // the schedule, without the optimizer step
-  if (hooks) {
+  if (hooks) {  // OptimizerStep, the last instruction: run here, once the sends have completed
     const double started = step_timer.seconds();
     Timer w;
     if (!one_stage) reduce_gradients(*dp);
     stats_.reduce_wait_s += w.seconds();
-    if (hooks->optimizer_step) hooks->optimizer_step(losses);
+    if (hooks->optimizer_step) hooks->optimizer_step(s.losses);
     if (tracing_)
       trace_.push_back({0, stage_, "OPT", "optimizer", started, step_timer.seconds() - started});
   }
-  return losses;
+  return s.losses;
+}
+
+// Tags: the message key of the instruction (parallel::message_key: activation or gradient,
+// micro-batch, consuming model chunk), within MPI's guaranteed tag range; messages with the same
+// tag between two stages arrive in the order sent, which is also the order received.
+int PipelineExecutor::tag(const Instr& in) const {
+  return parallel::message_key(spec_, stage_, in) % 32767;
+}
+
+void PipelineExecutor::execute(const Instr& in, Step& s) {
+  const std::size_t n = model_.boundary_numel();
+  const std::size_t wire_bytes = n * (bf16_wire_ ? 2 : 4);
+  switch (in.op) {
+    case OpKind::RecvAct:
+      stats_.recv_wait_s += receive(model_.chunk_input(in.chunk, in.mb), n, in.peer, tag(in));
+      break;
+    case OpKind::Forward:
+      forward(in, s);
+      break;
+    case OpKind::SendAct:
+      s.act_sends[{in.chunk, in.mb}] =
+          post_send(model_.chunk_output(in.chunk, in.mb), n, in.peer, tag(in), true);
+      stats_.sent_bytes += wire_bytes;
+      break;
+    case OpKind::RecvGrad:
+      stats_.recv_wait_s += receive(grad_in_.data(), n, in.peer, tag(in));
+      break;
+    case OpKind::Backward:
+      backward(in, s);
+      break;
+    case OpKind::SendGrad:
+      s.grad_sends.push_back(post_send(model_.input_grad(), n, in.peer, tag(in), false));
+      stats_.sent_bytes += wire_bytes;
+      break;
+    case OpKind::OptimizerStep:
+      break;  // the last instruction: run() runs it once the sends have completed
+  }
+}
+
+void PipelineExecutor::forward(const Instr& in, Step& s) {
+  if (s.dp && s.one_stage) s.dp->begin_micro_batch(in.mb == spec_.m - 1);
+  Timer t;
+  s.store.begin_forward();
+  const float loss =
+      model_.forward_chunk(s.store, in.chunk, in.mb, s.inputs[in.mb], s.targets[in.mb], s.opt);
+  if (model_.chunks()[in.chunk].head) s.losses[in.mb] = loss;
+  stats_.forward_s += t.seconds();
+  stats_.compute_s += t.seconds();
+  ++stats_.forwards;
+}
+
+void PipelineExecutor::backward(const Instr& in, Step& s) {
+  // The slot's output may still be on its way to the next stage (it has arrived by now: the
+  // gradient received for it proves it, but the request must complete).
+  if (auto it = s.act_sends.find({in.chunk, in.mb}); it != s.act_sends.end()) {
+    Timer t;
+    poll_wait(it->second.req);
+    stats_.send_wait_s += t.seconds();
+    release(it->second);
+    s.act_sends.erase(it);
+  }
+  Timer t;
+  s.store.begin_backward();
+  const bool head = model_.chunks()[in.chunk].head;
+  model_.backward_chunk(s.store, in.chunk, in.mb, head ? nullptr : grad_in_.data(), s.opt.gemm);
+  stats_.backward_s += t.seconds();
+  stats_.compute_s += t.seconds();
+  ++stats_.backwards;
+  if (s.dp && s.one_stage) {  // the reductions this backward issued
+    Timer w;
+    s.dp->end_micro_batch();
+    stats_.reduce_wait_s += w.seconds();
+  }
+  reap_grad_sends(s, false);
+}
+
+void PipelineExecutor::reap_grad_sends(Step& s, bool all) {
+  for (auto it = s.grad_sends.begin(); it != s.grad_sends.end();) {
+    if (all) poll_wait(it->req);
+    if (!it->req.pending() || it->req.test()) {
+      release(*it);
+      it = s.grad_sends.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 float PipelineExecutor::evaluate(model::ParamStore& store, const std::int32_t* inputs,

@@ -132,6 +132,15 @@ class PipelineExecutor {
   void reset_pool();               // every send has completed
   double receive(float* dst, std::size_t n, int peer, int tag);  // seconds blocked
   void reduce_gradients(DataParallel& dp);  // OptimizerStep's reductions on a pipeline
+
+  // run()'s parts: one instruction of the list (OptimizerStep aside), Forward and Backward, and
+  // the gradient sends that have completed (all: waited for) handed back to the pool.
+  struct Step;
+  int tag(const Instr& in) const;
+  void execute(const Instr& in, Step& s);
+  void forward(const Instr& in, Step& s);
+  void backward(const Instr& in, Step& s);
+  void reap_grad_sends(Step& s, bool all);
 };
 
 }  // namespace tessera::parallel
