@@ -103,64 +103,90 @@ SpComm sp_linear_comm(const GroupLink& lx, long tx, bool transposed, double fb, 
   return r;
 }
 
-LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
-                     const ModelOptions& o) {
-  const auto& g = p.grid;
-  const double h = w.cfg.n_embd, a = w.cfg.n_head, s = w.seq, d = h / a;
-  const double tx = g.tx, ty = g.ty, tz = g.tz;
-  const double n = static_cast<double>(p.micro_batch) * s / tz;  // local rows
-  const double e = elt_bytes(storage_dtype(o));
-  const double peak = c.peak_tflops(o.dtype) * 1e12;
-  const double bw = c.memory_bw_gbps * 1e9;
-  const Strides st = strides_of(g);
-  const GroupLink lx = group_link(c, st.s[ax(Axis::TX)], g.tx);
-  const GroupLink ly = group_link(c, st.s[ax(Axis::TY)], g.ty);
-  const GroupLink lz = group_link(c, st.s[ax(Axis::TZ)], g.tz);
+// What one layer's parts share: the plan, the rows this device holds (n), the bytes per element,
+// the compute peak and memory bandwidth, and the links of the tensor axes.
+struct LayerEnv {
+  const Workload& w;
+  const PlanPoint& p;
+  const ClusterSpec& c;
+  const ModelOptions& o;
+  double n, e, peak, bw;
+  GroupLink lx, ly, lz;
+};
 
-  LayerCost lc;
+LayerEnv layer_env(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                   const ModelOptions& o) {
+  const auto& g = p.grid;
+  const Strides st = strides_of(g);
+  return {w,
+          p,
+          c,
+          o,
+          static_cast<double>(p.micro_batch) * w.seq / g.tz,  // local rows
+          elt_bytes(storage_dtype(o)),
+          c.peak_tflops(o.dtype) * 1e12,
+          c.memory_bw_gbps * 1e9,
+          group_link(c, st.s[ax(Axis::TX)], g.tx),
+          group_link(c, st.s[ax(Axis::TY)], g.ty),
+          group_link(c, st.s[ax(Axis::TZ)], g.tz)};
+}
+
+// The layer's four linears together: their GEMMs forward and backward, their tensor-parallel
+// collectives per axis (tx, ty, tz; total and the backward's exposed part), and tz's weight
+// gathers and gradient reduce-scatters. Their message bytes go into lc.
+struct LinearTotals {
+  double fwd_gemm = 0, bwd_gemm = 0;
+  double fwd_ar[3] = {0, 0, 0}, bwd_ar[3] = {0, 0, 0}, bwd_ar_exposed = 0;
+  double z_ag = 0, z_rs = 0;
+};
+
+LinearTotals linear_totals(const LayerEnv& v, LayerCost& lc) {
+  const auto& g = v.p.grid;
+  const ClusterSpec& c = v.c;
+  const ModelOptions& o = v.o;
+  const double h = v.w.cfg.n_embd, n = v.n, e = v.e, tx = g.tx, ty = g.ty;
   struct Linear {
     double in, out;
     bool transposed;
   };
   // qkv (3h; llama: h + 2 kv heads), proj, fc (4h; llama: gate and up, 2 ffn), fcproj (ffn)
-  const double qkv = w.cfg.qkv_rows(), fc = w.cfg.fc_rows(), ffn = w.cfg.ffn();
+  const double qkv = v.w.cfg.qkv_rows(), fc = v.w.cfg.fc_rows(), ffn = v.w.cfg.ffn();
   const Linear lin[4] = {{h, qkv, false}, {h, h, true}, {h, fc, false}, {ffn, h, true}};
-  double fwd_gemm = 0, bwd_gemm = 0;
-  double fwd_ar[3] = {0, 0, 0}, bwd_ar[3] = {0, 0, 0}, bwd_ar_exposed = 0;
-  double z_ag = 0, z_rs = 0;
+  LinearTotals t;
   for (const auto& L : lin) {
     const double pi = L.transposed ? ty : tx, po = L.transposed ? tx : ty;
     const int ai = L.transposed ? 1 : 0, ao = L.transposed ? 0 : 1;  // 0 = tx, 1 = ty
     const double K = L.in / pi, N = L.out / po;
-    const double tf = gemm_time(c, peak, e, {n, N, K});
-    const double t_dx = gemm_time(c, peak, e, {n, K, N});
-    const double t_dw = gemm_time(c, peak, e, {N, K, n});
-    fwd_gemm += tf;
-    bwd_gemm += t_dx + t_dw;
-    const GroupLink& li = ai == 0 ? lx : ly;
-    const GroupLink& lo = ao == 0 ? lx : ly;
+    const double tf = gemm_time(c, v.peak, e, {n, N, K});
+    const double t_dx = gemm_time(c, v.peak, e, {n, K, N});
+    const double t_dw = gemm_time(c, v.peak, e, {N, K, n});
+    t.fwd_gemm += tf;
+    t.bwd_gemm += t_dx + t_dw;
+    const GroupLink& li = ai == 0 ? v.lx : v.ly;
+    const GroupLink& lo = ao == 0 ? v.lx : v.ly;
     const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
     const double ae = o.bf16_tensor ? 2 : e;  // the activations' bytes on the wire
     const double fb = n * N * ae, bb = n * K * ae;
-    if (p.sequence_parallel) {
-      const SpComm sc = sp_linear_comm(lx, g.tx, L.transposed, fb, bb);
-      fwd_ar[0] += sc.fwd;
-      bwd_ar[0] += sc.bwd_overlappable + sc.bwd_exposed;
+    if (v.p.sequence_parallel) {
+      const SpComm sc = sp_linear_comm(v.lx, g.tx, L.transposed, fb, bb);
+      t.fwd_ar[0] += sc.fwd;
+      t.bwd_ar[0] += sc.bwd_overlappable + sc.bwd_exposed;
       lc.fwd_bytes[0] += sc.fwd_bytes;
       lc.bwd_bytes[0] += sc.bwd_bytes;
       const double tb = sc.bwd_overlappable;
-      bwd_ar_exposed += sc.bwd_exposed + (o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb);
+      t.bwd_ar_exposed +=
+          sc.bwd_exposed + (o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb);
     } else {
-      fwd_ar[ai] += all_reduce_time(li, si, fb);
+      t.fwd_ar[ai] += all_reduce_time(li, si, fb);
       lc.fwd_bytes[ai] += si > 1 ? fb : 0;
       const double tb = all_reduce_time(lo, so, bb);
-      bwd_ar[ao] += tb;
+      t.bwd_ar[ao] += tb;
       lc.bwd_bytes[ao] += so > 1 ? bb : 0;
-      bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
+      t.bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
     }
     const double block = L.in * L.out / (tx * ty) * e;
-    z_ag += all_gather_time(lz, g.tz, block);
-    z_rs += reduce_scatter_time(lz, g.tz, block);
+    t.z_ag += all_gather_time(v.lz, g.tz, block);
+    t.z_rs += reduce_scatter_time(v.lz, g.tz, block);
     if (g.tz > 1) {
       lc.fwd_bytes[2] += block;
       lc.bwd_bytes[2] += 2 * block;
@@ -168,40 +194,62 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   }
   // LayerNorm statistics over tx: forward 2 LayerNorms x 2 all-reduces of n floats, backward
   // 2 x 1 all-reduce of 2n floats.
-  fwd_ar[0] += 4 * all_reduce_time(lx, g.tx, n * 4);
-  bwd_ar[0] += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
-  bwd_ar_exposed += 2 * all_reduce_time(lx, g.tx, 2 * n * 4);
+  t.fwd_ar[0] += 4 * all_reduce_time(v.lx, g.tx, n * 4);
+  t.bwd_ar[0] += 2 * all_reduce_time(v.lx, g.tx, 2 * n * 4);
+  t.bwd_ar_exposed += 2 * all_reduce_time(v.lx, g.tx, 2 * n * 4);
+  return t;
+}
 
-  // attention core: a/ty heads, replicated over tx (sequence parallelism: split by sequences)
-  const double sp_rows = p.sequence_parallel ? tx : 1;
-  const double seqs = static_cast<double>(p.micro_batch) / (tz * sp_rows), heads = a / ty;
-  const double per_head_qk = gemm_time(c, peak, e, {s, s, d}),
-               per_head_av = gemm_time(c, peak, e, {s, d, s});
-  const double attn_f = seqs * heads * (per_head_qk + per_head_av);
-  // elementwise traffic
+// The layer's attention core (a / ty heads, replicated over tx; with sequence parallelism split
+// by sequences) and its elementwise traffic, forward; score_traffic is the (s x s) scores' share
+// of that traffic (0 with flash attention), which selective recomputation repeats.
+struct CoreCost {
+  double attn_f = 0, score_traffic = 0, elem_f = 0;
+};
+
+CoreCost core_cost(const LayerEnv& v) {
+  const auto& g = v.p.grid;
+  const double h = v.w.cfg.n_embd, a = v.w.cfg.n_head, s = v.w.seq, d = h / a;
+  const double qkv = v.w.cfg.qkv_rows(), ffn = v.w.cfg.ffn();
+  const double tx = g.tx, ty = g.ty, tz = g.tz, n = v.n, e = v.e;
+  const double sp_rows = v.p.sequence_parallel ? tx : 1;
+  const double seqs = static_cast<double>(v.p.micro_batch) / (tz * sp_rows), heads = a / ty;
+  const double per_head_qk = gemm_time(v.c, v.peak, e, {s, s, d}),
+               per_head_av = gemm_time(v.c, v.peak, e, {s, d, s});
+  CoreCost r;
+  r.attn_f = seqs * heads * (per_head_qk + per_head_av);
   double traffic = k_res_traffic * n * h / tx +
                    (k_mlp_traffic * n * ffn / ty + k_qkv_traffic * n * qkv / ty) / sp_rows;
-  double score_traffic = o.flash_attention ? 0 : k_score_traffic * seqs * heads * s * s;
-  const double elem_f = (traffic + score_traffic) * e / bw;
+  r.score_traffic = v.o.flash_attention ? 0 : k_score_traffic * seqs * heads * s * s;
+  r.elem_f = (traffic + r.score_traffic) * e / v.bw;
+  return r;
+}
 
-  lc.fwd_compute = fwd_gemm + attn_f + elem_f;
-  lc.bwd_compute = bwd_gemm + 2 * attn_f + k_bwd_traffic * elem_f;
+LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c,
+                     const ModelOptions& o) {
+  const LayerEnv env = layer_env(w, p, c, o);
+  LayerCost lc;
+  const LinearTotals lt = linear_totals(env, lc);
+  const CoreCost core = core_cost(env);
+  lc.fwd_compute = lt.fwd_gemm + core.attn_f + core.elem_f;
+  lc.bwd_compute = lt.bwd_gemm + 2 * core.attn_f + k_bwd_traffic * core.elem_f;
   switch (p.recompute) {
     case Recompute::None:
       break;
     case Recompute::Selective:  // the attention core (and its softmax) again
-      lc.recompute = attn_f + score_traffic * e / bw;
+      lc.recompute = core.attn_f + core.score_traffic * env.e / env.bw;
       break;
     case Recompute::Full:
       lc.recompute = lc.fwd_compute;
       break;
   }
   for (int i = 0; i < 2; ++i) {
-    lc.fwd_comm[i] = fwd_ar[i];
-    lc.bwd_comm[i] = bwd_ar[i];
-    if (p.recompute == Recompute::Full) lc.rec_comm[i] = fwd_ar[i];
+    lc.fwd_comm[i] = lt.fwd_ar[i];
+    lc.bwd_comm[i] = lt.bwd_ar[i];
+    if (p.recompute == Recompute::Full) lc.rec_comm[i] = lt.fwd_ar[i];
   }
   // tz: weight all-gather forward and backward, gradient reduce-scatter backward
+  const double z_ag = lt.z_ag, z_rs = lt.z_rs;
   lc.fwd_comm[2] = z_ag;
   lc.bwd_comm[2] = z_ag + z_rs;
   // (the prefetched gathers and deferred reduce-scatters are tested between the layer's
@@ -210,8 +258,8 @@ LayerCost layer_cost(const Workload& w, const PlanPoint& p, const ClusterSpec& c
   const double zb = o.tp_overlap
                         ? z_ag + z_rs - c.overlap_polled * std::min(z_ag + z_rs, lc.bwd_compute)
                         : z_ag + z_rs;
-  lc.fwd_exposed = fwd_ar[0] + fwd_ar[1] + zf;
-  lc.bwd_exposed = bwd_ar_exposed + zb;
+  lc.fwd_exposed = lt.fwd_ar[0] + lt.fwd_ar[1] + zf;
+  lc.bwd_exposed = lt.bwd_ar_exposed + zb;
   lc.rec_exposed = lc.rec_comm[0] + lc.rec_comm[1];
   return lc;
 }
