@@ -219,8 +219,10 @@ std::vector<GemmShape> halvings(const GemmShape& s) {
   return out;
 }
 
+}  // namespace
+
 // Scratch operands of a shape with minimal leading dimensions.
-struct Scratch {
+struct GemmTuner::Scratch {
   GemmShape s;
   std::int64_t lda, ldb, ldc;
   Buffer<float> A, B, C;
@@ -235,7 +237,84 @@ struct Scratch {
   }
 };
 
-}  // namespace
+// beta = 1 (gradient accumulation reads C); a tiny alpha keeps C bounded over the repetitions.
+void GemmTuner::call(GemmLibrary lib, Scratch& x, const GemmChoice& c) {
+  run_with(lib, x.s, c, 1e-3f, x.A.data(), x.lda, x.B.data(), x.ldb, 1.0f, x.C.data(), x.ldc);
+}
+
+void GemmTuner::grow_scratch(const GemmShape& g) {  // so that no allocation is timed
+  ensure(pack_a_, a_rows(g) * a_cols(g));
+  ensure(pack_b_, b_rows(g) * b_cols(g));
+  if (opt_.try_transposed_problem) ensure(ct_, g.M * g.N);
+}
+
+// Screening: every candidate on rec.timed, round-robin, each one's minimum over the repetitions
+// that fit `budget` seconds. Returns the index of the winner: the fastest, unless it gains less
+// than min_gain over the direct call (index 0).
+std::size_t GemmTuner::screen(TuneRecord& rec, const std::vector<GemmChoice>& cands,
+                              double budget) {
+  rec.candidates.resize(cands.size());
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    rec.candidates[i].choice = cands[i];
+    rec.candidates[i].name = describe(rec.shape, cands[i]);
+    rec.candidates[i].seconds = 1e300;
+  }
+  Scratch x(rec.timed);
+  grow_scratch(rec.timed);
+  call(rec.lib, x, cands.front());  // warm-up: library threads, JIT kernels, first touch of C
+  const double t0 = now_s();
+  for (int rep = 0; rep < std::max(1, opt_.max_reps); ++rep) {
+    const double round_start = now_s();
+    for (std::size_t i = 0; i < cands.size(); ++i) {
+      const double a = now_s();
+      call(rec.lib, x, cands[i]);
+      auto& ct = rec.candidates[i];
+      ct.seconds = std::min(ct.seconds, now_s() - a);
+      ct.reps += 1;
+    }
+    const double now = now_s();
+    if (now - t0 + (now - round_start) > budget) break;  // next round would overrun
+  }
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < cands.size(); ++i)
+    if (rec.candidates[i].seconds < rec.candidates[best].seconds) best = i;
+  if (rec.candidates[best].seconds > rec.candidates[0].seconds * (1.0 - opt_.min_gain)) best = 0;
+  return best;
+}
+
+// Confirmation of a winner found on a proxy (chain[screen_at]): it must also beat the direct
+// call on the largest shape of the halving chain whose (direct, winner) pair fits the `left`
+// seconds, estimated from the screening times scaled by FLOPs. Returns the winner, or 0 (the
+// direct call) when it does not hold there; unchanged when no larger shape fits.
+std::size_t GemmTuner::confirm(TuneRecord& rec, const std::vector<GemmChoice>& cands,
+                               std::size_t best, const std::vector<GemmShape>& chain,
+                               std::size_t screen_at, double left) {
+  const double pair_t = rec.candidates[0].seconds + rec.candidates[best].seconds;
+  std::size_t at = 0;
+  while (at < screen_at && pair_t * flops(chain[at]) / flops(rec.timed) > left) ++at;
+  if (at == screen_at) return best;
+  const GemmShape g = chain[at];
+  rec.confirm_shape = g;
+  Scratch x(g);
+  grow_scratch(g);
+  double td = 1e300, tb = 1e300;
+  const double t0 = now_s();
+  for (int rep = 0; rep < std::max(1, opt_.max_reps); ++rep) {
+    const double round_start = now_s();
+    double a = now_s();
+    call(rec.lib, x, cands[best]);  // the winner first: it pays any remaining cold start
+    tb = std::min(tb, now_s() - a);
+    a = now_s();
+    call(rec.lib, x, cands[0]);
+    td = std::min(td, now_s() - a);
+    const double now = now_s();
+    if (now - t0 + (now - round_start) > left) break;
+  }
+  rec.confirmed = true;
+  rec.confirm_direct_s = td;
+  rec.confirm_best_s = tb;
+  return tb > td * (1.0 - opt_.min_gain) ? 0 : best;
+}
 
 TuneRecord GemmTuner::tune(GemmLibrary lib, const GemmShape& shape) {
   const double t_start = now_s();
@@ -245,85 +324,13 @@ TuneRecord GemmTuner::tune(GemmLibrary lib, const GemmShape& shape) {
   const std::vector<GemmShape> chain = halvings(shape);
   std::size_t screen_at = 0;  // screening shape: the first halving within max_tune_flops
   while (screen_at + 1 < chain.size() && flops(chain[screen_at]) > opt_.max_tune_flops) ++screen_at;
-  const GemmShape t = chain[screen_at];
-  rec.timed = t;
+  rec.timed = chain[screen_at];
   // Screening gets the whole budget when it runs on the full shape, else a share of it and the
   // rest goes to the confirmation on a larger shape.
-  const double screen_budget = screen_at == 0 ? opt_.budget_s : 0.4 * opt_.budget_s;
-
-  // beta = 1 (gradient accumulation reads C); a tiny alpha keeps C bounded over the repetitions.
-  auto call = [&](Scratch& x, const GemmChoice& c) {
-    run_with(lib, x.s, c, 1e-3f, x.A.data(), x.lda, x.B.data(), x.ldb, 1.0f, x.C.data(), x.ldc);
-  };
-  auto grow_scratch = [&](const GemmShape& g) {  // so that no allocation is timed
-    ensure(pack_a_, a_rows(g) * a_cols(g));
-    ensure(pack_b_, b_rows(g) * b_cols(g));
-    if (opt_.try_transposed_problem) ensure(ct_, g.M * g.N);
-  };
-
-  // 1. Screening: every candidate, round-robin, minimum over repetitions.
-  const std::vector<GemmChoice> cands = candidates(t);
-  rec.candidates.resize(cands.size());
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    rec.candidates[i].choice = cands[i];
-    rec.candidates[i].name = describe(shape, cands[i]);
-    rec.candidates[i].seconds = 1e300;
-  }
-  {
-    Scratch x(t);
-    grow_scratch(t);
-    call(x, cands.front());  // warm-up: library threads, JIT kernels, first touch of C
-    const double t0 = now_s();
-    for (int rep = 0; rep < std::max(1, opt_.max_reps); ++rep) {
-      const double round_start = now_s();
-      for (std::size_t i = 0; i < cands.size(); ++i) {
-        const double a = now_s();
-        call(x, cands[i]);
-        auto& ct = rec.candidates[i];
-        ct.seconds = std::min(ct.seconds, now_s() - a);
-        ct.reps += 1;
-      }
-      const double now = now_s();
-      if (now - t0 + (now - round_start) > screen_budget) break;  // next round would overrun
-    }
-  }
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < cands.size(); ++i)
-    if (rec.candidates[i].seconds < rec.candidates[best].seconds) best = i;
-  if (rec.candidates[best].seconds > rec.candidates[0].seconds * (1.0 - opt_.min_gain)) best = 0;
-
-  // 2. Confirmation: a winner found on a proxy must also beat the direct call on the largest
-  // shape of the halving chain whose (direct, winner) pair fits the remaining budget, estimated
-  // from the screening times scaled by FLOPs.
-  if (best != 0 && screen_at > 0) {
-    const double left = opt_.budget_s - (now_s() - t_start);
-    const double pair_t = rec.candidates[0].seconds + rec.candidates[best].seconds;
-    std::size_t at = 0;
-    while (at < screen_at && pair_t * flops(chain[at]) / flops(t) > left) ++at;
-    if (at < screen_at) {
-      const GemmShape g = chain[at];
-      rec.confirm_shape = g;
-      Scratch x(g);
-      grow_scratch(g);
-      double td = 1e300, tb = 1e300;
-      const double t0 = now_s();
-      for (int rep = 0; rep < std::max(1, opt_.max_reps); ++rep) {
-        const double round_start = now_s();
-        double a = now_s();
-        call(x, cands[best]);  // the winner first: it pays any remaining cold start
-        tb = std::min(tb, now_s() - a);
-        a = now_s();
-        call(x, cands[0]);
-        td = std::min(td, now_s() - a);
-        const double now = now_s();
-        if (now - t0 + (now - round_start) > left) break;
-      }
-      rec.confirmed = true;
-      rec.confirm_direct_s = td;
-      rec.confirm_best_s = tb;
-      if (tb > td * (1.0 - opt_.min_gain)) best = 0;
-    }
-  }
+  const std::vector<GemmChoice> cands = candidates(rec.timed);
+  std::size_t best = screen(rec, cands, screen_at == 0 ? opt_.budget_s : 0.4 * opt_.budget_s);
+  if (best != 0 && screen_at > 0)
+    best = confirm(rec, cands, best, chain, screen_at, opt_.budget_s - (now_s() - t_start));
   rec.best = cands[best];
   rec.tune_seconds = now_s() - t_start;
   return rec;

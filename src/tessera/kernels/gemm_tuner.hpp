@@ -167,6 +167,14 @@ class GemmTuner {
   using Key = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t>;
   static Key key(GemmLibrary lib, const GemmShape& s);
   TuneRecord tune(GemmLibrary lib, const GemmShape& shape);
+  // tune()'s parts: operands of a shape, one timed call, the screening of every candidate on a
+  // proxy shape, and the confirmation of its winner on a larger one (gemm_tuner.cpp).
+  struct Scratch;
+  void call(GemmLibrary lib, Scratch& x, const GemmChoice& c);
+  void grow_scratch(const GemmShape& g);
+  std::size_t screen(TuneRecord& rec, const std::vector<GemmChoice>& cands, double budget);
+  std::size_t confirm(TuneRecord& rec, const std::vector<GemmChoice>& cands, std::size_t best,
+                      const std::vector<GemmShape>& chain, std::size_t screen_at, double left);
 
   GemmTunerOptions opt_;
   struct Entry {
