@@ -25,10 +25,10 @@ struct Series {
 struct Chart {
   std::string title, x_label, y_label;
   bool log_x = false, log_y = false;  // points <= 0 on a log axis are left out
-  std::vector<Series> series;
+  std::vector<Series> series{};
   // Named x positions: when given, category i sits at x = i and is written under the axis in
   // place of the numbers (x from -0.5 to size - 0.5; a series may offset its points within).
-  std::vector<std::string> x_categories;
+  std::vector<std::string> x_categories{};
 };
 
 struct Page {

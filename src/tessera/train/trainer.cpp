@@ -62,13 +62,13 @@ struct TrainingRun {
   std::vector<double> tok_rates;  // tokens/s of each step run here
   Timer timer;                    // since the validation before the first step
   const Timer& since_start;       // since run_training began (for --time-limit)
-  StopSignals signals;            // SIGTERM / SIGUSR1: stop after the step in progress
+  StopSignals signals{};          // SIGTERM / SIGUSR1: stop after the step in progress
   double longest_step_s = 0, last_save_s = 0;
   std::size_t layout_total = 0;  // parameters of the whole model
   // Loss-spike rollback (train.spike_factor > 0): the guard, the steps whose data windows are
   // skipped when the run reaches them again, and the rollbacks so far.
-  std::optional<SpikeGuard> spike;
-  std::map<std::int64_t, int> skip_windows;  // step -> data windows skipped before it
+  std::optional<SpikeGuard> spike{};
+  std::map<std::int64_t, int> skip_windows{};  // step -> data windows skipped before it
   int rollbacks = 0;
   bool prediction_checked = false;  // the prediction against the first measured steps
 };
