@@ -95,16 +95,6 @@ void check_args(const SampleArgs& a) {
                 "leave it out with --device cuda");
 }
 
-// The prompt's tokens. The model's start: BOS for models that expect it (Llama 3), else an empty
-// prompt starts after an end of text, as a new document would.
-std::vector<std::int32_t> prompt_tokens(const data::Tokenizer& tok, const std::string& text) {
-  std::vector<std::int32_t> prompt;
-  if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
-  for (auto id : tok.encode(text)) prompt.push_back(static_cast<std::int32_t>(id));
-  if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
-  return prompt;
-}
-
 // The model to sample from. With the packed kernels on the CPU a quantized file is packed as it
 // loads, never resident unpacked; one that they do not take loads again, dequantized.
 struct SampleModel {
@@ -231,7 +221,7 @@ void add_sample_command(CLI::App& root) {
     model::ParamLayout layout(loaded.config);
     auto tok = io::load_tokenizer(resolve_tokenizer_path(a->tokenizer, a->model));
     io::require_tokenizer_fits(tok, loaded.config.vocab_size);
-    const std::vector<std::int32_t> prompt = prompt_tokens(tok, a->prompt);
+    const std::vector<std::int32_t> prompt = tok.prompt(a->prompt);
     eval::SampleOptions so = sample_options(*a, tok);
     Rng rng(a->seed);
     if (!a->ids) std::fputs(a->prompt.c_str(), stdout);

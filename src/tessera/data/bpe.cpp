@@ -623,6 +623,13 @@ std::optional<std::uint32_t> Tokenizer::eos_id() const {
 bool Tokenizer::add_bos() const {
   return impl_->add_bos;
 }
+std::vector<std::int32_t> Tokenizer::prompt(std::string_view text) const {
+  std::vector<std::int32_t> ids;
+  if (add_bos()) ids.push_back(static_cast<std::int32_t>(*bos_id()));
+  for (auto id : encode(text)) ids.push_back(static_cast<std::int32_t>(id));
+  if (ids.empty()) ids.push_back(static_cast<std::int32_t>(eot_id()));
+  return ids;
+}
 PreTokenizer Tokenizer::pre_tokenizer() const {
   return impl_->pre;
 }

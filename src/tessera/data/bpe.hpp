@@ -93,6 +93,9 @@ class Tokenizer {
   std::optional<std::uint32_t> bos_id() const;  // beginning of sequence, if the model has one
   std::optional<std::uint32_t> eos_id() const;  // end of sequence, if the model has one
   bool add_bos() const;  // true: a sequence the model reads starts with bos_id()
+  // The tokens a model generates after, from a prompt: bos_id() first where add_bos(), then the
+  // text's tokens; with neither, an end of text (eot_id()), after which a new document starts.
+  std::vector<std::int32_t> prompt(std::string_view text) const;
   PreTokenizer pre_tokenizer() const;
   std::size_t vocab_size() const;    // 50257 for GPT-2
   std::size_t merges_count() const;  // 50000 for GPT-2

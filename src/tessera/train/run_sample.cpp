@@ -29,14 +29,6 @@ std::optional<data::Tokenizer> sample_tokenizer(const RunConfig& cfg, int vocab_
   return tok;
 }
 
-std::vector<std::int32_t> encode_prompt(const data::Tokenizer& tok, const std::string& text) {
-  std::vector<std::int32_t> prompt;
-  if (tok.add_bos()) prompt.push_back(static_cast<std::int32_t>(*tok.bos_id()));
-  for (auto id : tok.encode(text)) prompt.push_back(static_cast<std::int32_t>(id));
-  if (prompt.empty()) prompt.push_back(static_cast<std::int32_t>(tok.eot_id()));
-  return prompt;
-}
-
 // The logits after `context` (T tokens) from the model's own slices, the same on every rank.
 class SliceLogits {
  public:
@@ -80,7 +72,7 @@ void log_sample(const RunConfig& cfg, RunModel& model, comm::Communicator& world
   if (whole && !lead) return;
   const auto tok = sample_tokenizer(cfg, mc.vocab_size, lead);
   if (!tok) return;
-  const std::vector<std::int32_t> prompt = encode_prompt(*tok, cfg.sample.prompt);
+  const std::vector<std::int32_t> prompt = tok->prompt(cfg.sample.prompt);
   eval::SampleOptions so;
   so.max_new_tokens = cfg.sample.tokens;
   so.temperature = static_cast<float>(cfg.sample.temperature);
