@@ -294,7 +294,7 @@ MemorizationStudyResult run_memorization_study(const MemorizationStudyOptions& o
   if (pretrained) {  // the "before" row: the pretrained model itself
     MemorizationArm before;
     before.name = "before";
-    before.trained_on = "-";
+    before.trained_on = std::string("-");  // (GCC 12 -O3 wrongly warns -Wrestrict on = "-")
     auto loaded = io::load_model(io::resolve_model_path(opt.model));
     score_model(loaded.config, loaded.params.data(), docs.targets, opt, words, before,
                 opt.out / "before");
