@@ -113,6 +113,70 @@ void Activations::allocate(const ModelConfig& cfg, int B_, int T_) {
   buf.resize(off);
 }
 
+namespace {
+// Every id of ids (n) a token of the vocabulary (V), or an ignored target (-1) where `lowest` is
+// -1: else the error names the first one outside it.
+void check_token_ids(const std::int32_t* ids, std::int64_t n, int V, const char* what, int lowest) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (ids[i] < lowest || ids[i] >= V)
+      throw Error(
+          fmt::format("{} token id {} is outside the model's vocabulary of {}", what, ids[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+}
+
+// The final norm of the residual stream and the LM head: logits (N, Vp) = lnf (N, C) @ head^T
+// (C, Vp), the head being the token embedding when tied. E, F: the store's first block (the
+// embeddings) and last (the final norm, and the head when untied).
+void head_forward(const ParamLayout& layout, const float* E, const float* F, Activations& a,
+                  const float* residual, std::int64_t N, const ForwardOptions& opt) {
+  const auto& cfg = layout.config();
+  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
+  kernels::Profile* const PROF = opt.profile;
+  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+    if (cfg.llama())
+      k::rmsnorm_forward(a.at(a.lnf), a.at(a.lnf_rstd), residual, PF(layout.lnf_w), N, C,
+                         static_cast<float>(cfg.norm_eps));
+    else
+      k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
+                           PF(layout.lnf_w), PF(layout.lnf_b), N, C);
+  }
+  kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+  const float* head = layout.head == layout.wte ? E + layout.wte : PF(layout.head);
+  if (opt.bf16_params)  // the head's bf16 copy (layout.head is wte when tied)
+    k::linear_forward_bf16(a.bf16, a.at(a.logits), a.at(a.lnf), opt.bf16_params + layout.head,
+                           nullptr, nullptr, N, C, Vp);
+  else
+    k::linear_forward(opt.gemm, a.at(a.logits), a.at(a.lnf), head, nullptr, N, C, Vp);
+}
+
+// The cross-entropy of the logits against targets (N; -1: ignored), with its gradient when
+// training; returns the mean over the targets not ignored (0 if none).
+float loss_forward(const ModelConfig& cfg, Activations& a, const std::int32_t* targets,
+                   std::int64_t N, const ForwardOptions& opt) {
+  const int V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  check_token_ids(targets, N, V, "target", -1);
+  {
+    kernels::ProfileScope ps_(opt.profile, kernels::OpFamily::CrossEntropy);
+    if (opt.training)
+      k::cross_entropy_forward_backward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp,
+                                        opt.dloss);
+    else
+      k::cross_entropy_forward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp);
+  }
+  double sum = 0.0;
+  std::int64_t count = 0;
+  const float* losses = a.at(a.losses);
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    ++count;
+  }
+  return count ? static_cast<float>(sum / count) : 0.0f;
+}
+}  // namespace
+
 float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
               const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
               const ForwardOptions& opt) {
@@ -121,7 +185,7 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
     throw Error(
         fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg.block_size));
   a.allocate(cfg, B, T);
-  const int C = cfg.n_embd, V = cfg.vocab_size, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd;
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   const auto lib = opt.gemm;
   kernels::Profile* const PROF = opt.profile;
@@ -129,17 +193,11 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
   // Block pointers: the store decides where each block's parameters are (flat buffer, gathered
   // shard, ...); offsets in the layout are made relative to the block's start.
   const float* E = store.params(0);
-  auto PE = [&](std::size_t off) { return E + off; };
-  for (std::int64_t i = 0; i < N; ++i)
-    if (inputs[i] < 0 || inputs[i] >= V)
-      throw Error(
-          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
-          "the data was tokenized with a larger vocabulary than model.vocab_size");
-
+  check_token_ids(inputs, N, cfg.vocab_size, "input", 0);
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_forward(a.at(a.encoded), inputs, PE(layout.wte),
-                         layout.wpe == k_absent ? nullptr : PE(layout.wpe), B, T, C);
+    k::embedding_forward(a.at(a.encoded), inputs, E + layout.wte,
+                         layout.wpe == k_absent ? nullptr : E + layout.wpe, B, T, C);
   }
   const float* residual = a.at(a.encoded);
   const BlockShape shape = block_shape(cfg, B, T);
@@ -157,50 +215,9 @@ float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
     residual = a.at(a.layers[l].res3);
     store.release(l + 1);
   }
-  const float* F = store.params(cfg.n_layer + 1);
-  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
-  {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-    if (cfg.llama())
-      k::rmsnorm_forward(a.at(a.lnf), a.at(a.lnf_rstd), residual, PF(layout.lnf_w), N, C,
-                         static_cast<float>(cfg.norm_eps));
-    else
-      k::layernorm_forward(a.at(a.lnf), a.at(a.lnf_mean), a.at(a.lnf_rstd), residual,
-                           PF(layout.lnf_w), PF(layout.lnf_b), N, C);
-  }
-  // LM head (tied: the token embedding): logits (N,Vp) = lnf (N,C) @ head^T (C,Vp)
-  {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    const float* head = layout.head == layout.wte ? PE(layout.wte) : PF(layout.head);
-    if (P16)  // the head's bf16 copy (layout.head is wte when tied)
-      k::linear_forward_bf16(a.bf16, a.at(a.logits), a.at(a.lnf), P16 + layout.head, nullptr,
-                             nullptr, N, C, Vp);
-    else
-      k::linear_forward(lib, a.at(a.logits), a.at(a.lnf), head, nullptr, N, C, Vp);
-  }
+  head_forward(layout, E, store.params(cfg.n_layer + 1), a, residual, N, opt);
   store.release(cfg.n_layer + 1);
-  if (!targets) return 0.0f;
-  for (std::int64_t i = 0; i < N; ++i)
-    if (targets[i] >= V || targets[i] < -1)  // -1: an ignored target (Goldfish)
-      throw Error(
-          fmt::format("target token id {} is outside the model's vocabulary of {}", targets[i], V),
-          "the data was tokenized with a larger vocabulary than model.vocab_size");
-  if (opt.training) {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::CrossEntropy);
-    k::cross_entropy_forward_backward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp, opt.dloss);
-  } else {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::CrossEntropy);
-    k::cross_entropy_forward(a.at(a.losses), a.at(a.logits), targets, N, V, Vp);
-  }
-  double sum = 0.0;
-  std::int64_t count = 0;
-  const float* losses = a.at(a.losses);
-  for (std::int64_t i = 0; i < N; ++i) {
-    if (targets[i] < 0) continue;
-    sum += losses[i];
-    ++count;
-  }
-  return count ? static_cast<float>(sum / count) : 0.0f;
+  return targets ? loss_forward(cfg, a, targets, N, opt) : 0.0f;
 }
 
 void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
