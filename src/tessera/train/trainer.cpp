@@ -318,6 +318,22 @@ void announce_start(const RunConfig& cfg, const TrainOptions& opt, const fs::pat
     log_info("nothing to do: the run is already at step {} of {}", step, cfg.train.steps);
 }
 
+// How the steps will compute, where it is worth a line: bf16 emulated on a CPU without it, and
+// on the GPU, the attention's kernels and how the gradients are summed.
+void log_compute_notes(const RunModel& model, const std::string& precision, bool quiet, int ndp) {
+  if (model.tensor && precision == "bf16" && !kernels::cpu_has_native_bf16())
+    log_info(
+        "note: this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 GEMMs are emulated "
+        "(the same arithmetic: exact products, fp32 sums), slower than fp32");
+  if (!model.device || quiet) return;
+  const std::string why = model.device->attention_fallback_reason();
+  log_info("GPU attention: {}{}", model.device->attention_backend(),
+           why.empty() ? "" : " (cuDNN not used: " + why + ")");
+  if (model.device_reduce)
+    log_info("GPU gradients summed over {} data-parallel ranks: {}", ndp,
+             model.device_reduce->describe());
+}
+
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, comm::Runtime& rt,
@@ -363,18 +379,7 @@ TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, c
       resume_or_initialize(cfg, {opt.resume, opt.override_schedule}, model, *data.train, ckpt_dir,
                            lead, plan.B() * plan.accum() * ndp);
   to_device(model);  // hardware.device = "cuda": the initialized or resumed state to the GPU
-  if (model.tensor && tc.precision == "bf16" && lead && !kernels::cpu_has_native_bf16())
-    log_info(
-        "note: this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 GEMMs are emulated "
-        "(the same arithmetic: exact products, fp32 sums), slower than fp32");
-  if (model.device && lead && !opt.quiet) {
-    const std::string why = model.device->attention_fallback_reason();
-    log_info("GPU attention: {}{}", model.device->attention_backend(),
-             why.empty() ? "" : " (cuDNN not used: " + why + ")");
-    if (model.device_reduce)
-      log_info("GPU gradients summed over {} data-parallel ranks: {}", ndp,
-               model.device_reduce->describe());
-  }
+  if (lead) log_compute_notes(model, tc.precision, opt.quiet, ndp);
   announce_start(cfg, opt, out, lead, started, progress.step);
   // Metrics: resuming continues the file from the checkpoint's step, else it starts afresh.
   MetricsLog metrics;
