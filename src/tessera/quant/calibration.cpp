@@ -93,6 +93,65 @@ void random_windows(const std::vector<std::int32_t>& stream, CalibSet& s, int n,
 
 }  // namespace
 
+namespace {
+
+// The whole training shard, every id checked against the vocabulary.
+std::vector<std::int32_t> read_corpus(const CalibSources& src, int vocab_size) {
+  if (input_kind(src.train_shard, "calibration corpus") == InputKind::Missing)
+    throw Error(fmt::format("calibration corpus not found: {}", src.train_shard.string()),
+                "run 'tessera prepare' or pass --calib-data SHARD");
+  data::ShardReader rd(src.train_shard);
+  std::vector<std::int32_t> all(rd.size());
+  if (!all.empty()) rd.read(0, all.size(), all.data());
+  for (auto t : all)
+    if (t < 0 || t >= vocab_size)  // ids >= 2^31 read as negative
+      throw Error(
+          fmt::format("calibration shard {} holds token id {} outside the model's "
+                      "vocabulary of {}",
+                      src.train_shard.string(), static_cast<std::uint32_t>(t), vocab_size));
+  return all;
+}
+
+// AWQ-style: the corpus's documents (split at the end-of-text token) shuffled, concatenated, and
+// cut to n x seqlen tokens.
+void concatenated_documents(const std::vector<std::int32_t>& all, std::int32_t eot, CalibSet& s,
+                            int n, Rng& rng, const std::string& source) {
+  std::vector<std::pair<std::size_t, std::size_t>> docs;
+  std::size_t b = 0;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i] == eot) {
+      if (i > b) docs.emplace_back(b, i);
+      b = i + 1;
+    }
+  if (b < all.size()) docs.emplace_back(b, all.size());
+  for (std::size_t i = docs.size(); i > 1; --i) std::swap(docs[i - 1], docs[rng.next_u64() % i]);
+  const std::size_t need = static_cast<std::size_t>(n) * s.seqlen;
+  for (const auto& d : docs) {
+    if (s.tokens.size() >= need) break;
+    s.tokens.insert(s.tokens.end(), all.begin() + d.first, all.begin() + d.second);
+  }
+  if (s.tokens.size() < need)
+    throw Error(fmt::format("calibration corpus {} has {} tokens, fewer than {} x {}", source,
+                            s.tokens.size(), n, s.seqlen));
+  s.tokens.resize(need);
+}
+
+// The tokens of a text set (domain, lang2 or code) read from `path`, every id checked against
+// the vocabulary.
+std::vector<std::int32_t> text_set_tokens(const std::string& name, const fs::path& path,
+                                          const CalibSources& src, int vocab_size) {
+  auto stream = name == "code" ? tokenize_text(read_code(path), src.tokenizer)
+                               : read_text_tokens(path, src.tokenizer, name);
+  for (auto t : stream)
+    if (t >= vocab_size)
+      throw Error(fmt::format("text {} tokenizes to id {} outside the model's vocabulary of {}",
+                              path.string(), t, vocab_size),
+                  "pass the model's own tokenizer (--tokenizer)");
+  return stream;
+}
+
+}  // namespace
+
 CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
                           int vocab_size, const CalibSources& src) {
   if (n < 1 || seqlen < 1)
@@ -103,65 +162,26 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
   s.name = name;
   s.seed = seed;
   s.seqlen = seqlen;
-  s.tokens.reserve(static_cast<std::size_t>(n) * seqlen);
+  const std::size_t count = static_cast<std::size_t>(n) * seqlen;
+  s.tokens.reserve(count);
   Rng rng(seed * 0x9E3779B97F4A7C15ull + 17);
-  if (name == "corpus" || name == "corpus-concat") {
-    if (input_kind(src.train_shard, "calibration corpus") == InputKind::Missing)
-      throw Error(fmt::format("calibration corpus not found: {}", src.train_shard.string()),
-                  "run 'tessera prepare' or pass --calib-data SHARD");
-    data::ShardReader rd(src.train_shard);
-    std::vector<std::int32_t> all(rd.size());
-    if (!all.empty()) rd.read(0, all.size(), all.data());
-    for (auto t : all)
-      if (t < 0 || t >= vocab_size)  // ids >= 2^31 read as negative
-        throw Error(
-            fmt::format("calibration shard {} holds token id {} outside the model's "
-                        "vocabulary of {}",
-                        src.train_shard.string(), static_cast<std::uint32_t>(t), vocab_size));
-    if (name == "corpus") {
-      random_windows(all, s, n, rng, src.train_shard.string());
-    } else {
-      // AWQ-style: documents (split at the end-of-text token) shuffled, concatenated, cut.
-      const auto eot = static_cast<std::int32_t>(io::load_tokenizer(src.tokenizer).eot_id());
-      std::vector<std::pair<std::size_t, std::size_t>> docs;
-      std::size_t b = 0;
-      for (std::size_t i = 0; i < all.size(); ++i)
-        if (all[i] == eot) {
-          if (i > b) docs.emplace_back(b, i);
-          b = i + 1;
-        }
-      if (b < all.size()) docs.emplace_back(b, all.size());
-      for (std::size_t i = docs.size(); i > 1; --i)
-        std::swap(docs[i - 1], docs[rng.next_u64() % i]);
-      std::size_t need = static_cast<std::size_t>(n) * seqlen;
-      for (const auto& d : docs) {
-        if (s.tokens.size() >= need) break;
-        s.tokens.insert(s.tokens.end(), all.begin() + d.first, all.begin() + d.second);
-      }
-      if (s.tokens.size() < need)
-        throw Error(fmt::format("calibration corpus {} has {} tokens, fewer than {} x {}",
-                                src.train_shard.string(), s.tokens.size(), n, seqlen));
-      s.tokens.resize(need);
-    }
+  if (name == "corpus") {
+    random_windows(read_corpus(src, vocab_size), s, n, rng, src.train_shard.string());
+  } else if (name == "corpus-concat") {
+    const auto all = read_corpus(src, vocab_size);
+    const auto eot = static_cast<std::int32_t>(io::load_tokenizer(src.tokenizer).eot_id());
+    concatenated_documents(all, eot, s, n, rng, src.train_shard.string());
   } else if (name == "random") {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
+    for (std::size_t i = 0; i < count; ++i)
       s.tokens.push_back(static_cast<std::int32_t>(rng.next_u64() % vocab_size));
   } else if (name == "punct") {
     const auto ids = punctuation_ids(src.tokenizer, vocab_size);
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * seqlen; ++i)
-      s.tokens.push_back(ids[rng.next_u64() % ids.size()]);
+    for (std::size_t i = 0; i < count; ++i) s.tokens.push_back(ids[rng.next_u64() % ids.size()]);
   } else if (name == "domain" || name == "lang2" || name == "code") {
     const fs::path path = find_data_path(name == "domain"  ? src.domain_text
                                          : name == "lang2" ? src.lang2_text
                                                            : src.code_dir);
-    auto stream = name == "code" ? tokenize_text(read_code(path), src.tokenizer)
-                                 : read_text_tokens(path, src.tokenizer, name);
-    for (auto t : stream)
-      if (t >= vocab_size)
-        throw Error(fmt::format("text {} tokenizes to id {} outside the model's vocabulary of {}",
-                                path.string(), t, vocab_size),
-                    "pass the model's own tokenizer (--tokenizer)");
-    random_windows(stream, s, n, rng, path.string());
+    random_windows(text_set_tokens(name, path, src, vocab_size), s, n, rng, path.string());
   } else {
     throw Error(fmt::format("unknown calibration set '{}'", name),
                 "use corpus, corpus-concat, random, punct, domain, lang2 or code");
