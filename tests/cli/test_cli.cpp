@@ -358,8 +358,9 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
       const bool note = s.err.find("sampling with the dequantized weights") != std::string::npos;
       EXPECT_EQ(note, !c.packed && kernels == "packed") << c.name << ": " << s.err;
       EXPECT_NE(s.err.find("tokens/s"), std::string::npos) << s.err;
-      if (kernels == "packed")
+      if (kernels == "packed") {
         EXPECT_NE(s.err.find(c.kernel), std::string::npos) << c.name << ": " << s.err;
+      }
     }
   }
   EXPECT_LT(fs::file_size(dir / "g32v8" / "model.safetensors"),

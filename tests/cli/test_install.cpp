@@ -36,7 +36,8 @@ TEST(Install, InstalledBinaryWorksFromAnotherDirectory) {
   auto inst = run_in(elsewhere, "cmake --install '" + build.string() + "' --prefix '" +
                                     prefix.string() + "' --component Unspecified");
   ASSERT_EQ(inst.code, 0) << inst.out << inst.err;
-  const std::string bin = "'" + (prefix / "bin" / "tessera").string() + "'";
+  std::string bin = (prefix / "bin" / "tessera").string();
+  bin = '\'' + bin + '\'';  // quoted for the shell
   ASSERT_TRUE(fs::exists(prefix / "share/tessera/data/gpt2/encoder.json"));
   ASSERT_TRUE(fs::exists(prefix / "share/tessera/configs/runs/tiny.toml"));
 

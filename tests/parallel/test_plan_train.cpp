@@ -87,7 +87,9 @@ TEST(PlanTrain, EmitSetLineRunsThePlansGrid) {
     const auto memory = rows(out / "metrics.jsonl", "memory");
     ASSERT_FALSE(memory.empty());
     EXPECT_EQ(memory[0]["dp"].get<int>(), cfg.parallel.dp);
-    if (!grid.empty()) EXPECT_EQ(cfg.parallel.pp, 2);
+    if (!grid.empty()) {
+      EXPECT_EQ(cfg.parallel.pp, 2);
+    }
   }
 }
 

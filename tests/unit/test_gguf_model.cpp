@@ -666,7 +666,9 @@ TEST_F(GgufSmolLM2, Fp16KvCacheFollowsTheFp32One) {
     ASSERT_LE(diff, 0.02 * (1 + scale)) << "position " << i;
     if (i + 1 < prompt.size()) continue;
     const auto top = top_k(a, V, 2);
-    if (a[top[0]] - a[top[1]] > 2 * diff) EXPECT_EQ(top_k(b, V, 1)[0], top[0]) << "position " << i;
+    if (a[top[0]] - a[top[1]] > 2 * diff) {
+      EXPECT_EQ(top_k(b, V, 1)[0], top[0]) << "position " << i;
+    }
     seq.push_back(top[0]);
     generated.push_back(static_cast<std::uint32_t>(top[0]));
   }

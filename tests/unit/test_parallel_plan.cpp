@@ -342,9 +342,11 @@ TEST(ParallelPlan, TrainerAcceptsExactlyWhatThePlannerAccepts) {
                           if (uneven) {  // the embedding alone, the layers on the others
                             s.split = "0";
                             const int rest = chunks - 1;
-                            for (int c = 1; c < chunks; ++c)
-                              s.split += "," + std::to_string(m.n_layer / rest +
-                                                              (c <= m.n_layer % rest ? 1 : 0));
+                            for (int c = 1; c < chunks; ++c) {
+                              s.split += ',';
+                              s.split += std::to_string(m.n_layer / rest +
+                                                        (c <= m.n_layer % rest ? 1 : 0));
+                            }
                           }
                           const int world = dp * pp * tx * ty * tz;
                           std::string trainer_error;

@@ -30,6 +30,11 @@ namespace {
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+// GCC 12's AVX-512 intrinsics start from a self-initialized "undefined" vector, which it then
+// reports as used uninitialized once they are inlined here (fixed in GCC 13); nothing is.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace avx512 {
 #include "tessera/quant/packed_tile.inc"
@@ -61,6 +66,7 @@ struct V {
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
