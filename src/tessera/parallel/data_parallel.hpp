@@ -126,7 +126,7 @@ class DataParallel final : public model::ParamStore {
   bool last_micro_ = true;
   std::deque<Pending> pending_;
   std::vector<int> deferred_;  // stages 0-1 with overlap off: blocks to reduce after backward
-  std::size_t covered_ = 0, issued_ = 0, done_in_backward_ = 0;
+  std::size_t covered_ = 0, issued_ = 0;
   double overlapped_fraction_ = 0;
 
   // stages 2-3: gradient staging (block 0 has its own buffer; layers share a small pool)
