@@ -152,13 +152,19 @@ void generate_on_gpu(const model::ModelConfig& cfg, const float* params, bool bf
       emit);
 }
 
+// Whether the CPU samples without the KV cache: the files the packed kernels do not take and that
+// quantize their activations in a way the decoder cannot reproduce one token at a time
+// (per-tensor W8A8, LLM.int8()) simulate that rounding, recomputing the context per token.
+bool recomputes_context(const eval::SampleOptions& so, const quant::ActQuant& act) {
+  return !so.kernels.linear && act.mode != quant::ActMode::None;
+}
+
 // On the CPU: the KV-cache decoder over the fp32 (or dequantized) weights, or the packed kernels
-// where `so` carries them; the files it cannot decode one token at a time (per-tensor W8A8,
-// LLM.int8()) simulate their activation quantization, recomputing the context per token.
+// where `so` carries them; else (recomputes_context) the simulated activation rounding.
 void generate_on_cpu(const model::ParamLayout& layout, const float* params,
                      const quant::ActQuant& act, const std::vector<std::int32_t>& prompt,
                      const eval::SampleOptions& so, Rng& rng, const Emit& emit) {
-  if (!so.kernels.linear && act.mode != quant::ActMode::None) {
+  if (recomputes_context(so, act)) {
     if (so.kv_cache != model::KvCache::F32)
       std::fprintf(stderr, "note: --kv-cache: this model recomputes its context per token\n");
     quant::generate(layout, params, act, prompt, so, rng, emit);
@@ -250,7 +256,7 @@ void add_sample_command(CLI::App& root) {
       kernels_used = describe_packed(packed);
     }
     if (a->device == "cpu" && so.kv_cache != model::KvCache::F32 &&
-        (so.kernels.linear || any.act.mode == quant::ActMode::None))
+        !recomputes_context(so, any.act))
       kernels_used += ", KV cache f16";
     t_start = clock::now();
     if (a->device == "cuda")
