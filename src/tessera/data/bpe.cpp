@@ -408,6 +408,84 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
+namespace {
+
+Error corrupt_gpt2_file(const std::filesystem::path& p, const std::string& why) {
+  return Error(fmt::format("corrupt GPT-2 tokenizer file {}: {}", p.string(), why), k_setup_hint);
+}
+
+// encoder.json: {"<token as unicode stand-ins>": id, ...}, ids 0..n-1 each once. Fills the
+// vocabulary's tokens and its one special token; returns each token's id by its raw bytes.
+std::unordered_map<std::string, std::uint32_t> read_gpt2_encoder(const std::filesystem::path& path,
+                                                                 BpeVocab& vocab) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path, "GPT-2 encoder.json"));
+  } catch (const nlohmann::json::exception& e) {
+    throw corrupt_gpt2_file(path, e.what());
+  }
+  if (!j.is_object() || j.empty())
+    throw corrupt_gpt2_file(path, "expected a JSON object of token ids");
+  const std::size_t n = j.size();
+  vocab.tokens.assign(n, {});
+  std::vector<char> seen(n, 0);
+  std::unordered_map<std::string, std::uint32_t> id_of;
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() >= n)
+      throw corrupt_gpt2_file(path, fmt::format("token '{}' has a bad id", key));
+    auto id = value.get<std::uint32_t>();
+    if (seen[id]) throw corrupt_gpt2_file(path, fmt::format("id {} is used twice", id));
+    seen[id] = 1;
+    auto bytes = byte_level_decode(key);
+    if (!bytes) throw corrupt_gpt2_file(path, fmt::format("token '{}' is not byte-level BPE", key));
+    if (!id_of.emplace(*bytes, id).second)
+      throw corrupt_gpt2_file(path, fmt::format("token '{}' appears twice", key));
+    vocab.tokens[id] = std::move(*bytes);
+  }
+  for (int b = 0; b < 256; ++b)
+    if (!id_of.contains(std::string(1, static_cast<char>(b))))
+      throw corrupt_gpt2_file(path, fmt::format("no token for byte {}", b));
+  auto it = id_of.find(std::string(k_eot_text));
+  if (it == id_of.end()) throw corrupt_gpt2_file(path, "no <|endoftext|> token");
+  vocab.special_ids = {it->second};
+  vocab.bos = vocab.eos = it->second;
+  return id_of;
+}
+
+// vocab.bpe: "#version: 0.2" then one merge "left right" per line, in rank order; each side and
+// their concatenation must be tokens of encoder.json.
+void read_gpt2_merges(const std::filesystem::path& path,
+                      const std::unordered_map<std::string, std::uint32_t>& id_of,
+                      BpeVocab& vocab) {
+  const std::string text = read_file(path, "GPT-2 vocab.bpe");
+  std::size_t pos = 0, line_no = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string_view line(text.data() + pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line_no == 1 && line.starts_with("#version")) continue;
+    if (line.empty()) continue;
+    const std::size_t sp = line.find(' ');
+    std::optional<std::string> left, right;
+    if (sp != std::string_view::npos && line.find(' ', sp + 1) == std::string_view::npos) {
+      left = byte_level_decode(line.substr(0, sp));
+      right = byte_level_decode(line.substr(sp + 1));
+    }
+    if (!left || !right)
+      throw corrupt_gpt2_file(path, fmt::format("line {} is not a merge 'left right'", line_no));
+    if (!id_of.contains(*left) || !id_of.contains(*right) || !id_of.contains(*left + *right))
+      throw corrupt_gpt2_file(
+          path, fmt::format("line {}: merge uses a token missing from encoder.json", line_no));
+    vocab.merges.emplace_back(std::move(*left), std::move(*right));
+  }
+  if (vocab.merges.empty()) throw corrupt_gpt2_file(path, "no merges");
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
   const auto enc_path = dir / "encoder.json";
   const auto bpe_path = dir / "vocab.bpe";
@@ -417,74 +495,10 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
       throw Error(fmt::format("GPT-2 tokenizer file not found: {}", p.string()),
                   fmt::format("{}, or pass --tokenizer DIR", k_setup_hint));
   }
-  auto corrupt = [&](const std::filesystem::path& p, const std::string& why) {
-    return Error(fmt::format("corrupt GPT-2 tokenizer file {}: {}", p.string(), why), k_setup_hint);
-  };
   BpeVocab vocab;
   vocab.source = fmt::format("GPT-2 tokenizer {}", dir.string());
-
-  // encoder.json: {"<token as unicode stand-ins>": id, ...}, ids 0..n-1 each once.
-  std::unordered_map<std::string, std::uint32_t> id_of;  // raw bytes -> id
-  {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(enc_path, "GPT-2 encoder.json"));
-    } catch (const nlohmann::json::exception& e) {
-      throw corrupt(enc_path, e.what());
-    }
-    if (!j.is_object() || j.empty()) throw corrupt(enc_path, "expected a JSON object of token ids");
-    const std::size_t n = j.size();
-    vocab.tokens.assign(n, {});
-    std::vector<char> seen(n, 0);
-    for (const auto& [key, value] : j.items()) {
-      if (!value.is_number_unsigned() || value.get<std::uint64_t>() >= n)
-        throw corrupt(enc_path, fmt::format("token '{}' has a bad id", key));
-      auto id = value.get<std::uint32_t>();
-      if (seen[id]) throw corrupt(enc_path, fmt::format("id {} is used twice", id));
-      seen[id] = 1;
-      auto bytes = byte_level_decode(key);
-      if (!bytes) throw corrupt(enc_path, fmt::format("token '{}' is not byte-level BPE", key));
-      if (!id_of.emplace(*bytes, id).second)
-        throw corrupt(enc_path, fmt::format("token '{}' appears twice", key));
-      vocab.tokens[id] = std::move(*bytes);
-    }
-    for (int b = 0; b < 256; ++b)
-      if (!id_of.contains(std::string(1, static_cast<char>(b))))
-        throw corrupt(enc_path, fmt::format("no token for byte {}", b));
-    auto it = id_of.find(std::string(k_eot_text));
-    if (it == id_of.end()) throw corrupt(enc_path, "no <|endoftext|> token");
-    vocab.special_ids = {it->second};
-    vocab.bos = vocab.eos = it->second;
-  }
-
-  // vocab.bpe: "#version: 0.2" then one merge "left right" per line, in rank order.
-  {
-    const std::string text = read_file(bpe_path, "GPT-2 vocab.bpe");
-    std::size_t pos = 0, line_no = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      std::string_view line(text.data() + pos, eol - pos);
-      pos = eol + 1;
-      ++line_no;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line_no == 1 && line.starts_with("#version")) continue;
-      if (line.empty()) continue;
-      const std::size_t sp = line.find(' ');
-      std::optional<std::string> left, right;
-      if (sp != std::string_view::npos && line.find(' ', sp + 1) == std::string_view::npos) {
-        left = byte_level_decode(line.substr(0, sp));
-        right = byte_level_decode(line.substr(sp + 1));
-      }
-      if (!left || !right)
-        throw corrupt(bpe_path, fmt::format("line {} is not a merge 'left right'", line_no));
-      if (!id_of.contains(*left) || !id_of.contains(*right) || !id_of.contains(*left + *right))
-        throw corrupt(bpe_path, fmt::format("line {}: merge uses a token missing from encoder.json",
-                                            line_no));
-      vocab.merges.emplace_back(std::move(*left), std::move(*right));
-    }
-    if (vocab.merges.empty()) throw corrupt(bpe_path, "no merges");
-  }
+  const auto id_of = read_gpt2_encoder(enc_path, vocab);
+  read_gpt2_merges(bpe_path, id_of, vocab);
   return from_vocab(std::move(vocab));
 }
 
