@@ -99,6 +99,59 @@ PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
   return r;
 }
 
+// Shared cores (the model's rule): the replay ran at the every-stage-busy rate; a stage runs up to
+// 1/share faster while others idle, and the node cannot do more than its cores: each stage ends
+// at the longer of its full-speed end and the mean stage's work. (The trace keeps the
+// every-stage-busy timeline.)
+void share_cores(PipeReplay& r, double compute_share) {
+  const auto pp = r.t.size();
+  double work = 0;
+  for (const auto& t : r.t) work += t.busy + t.comm;
+  work /= static_cast<double>(pp);
+  for (std::size_t st = 0; st < pp; ++st) {
+    auto& t = r.t[st];
+    const double end = std::max(compute_share * r.clock[st], work);
+    const double bc = t.busy + t.comm;
+    if (bc > end) t.busy *= end / bc, t.comm *= end / bc;  // ran faster than listed
+    t.idle = end - t.busy - t.comm;
+    r.clock[st] = end;
+  }
+}
+
+// The OptimizerStep after the pipelines' replays (`ready`: each pipeline's stage clocks): the
+// data-parallel group of each (stage, tensor coordinate) starts its reduction when its last
+// member arrives. Adds each rank's wait, reduction and update to `res`; returns each rank's end.
+std::vector<double> optimizer_steps(const Prediction& p,
+                                    const std::vector<std::vector<double>>& ready, SimResult& res,
+                                    std::vector<TraceEvent>* events, int max_stages) {
+  const auto& g = p.point.grid;
+  const long T = static_cast<long>(g.tx) * g.ty * g.tz;
+  std::vector<double> end(static_cast<std::size_t>(g.world_size()), 0);
+  for (long inner = 0; inner < T; ++inner)
+    for (int st = 0; st < g.pp; ++st) {
+      double start = 0;
+      for (long d = 0; d < g.dp; ++d)
+        start = std::max(start, ready[static_cast<std::size_t>(inner + T * d)][st]);
+      const double dp =
+          (p.dp_s.empty() ? 0 : p.dp_s[st]) + (st == 0 || st == g.pp - 1 ? p.tied_s : 0);
+      for (long d = 0; d < g.dp; ++d) {
+        const long rank = inner + T * (st + static_cast<long>(g.pp) * d);
+        auto& rt = res.ranks[static_cast<std::size_t>(rank)];
+        rt.idle += start - ready[static_cast<std::size_t>(inner + T * d)][st];
+        rt.comm += dp;
+        rt.busy += p.optimizer_s;
+        end[static_cast<std::size_t>(rank)] = start + dp + p.optimizer_s;
+        ++res.instructions;
+      }
+      if (inner == 0 && events && st < max_stages) {
+        parallel::Instr opt{OpKind::OptimizerStep, -1, 0, -1};
+        if (dp > 0) events->push_back({0, st, "dp-reduce", "comm", start, dp});
+        events->push_back({0, st, parallel::describe(opt), "optimizer", start + dp, p.optimizer_s});
+      }
+    }
+  return end;
+}
+
 }  // namespace
 
 SimResult simulate(const Prediction& p, const TraceOptions& trace) {
@@ -118,23 +171,7 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   for (long q = 0; q < pipelines; ++q) {
     const bool traced = q == 0 && traced_any;
     auto r = replay_pipeline(sch, p, traced ? &events : nullptr, trace.max_ranks);
-    if (p.compute_share < 1 && g.pp > 1) {
-      // Shared cores (the model's rule): the replay ran at the every-stage-busy rate; a stage
-      // runs up to 1/share faster while others idle, and the node cannot do more than its
-      // cores: each stage ends at the longer of its full-speed end and the mean stage's work.
-      // (The trace keeps the every-stage-busy timeline.)
-      double work = 0;
-      for (const auto& t : r.t) work += t.busy + t.comm;
-      work /= g.pp;
-      for (int st = 0; st < g.pp; ++st) {
-        auto& t = r.t[st];
-        const double end = std::max(p.compute_share * r.clock[st], work);
-        const double bc = t.busy + t.comm;
-        if (bc > end) t.busy *= end / bc, t.comm *= end / bc;  // ran faster than listed
-        t.idle = end - t.busy - t.comm;
-        r.clock[st] = end;
-      }
-    }
+    if (p.compute_share < 1 && g.pp > 1) share_cores(r, p.compute_share);
     res.instructions += r.instructions;
     res.deadlock = res.deadlock || r.deadlock;
     const long inner = q % T, dpc = q / T;
@@ -144,31 +181,7 @@ SimResult simulate(const Prediction& p, const TraceOptions& trace) {
     }
     ready[static_cast<std::size_t>(q)] = std::move(r.clock);
   }
-  // OptimizerStep: the data-parallel group of each (stage, tensor coordinate) starts its
-  // reduction when its last member arrives.
-  std::vector<double> end(static_cast<std::size_t>(g.world_size()), 0);
-  for (long inner = 0; inner < T; ++inner)
-    for (int st = 0; st < g.pp; ++st) {
-      double start = 0;
-      for (long d = 0; d < g.dp; ++d)
-        start = std::max(start, ready[static_cast<std::size_t>(inner + T * d)][st]);
-      const double dp =
-          (p.dp_s.empty() ? 0 : p.dp_s[st]) + (st == 0 || st == g.pp - 1 ? p.tied_s : 0);
-      for (long d = 0; d < g.dp; ++d) {
-        const long rank = inner + T * (st + static_cast<long>(g.pp) * d);
-        auto& rt = res.ranks[static_cast<std::size_t>(rank)];
-        rt.idle += start - ready[static_cast<std::size_t>(inner + T * d)][st];
-        rt.comm += dp;
-        rt.busy += p.optimizer_s;
-        end[static_cast<std::size_t>(rank)] = start + dp + p.optimizer_s;
-        ++res.instructions;
-      }
-      if (inner == 0 && traced_any && st < trace.max_ranks) {
-        parallel::Instr opt{OpKind::OptimizerStep, -1, 0, -1};
-        if (dp > 0) events.push_back({0, st, "dp-reduce", "comm", start, dp});
-        events.push_back({0, st, parallel::describe(opt), "optimizer", start + dp, p.optimizer_s});
-      }
-    }
+  const auto end = optimizer_steps(p, ready, res, traced_any ? &events : nullptr, trace.max_ranks);
   for (double e : end) res.step_s = std::max(res.step_s, e);
   for (std::size_t i = 0; i < res.ranks.size(); ++i) res.ranks[i].idle += res.step_s - end[i];
   res.stages.resize(static_cast<std::size_t>(g.pp));
