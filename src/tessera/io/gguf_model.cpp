@@ -325,6 +325,42 @@ void check_tied_output(const GgufFile& f, const GgufTensorInfo& g, const model::
                 "tessera's gpt2 family ties the head to the token embedding");
 }
 
+// Where a tensor of the model comes from in the file.
+struct Source {
+  const model::ParamTensor* dst;
+  const GgufTensorInfo* src;
+  std::int64_t qk_heads;  // q_proj, k_proj: the heads to permute the rows with; else 0
+};
+
+// Finds the model's tensor `t` in the file and checks its shape and type.
+Source find_source(const GgufFile& f, const model::ModelConfig& cfg, const model::ParamTensor& t) {
+  const std::string file = file_of(f);
+  const std::string name = gguf_name_of(cfg, t.name);
+  const GgufTensorInfo* g = f.find(name);
+  if (!g)
+    throw Error(fmt::format("{} has no tensor '{}' ({}), which the model ({}) needs", file, name,
+                            t.name, model::describe(cfg)),
+                "the file is incomplete, or holds another kind of model");
+  std::vector<std::int64_t> shape = t.shape;
+  if (t.vocab_rows) shape[0] = cfg.vocab_size;  // unpadded
+  if (!dims_match(*g, shape))
+    throw Error(fmt::format("{}: tensor '{}' ({}) has shape {} (GGUF dims {}), but the model "
+                            "({}) needs {}",
+                            file, name, t.name, shape_str(g->shape()), shape_str(g->dims),
+                            model::describe(cfg), shape_str(shape)),
+                "the file's metadata does not describe its tensors; the file is damaged");
+  if (!can_dequantize(g->type))
+    throw Error(fmt::format("tensor '{}' in {} has type {}, which tessera cannot dequantize", name,
+                            file, ggml_type_name(g->type)),
+                fmt::format("tessera dequantizes {}; requantize the model to one of these with "
+                            "llama.cpp's llama-quantize",
+                            dequantizable_type_names()));
+  std::int64_t qk_heads = 0;
+  if (t.name.ends_with("self_attn.q_proj.weight")) qk_heads = cfg.n_head;
+  if (t.name.ends_with("self_attn.k_proj.weight")) qk_heads = cfg.kv_heads();
+  return {&t, g, qk_heads};
+}
+
 }  // namespace
 
 LoadedModel load_gguf_model(const GgufFile& f) {
@@ -333,39 +369,11 @@ LoadedModel load_gguf_model(const GgufFile& f) {
   const model::ParamLayout layout(cfg);
 
   // Every tensor of the model, found and checked before anything is allocated.
-  struct Source {
-    const model::ParamTensor* dst;
-    const GgufTensorInfo* src;
-    std::int64_t qk_heads;  // q_proj, k_proj: the heads to permute the rows with; else 0
-  };
   std::vector<Source> sources;
   std::set<std::string, std::less<>> used;
   for (const auto& t : layout.tensors()) {
-    const std::string name = gguf_name_of(cfg, t.name);
-    const GgufTensorInfo* g = f.find(name);
-    if (!g)
-      throw Error(fmt::format("{} has no tensor '{}' ({}), which the model ({}) needs", file, name,
-                              t.name, model::describe(cfg)),
-                  "the file is incomplete, or holds another kind of model");
-    std::vector<std::int64_t> shape = t.shape;
-    if (t.vocab_rows) shape[0] = cfg.vocab_size;  // unpadded
-    if (!dims_match(*g, shape))
-      throw Error(fmt::format("{}: tensor '{}' ({}) has shape {} (GGUF dims {}), but the model "
-                              "({}) needs {}",
-                              file, name, t.name, shape_str(g->shape()), shape_str(g->dims),
-                              model::describe(cfg), shape_str(shape)),
-                  "the file's metadata does not describe its tensors; the file is damaged");
-    if (!can_dequantize(g->type))
-      throw Error(fmt::format("tensor '{}' in {} has type {}, which tessera cannot dequantize",
-                              name, file, ggml_type_name(g->type)),
-                  fmt::format("tessera dequantizes {}; requantize the model to one of these with "
-                              "llama.cpp's llama-quantize",
-                              dequantizable_type_names()));
-    std::int64_t qk_heads = 0;
-    if (t.name.ends_with("self_attn.q_proj.weight")) qk_heads = cfg.n_head;
-    if (t.name.ends_with("self_attn.k_proj.weight")) qk_heads = cfg.kv_heads();
-    sources.push_back({&t, g, qk_heads});
-    used.insert(name);
+    sources.push_back(find_source(f, cfg, t));
+    used.insert(sources.back().src->name);
   }
 
   // Anything else changes what the model computes (or belongs to another model): refused.
