@@ -422,6 +422,83 @@ study_eval::Windows study_windows(const model::ModelConfig& cfg, const StudyOpti
   return win;
 }
 
+// The activation outliers of each calibration set (res.outliers, res.outliers_by_set).
+void outliers_of_sets(const model::ParamLayout& layout, const float* params,
+                      const StudyOptions& opt, int seqlen, StudyResult& res) {
+  std::unique_ptr<data::Tokenizer> tok;
+  try {
+    tok = std::make_unique<data::Tokenizer>(io::load_tokenizer(opt.sources.tokenizer));
+  } catch (const Error&) {  // the massive activations are then listed without their text
+  }
+  for (const auto& cname : opt.calibs) {
+    std::fprintf(stderr, "study: activation outliers of calibration set %s\n", cname.c_str());
+    res.outliers_by_set.push_back(
+        set_outliers(layout, params, cname, opt, seqlen, tok.get(), res.outliers));
+  }
+}
+
+// The evaluation's state before the reference pass: each short window's slot, its reference
+// distributions' storage.
+EvalState eval_state(const model::ParamLayout& layout, const study_eval::Windows& win,
+                     const StudyOptions& opt) {
+  const auto& cfg = layout.config();
+  const int ctx = win.ctx;
+  EvalState st{layout, win, {cfg.vocab_size, cfg.padded_vocab(), ctx, {}, {}, {}},
+               {},     2,   opt.packed_kernels};
+  int n_short = 0;
+  for (const auto& w : win.info) st.short_slot.push_back(w.short_ ? n_short++ : -1);
+  st.short_ref.p.resize(static_cast<std::size_t>(n_short) * ctx * cfg.padded_vocab());
+  st.short_ref.neg_entropy.resize(static_cast<std::size_t>(n_short) * ctx);
+  st.short_ref.argmax.resize(static_cast<std::size_t>(n_short) * ctx);
+  return st;
+}
+
+// The rows scored on the long windows too: their models quantized first, then scored beside the
+// unquantized model in the reference pass (which also fills st's short references).
+void long_rows(EvalState& st, const model::ParamLayout& layout, const float* params,
+               const std::vector<Job>& jobs, const StudyOptions& opt, int seqlen,
+               StudyResult& res) {
+  std::vector<QuantizedModel> models;
+  std::vector<StudyRow*> rows;
+  for (const auto& j : jobs) {
+    if (!j.long_row) continue;
+    const auto r0 = clock::now();
+    std::fprintf(stderr, "study: quantizing %s (%s) for the long windows\n", j.spec.label.c_str(),
+                 j.calib.c_str());
+    models.push_back(quantize_job(layout, params, j, opt, seqlen));
+    res.rows.push_back(row_of(j, st.win.n()));
+    res.rows.back().quantize_seconds = since(r0);
+    rows.push_back(&res.rows.back());
+  }
+  const auto p0 = clock::now();
+  reference_pass(st, params, models, rows, res);
+  for (auto* r : rows)
+    r->seconds = r->quantize_seconds + since(p0) / static_cast<double>(1 + rows.size());
+}
+
+// The other rows, each quantized and scored on the short windows, with progress.
+void grid_rows(const EvalState& st, const model::ParamLayout& layout, const float* params,
+               const std::vector<Job>& jobs, const StudyOptions& opt, int seqlen,
+               StudyResult& res) {
+  const auto n_grid = static_cast<std::size_t>(
+      std::count_if(jobs.begin(), jobs.end(), [](const Job& j) { return !j.long_row; }));
+  std::size_t done = 0;
+  const auto g0 = clock::now();
+  for (const auto& j : jobs) {
+    if (j.long_row) continue;
+    const auto r0 = clock::now();
+    auto qm = quantize_job(layout, params, j, opt, seqlen);
+    StudyRow row = row_of(j, st.win.n());
+    row.quantize_seconds = since(r0);
+    score_short(st, qm, row);
+    row.seconds = since(r0);
+    res.rows.push_back(std::move(row));
+    ++done;
+    const double eta = since(g0) / static_cast<double>(done) * static_cast<double>(n_grid - done);
+    report_row(res, res.rows.back(), done, n_grid, eta);
+  }
+}
+
 }  // namespace
 
 StudyResult run_study(const model::ParamLayout& layout, const float* params,
@@ -433,61 +510,13 @@ StudyResult run_study(const model::ParamLayout& layout, const float* params,
   const int seqlen = opt.seqlen > 0 ? opt.seqlen : std::min(cfg.block_size, 256);
   StudyResult res;
   const auto win = study_windows(cfg, opt, ctx, res);
-  std::unique_ptr<data::Tokenizer> tok;
-  try {
-    tok = std::make_unique<data::Tokenizer>(io::load_tokenizer(opt.sources.tokenizer));
-  } catch (const Error&) {  // the massive activations are then listed without their text
-  }
-  for (const auto& cname : opt.calibs) {
-    std::fprintf(stderr, "study: activation outliers of calibration set %s\n", cname.c_str());
-    res.outliers_by_set.push_back(
-        set_outliers(layout, params, cname, opt, seqlen, tok.get(), res.outliers));
-  }
-  EvalState st{layout, win, {cfg.vocab_size, cfg.padded_vocab(), ctx, {}, {}, {}},
-               {},     2,   opt.packed_kernels};
+  outliers_of_sets(layout, params, opt, seqlen, res);
+  EvalState st = eval_state(layout, win, opt);
   res.packed_kernels = opt.packed_kernels;
-  int n_short = 0;
-  for (const auto& w : win.info) st.short_slot.push_back(w.short_ ? n_short++ : -1);
-  st.short_ref.p.resize(static_cast<std::size_t>(n_short) * ctx * cfg.padded_vocab());
-  st.short_ref.neg_entropy.resize(static_cast<std::size_t>(n_short) * ctx);
-  st.short_ref.argmax.resize(static_cast<std::size_t>(n_short) * ctx);
-
   const auto jobs = list_jobs(opt);
-  std::vector<QuantizedModel> long_models;
-  std::vector<StudyRow*> long_rows;
-  res.rows.reserve(jobs.size());
-  for (const auto& j : jobs) {
-    if (!j.long_row) continue;
-    const auto r0 = clock::now();
-    std::fprintf(stderr, "study: quantizing %s (%s) for the long windows\n", j.spec.label.c_str(),
-                 j.calib.c_str());
-    long_models.push_back(quantize_job(layout, params, j, opt, seqlen));
-    res.rows.push_back(row_of(j, win.n()));
-    res.rows.back().quantize_seconds = since(r0);
-    long_rows.push_back(&res.rows.back());
-  }
-  const auto p0 = clock::now();
-  reference_pass(st, params, long_models, long_rows, res);
-  for (auto* r : long_rows)
-    r->seconds = r->quantize_seconds + since(p0) / static_cast<double>(1 + long_rows.size());
-  long_models.clear();
-
-  const std::size_t n_grid = jobs.size() - long_rows.size();
-  std::size_t done = 0;
-  const auto g0 = clock::now();
-  for (const auto& j : jobs) {
-    if (j.long_row) continue;
-    const auto r0 = clock::now();
-    auto qm = quantize_job(layout, params, j, opt, seqlen);
-    StudyRow row = row_of(j, win.n());
-    row.quantize_seconds = since(r0);
-    score_short(st, qm, row);
-    row.seconds = since(r0);
-    res.rows.push_back(std::move(row));
-    ++done;
-    const double eta = since(g0) / static_cast<double>(done) * static_cast<double>(n_grid - done);
-    report_row(res, res.rows.back(), done, n_grid, eta);
-  }
+  res.rows.reserve(jobs.size());  // the long rows are scored through pointers to their rows
+  long_rows(st, layout, params, jobs, opt, seqlen, res);
+  grid_rows(st, layout, params, jobs, opt, seqlen, res);
   // the tables list the methods and sets in the order given, the long rows among the others
   std::stable_sort(res.rows.begin(), res.rows.end(), [&](const StudyRow& a, const StudyRow& b) {
     return order_of(opt, a) < order_of(opt, b);
