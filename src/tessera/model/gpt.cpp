@@ -175,6 +175,41 @@ float loss_forward(const ModelConfig& cfg, Activations& a, const std::int32_t* t
   }
   return count ? static_cast<float>(sum / count) : 0.0f;
 }
+// The LM head's and the final norm's backward: from dlogits (held in a.logits) to the head's and
+// the norm's gradients (E, GE: the embedding block's parameters and gradients, the tied head's;
+// F, GF: the final norm's block's, an untied head's) and the gradient of the last block's output
+// (a.d_res).
+void head_backward(const ParamLayout& layout, const float* E, float* GE, const float* F, float* GF,
+                   Activations& a, std::int64_t N, kernels::GemmLibrary lib, kernels::Profile* PROF,
+                   const std::uint16_t* P16) {
+  const auto& cfg = layout.config();
+  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
+  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
+  auto GFo = [&](std::size_t off) { return GF + (off - layout.lnf_w); };
+  float* d_res = a.at(a.d_res);
+  float* d_ln = a.at(a.d_ln);
+  {
+    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
+    const bool tied = layout.head == layout.wte;
+    float* dhead = tied ? GE + layout.wte : GFo(layout.head);
+    if (P16)
+      k::linear_backward_bf16(a.bf16, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
+                              P16 + layout.head, N, C, Vp);
+    else
+      k::linear_backward(lib, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
+                         tied ? E + layout.wte : PF(layout.head), N, C, Vp);
+  }
+  std::fill(d_res, d_res + N * C, 0.0f);
+  const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
+  kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
+  if (cfg.llama())
+    k::rmsnorm_backward(d_res, GFo(layout.lnf_w), d_ln, last, PF(layout.lnf_w), a.at(a.lnf_rstd), N,
+                        C);
+  else
+    k::layernorm_backward(d_res, GFo(layout.lnf_w), GFo(layout.lnf_b), d_ln, last, PF(layout.lnf_w),
+                          a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
+}
+
 }  // namespace
 
 float forward(const ParamLayout& layout, ParamStore& store, Activations& a,
@@ -226,51 +261,22 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   const auto& cfg = layout.config();
   TESSERA_CHECK(a.B == B && a.T == T,
                 "backward() needs the forward() activations of the same batch");
-  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
+  const int C = cfg.n_embd;
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   store.begin_backward();
   const float* E = store.params(0);
   float* GEb = store.grads(0);
-  auto PE = [&](std::size_t off) { return E + off; };
-  auto GE = [&](std::size_t off) { return GEb + off; };
-  const int LB = cfg.n_layer + 1;  // the final LayerNorm's block
+  const int LB = cfg.n_layer + 1;  // the final norm's block
   const float* F = store.params(LB);
-  float* GFb = store.grads(LB);
-  auto PF = [&](std::size_t off) { return F + (off - layout.lnf_w); };
-  auto GF = [&](std::size_t off) { return GFb + (off - layout.lnf_w); };
-  float* d_res = a.at(a.d_res);
-  float* d_ln = a.at(a.d_ln);
-
-  // LM head: logits now hold dlogits (N,Vp)
-  {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::Gemm);
-    const bool tied = layout.head == layout.wte;
-    float* dhead = tied ? GE(layout.wte) : GF(layout.head);
-    if (P16)
-      k::linear_backward_bf16(a.bf16, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
-                              P16 + layout.head, N, C, Vp);
-    else
-      k::linear_backward(lib, d_ln, dhead, nullptr, a.at(a.logits), a.at(a.lnf),
-                         tied ? PE(layout.wte) : PF(layout.head), N, C, Vp);
-  }
-  std::fill(d_res, d_res + N * C, 0.0f);
-  const float* last = cfg.n_layer > 0 ? a.at(a.layers.back().res3) : a.at(a.encoded);
-  {
-    kernels::ProfileScope ps_(PROF, kernels::OpFamily::LayerNorm);
-    if (cfg.llama())
-      k::rmsnorm_backward(d_res, GF(layout.lnf_w), d_ln, last, PF(layout.lnf_w), a.at(a.lnf_rstd),
-                          N, C);
-    else
-      k::layernorm_backward(d_res, GF(layout.lnf_w), GF(layout.lnf_b), d_ln, last, PF(layout.lnf_w),
-                            a.at(a.lnf_mean), a.at(a.lnf_rstd), N, C);
-  }
-
+  float* GF = store.grads(LB);
+  head_backward(layout, E, GEb, F, GF, a, N, lib, PROF, P16);
   store.grads_done(LB);  // the final norm (and an untied head)
   store.release(LB);
+  float* d_res = a.at(a.d_res);
   const BlockShape shape = block_shape(cfg, B, T);
   const BlockScratch<float> scratch{d_res,
                                     d_res,
-                                    d_ln,
+                                    a.at(a.d_ln),
                                     a.at(a.d_atty),
                                     a.at(a.d_qkv),
                                     a.at(a.d_fch),
@@ -293,8 +299,8 @@ void backward(const ParamLayout& layout, ParamStore& store, Activations& a,
   }
   {
     kernels::ProfileScope ps_(PROF, kernels::OpFamily::Embedding);
-    k::embedding_backward(GE(layout.wte), layout.wpe == k_absent ? nullptr : GE(layout.wpe), d_res,
-                          inputs, B, T, C);
+    k::embedding_backward(GEb + layout.wte, layout.wpe == k_absent ? nullptr : GEb + layout.wpe,
+                          d_res, inputs, B, T, C);
   }
   store.grads_done(0);  // wte (with the tied LM head's part) and wpe
   store.release(0);
