@@ -855,42 +855,37 @@ float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,
 
 // ---- backward ----
 
-void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, const float* dy,
-                                 kernels::GemmLibrary lib) {
+// The LM head's backward (the slot's logits hold the dlogits; they stay with the workspace
+// after), then the final norm's, into s.d_res; GE: block 0's gradients (the tied head's).
+void TensorModel::head_backward(model::ParamStore& store, Slot& sl, float* GE,
+                                kernels::GemmLibrary lib) {
   State& s = *st_;
-  const auto& ch = opt_.chunks.at(chunk);
-  Slot& sl = live_slot(chunk, mb);
-  const int L = cfg_.n_layer, B = s.B, T = s.T;
-  const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
-  auto progress = [&] { progress_all(store); };
+  const int L = cfg_.n_layer;
+  TESSERA_CHECK(sl.have_targets, "backward needs a training forward with targets");
+  const float* F = store.params(L + 1);
+  float* GFb = store.grads(L + 1);
+  auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
+  auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
   const bool tied = local_.head == local_.wte;
-  const bool block0 = ch.embedding || (ch.head && tied);
-  float* GE = nullptr;
-  if (block0) {
-    store.params(0);
-    GE = store.grads(0);
-  }
-  if (ch.head) {
-    TESSERA_CHECK(sl.have_targets, "backward needs a training forward with targets");
-    const float* F = store.params(L + 1);
-    float* GFb = store.grads(L + 1);
-    auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
-    auto GF = [&](std::size_t off) { return GFb + (off - local_.lnf_w); };
-    // LM head (the slot's logits hold the dlogits; they stay with the workspace after), then
-    // the final norm.
-    std::swap(sl.logits, s.vocab_ws.logits);
-    std::swap(sl.h_full, s.vocab_ws.h_full);
-    vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(),
-                           tied ? GE + local_.wte : GF(local_.head), n, s.vocab_ws);
-    final_norm_backward(sl, PF(local_.lnf_w), GF(local_.lnf_w),
-                        local_.lnf_b == model::k_absent ? nullptr : GF(local_.lnf_b));
-    store.grads_done(L + 1);
-    store.release(L + 1);
-  } else {
-    TESSERA_CHECK(dy != nullptr, "backward of a chunk without the head needs its output gradient");
-    std::copy(dy, dy + boundary_numel(), s.d_res.begin());
-  }
+  std::swap(sl.logits, s.vocab_ws.logits);
+  std::swap(sl.h_full, s.vocab_ws.h_full);
+  vocab_lm_head_backward(lib, vocab_, vocab_comms_, s.d_ln.data(),
+                         tied ? GE + local_.wte : GF(local_.head), s.n, s.vocab_ws);
+  final_norm_backward(sl, PF(local_.lnf_w), GF(local_.lnf_w),
+                      local_.lnf_b == model::k_absent ? nullptr : GF(local_.lnf_b));
+  store.grads_done(L + 1);
+  store.release(L + 1);
+}
 
+// The chunk's layers, last to first, from the output gradient in s.d_res: each layer's
+// parameters gathered (the next one's prefetched), recomputed when the activations were not
+// kept, its gradients handed to the store when final (a layer later when its weight-gradient
+// reductions are deferred).
+void TensorModel::layers_backward(model::ParamStore& store, const ModelChunk& ch, Slot& sl,
+                                  kernels::GemmLibrary lib) {
+  State& s = *st_;
+  const int B = s.B, T = s.T;
+  auto progress = [&] { progress_all(store); };
   const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
   const bool defer = opt_.defer_dw && !opt_.sequence_parallel && s.sets.size() > 1;
   auto finish_layer = [&](int layer) {
@@ -922,6 +917,29 @@ void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, co
     finish_layer(a);
     store.grads_done(a + 1);
   }
+}
+
+void TensorModel::backward_chunk(model::ParamStore& store, int chunk, int mb, const float* dy,
+                                 kernels::GemmLibrary lib) {
+  State& s = *st_;
+  const auto& ch = opt_.chunks.at(chunk);
+  Slot& sl = live_slot(chunk, mb);
+  const int T = s.T;
+  const std::int64_t N = static_cast<std::int64_t>(s.B) * T;
+  const bool tied = local_.head == local_.wte;
+  const bool block0 = ch.embedding || (ch.head && tied);
+  float* GE = nullptr;
+  if (block0) {
+    store.params(0);
+    GE = store.grads(0);
+  }
+  if (ch.head) {
+    head_backward(store, sl, GE, lib);
+  } else {
+    TESSERA_CHECK(dy != nullptr, "backward of a chunk without the head needs its output gradient");
+    std::copy(dy, dy + boundary_numel(), s.d_res.begin());
+  }
+  layers_backward(store, ch, sl, lib);
   if (ch.embedding) {
     float* gwpe = local_.wpe == model::k_absent ? nullptr : GE + local_.wpe;
     vocab_embedding_backward(vocab_, vocab_comms_, GE + local_.wte, gwpe, s.d_res.data(),

@@ -242,6 +242,9 @@ class TensorModel {
                       const float* x, int B, int T, Layer& acts, model::ParamStore& store);
   void final_norm_forward(Slot& sl, const float* w, const float* b);
   void final_norm_backward(Slot& sl, const float* w, float* dw, float* db);
+  void head_backward(model::ParamStore& store, Slot& sl, float* GE, kernels::GemmLibrary lib);
+  void layers_backward(model::ParamStore& store, const ModelChunk& ch, Slot& sl,
+                       kernels::GemmLibrary lib);
 
   model::ModelConfig cfg_;
   TensorModelOptions opt_;
