@@ -28,6 +28,19 @@ InputKind input_kind(const std::filesystem::path& path, std::string_view what);
 // is missing, unreadable or not a regular file.
 std::string read_file(const std::filesystem::path& path, std::string_view what = "file");
 
+// Calls fn(line, line_no) for each line of `text`: split at '\n', numbered from 1, the last one
+// also when no newline ends it; a line keeps a '\r' that preceded its '\n'.
+template <typename F>
+void for_each_line(std::string_view text, F&& fn) {
+  std::size_t pos = 0, line_no = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    fn(text.substr(pos, eol - pos), ++line_no);
+    pos = eol + 1;
+  }
+}
+
 // A file's bytes, read-only, for the readers of binary formats (safetensors, GGUF), whose parsed
 // views point into them: mapped (mmap) when the file is a non-empty regular file, read into
 // memory otherwise (or when mapping is refused), or bytes handed over in memory. Shared: copies

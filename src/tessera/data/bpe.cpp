@@ -458,16 +458,9 @@ void read_gpt2_merges(const std::filesystem::path& path,
                       const std::unordered_map<std::string, std::uint32_t>& id_of,
                       BpeVocab& vocab) {
   const std::string text = read_file(path, "GPT-2 vocab.bpe");
-  std::size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
+  for_each_line(text, [&](std::string_view line, std::size_t line_no) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line_no == 1 && line.starts_with("#version")) continue;
-    if (line.empty()) continue;
+    if ((line_no == 1 && line.starts_with("#version")) || line.empty()) return;
     const std::size_t sp = line.find(' ');
     std::optional<std::string> left, right;
     if (sp != std::string_view::npos && line.find(' ', sp + 1) == std::string_view::npos) {
@@ -480,7 +473,7 @@ void read_gpt2_merges(const std::filesystem::path& path,
       throw corrupt_gpt2_file(
           path, fmt::format("line {}: merge uses a token missing from encoder.json", line_no));
     vocab.merges.emplace_back(std::move(*left), std::move(*right));
-  }
+  });
   if (vocab.merges.empty()) throw corrupt_gpt2_file(path, "no merges");
 }
 

@@ -140,14 +140,8 @@ std::vector<std::string> jsonl_documents(const std::filesystem::path& path, std:
   const std::string hint = fmt::format(
       "each line must be one JSON object with a string field \"{}\" (see --jsonl-key)", key);
   std::vector<std::string> docs;
-  std::size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+  for_each_line(text, [&](std::string_view line, std::size_t line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -163,7 +157,7 @@ std::vector<std::string> jsonl_documents(const std::filesystem::path& path, std:
       throw Error(fmt::format("{}:{}: field \"{}\" is not a string", path.string(), line_no, key),
                   hint);
     docs.push_back(it->get<std::string>());
-  }
+  });
   return docs;
 }
 
