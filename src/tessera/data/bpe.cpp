@@ -416,11 +416,12 @@ Error corrupt_gpt2_file(const std::filesystem::path& p, const std::string& why) 
 
 // encoder.json: {"<token as unicode stand-ins>": id, ...}, ids 0..n-1 each once. Fills the
 // vocabulary's tokens and its one special token; returns each token's id by its raw bytes.
-std::unordered_map<std::string, std::uint32_t> read_gpt2_encoder(const std::filesystem::path& path,
+std::unordered_map<std::string, std::uint32_t> read_gpt2_encoder(std::string_view text,
+                                                                 const std::filesystem::path& path,
                                                                  BpeVocab& vocab) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(path, "GPT-2 encoder.json"));
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw corrupt_gpt2_file(path, e.what());
   }
@@ -454,10 +455,9 @@ std::unordered_map<std::string, std::uint32_t> read_gpt2_encoder(const std::file
 
 // vocab.bpe: "#version: 0.2" then one merge "left right" per line, in rank order; each side and
 // their concatenation must be tokens of encoder.json.
-void read_gpt2_merges(const std::filesystem::path& path,
+void read_gpt2_merges(std::string_view text, const std::filesystem::path& path,
                       const std::unordered_map<std::string, std::uint32_t>& id_of,
                       BpeVocab& vocab) {
-  const std::string text = read_file(path, "GPT-2 vocab.bpe");
   for_each_line(text, [&](std::string_view line, std::size_t line_no) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if ((line_no == 1 && line.starts_with("#version")) || line.empty()) return;
@@ -479,6 +479,16 @@ void read_gpt2_merges(const std::filesystem::path& path,
 
 }  // namespace
 
+BpeVocab gpt2_vocab_from_text(std::string_view encoder_json, std::string_view merges,
+                              const std::filesystem::path& encoder_path,
+                              const std::filesystem::path& merges_path) {
+  BpeVocab vocab;
+  vocab.source = fmt::format("GPT-2 tokenizer {}", encoder_path.parent_path().string());
+  const auto id_of = read_gpt2_encoder(encoder_json, encoder_path, vocab);
+  read_gpt2_merges(merges, merges_path, id_of, vocab);
+  return vocab;
+}
+
 Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
   const auto enc_path = dir / "encoder.json";
   const auto bpe_path = dir / "vocab.bpe";
@@ -488,11 +498,9 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
       throw Error(fmt::format("GPT-2 tokenizer file not found: {}", p.string()),
                   fmt::format("{}, or pass --tokenizer DIR", k_setup_hint));
   }
-  BpeVocab vocab;
-  vocab.source = fmt::format("GPT-2 tokenizer {}", dir.string());
-  const auto id_of = read_gpt2_encoder(enc_path, vocab);
-  read_gpt2_merges(bpe_path, id_of, vocab);
-  return from_vocab(std::move(vocab));
+  const std::string encoder_json = read_file(enc_path, "GPT-2 encoder.json");
+  const std::string merges = read_file(bpe_path, "GPT-2 vocab.bpe");
+  return from_vocab(gpt2_vocab_from_text(encoder_json, merges, enc_path, bpe_path));
 }
 
 // Checks and indexes the tokens: bytes_of, id_of (ordinary tokens), byte_id, the specials.

@@ -58,6 +58,13 @@ struct BpeVocab {
   bool add_bos = false;              // the model expects bos before every sequence
 };
 
+// The original GPT-2 files' vocabulary from their texts (encoder.json: token -> id; vocab.bpe:
+// the merges), each named in messages by its path. Throws tessera::Error naming the file that is
+// corrupt.
+BpeVocab gpt2_vocab_from_text(std::string_view encoder_json, std::string_view merges,
+                              const std::filesystem::path& encoder_path,
+                              const std::filesystem::path& merges_path);
+
 class Tokenizer {
  public:
   // Reads DIR/encoder.json and DIR/vocab.bpe (the original GPT-2 files). Throws tessera::Error

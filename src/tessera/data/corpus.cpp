@@ -136,7 +136,12 @@ std::vector<std::string> text_documents(const std::vector<std::filesystem::path>
 }
 
 std::vector<std::string> jsonl_documents(const std::filesystem::path& path, std::string_view key) {
-  const std::string text = read_file(path, "JSONL file");
+  return jsonl_documents_from_text(read_file(path, "JSONL file"), path, key);
+}
+
+std::vector<std::string> jsonl_documents_from_text(std::string_view text,
+                                                   const std::filesystem::path& path,
+                                                   std::string_view key) {
   const std::string hint = fmt::format(
       "each line must be one JSON object with a string field \"{}\" (see --jsonl-key)", key);
   std::vector<std::string> docs;

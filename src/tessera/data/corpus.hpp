@@ -27,5 +27,9 @@ std::vector<std::string> text_documents(const std::vector<std::filesystem::path>
 // skipped. A bad line throws tessera::Error naming the file and the line number.
 std::vector<std::string> jsonl_documents(const std::filesystem::path& path,
                                          std::string_view key = "text");
+// The same for a JSONL file's text, named `path` in messages.
+std::vector<std::string> jsonl_documents_from_text(std::string_view text,
+                                                   const std::filesystem::path& path,
+                                                   std::string_view key = "text");
 
 }  // namespace tessera::data
