@@ -572,14 +572,15 @@ std::string time_ruler(int from, int to) {
 
 }  // namespace
 
-std::string draw_timeline(const Schedule& s, double backward_cost) {
-  const Timeline t = replay_timeline(s, backward_cost);
-  const auto& sp = s.spec;
-  const int pp = sp.pp, m = sp.m, v = sp.v;
+namespace {
+
+// The title and the legend.
+std::string timeline_header(const ScheduleSpec& sp, const Timeline& t) {
+  const int m = sp.m;
   std::string out = fmt::format(
       "{} pp={} m={} v={}: one column per forward of a chunk, a backward takes {} column{}, "
       "messages are free\n",
-      schedule_name(sp.kind), pp, m, v, t.backward_cols, t.backward_cols == 1 ? "" : "s");
+      schedule_name(sp.kind), sp.pp, m, sp.v, t.backward_cols, t.backward_cols == 1 ? "" : "s");
   const int letters = std::min(m, 26);
   auto span = [&](char a) {
     return letters == 1 ? std::string(1, a) : fmt::format("{}-{}", a, char(a + letters - 1));
@@ -588,12 +589,21 @@ std::string draw_timeline(const Schedule& s, double backward_cost) {
                      letters == 1 ? "0" : fmt::format("0-{}", letters - 1), span('a'));
   if (m > 26) out += " (micro-batch 26 is A again, 27 is B, ...)";
   out += "\n";
-  if (v > 1)
+  if (sp.v > 1)
     out += "chunk rows: the local chunk run in each column (global chunk = chunk * pp + stage)\n";
+  return out;
+}
 
-  // The rows.
-  std::vector<std::string> row(pp, std::string(t.makespan, '.')), chunk_row(pp);
-  if (v > 1) chunk_row.assign(pp, std::string(t.makespan, ' '));
+// Each stage's row of letters (micro-batches) and, with v > 1, its row of chunk digits.
+struct TimelineRows {
+  std::vector<std::string> ops, chunks;
+};
+TimelineRows timeline_rows(const Schedule& s, const Timeline& t) {
+  const int pp = s.spec.pp;
+  const bool chunked = s.spec.v > 1;
+  TimelineRows r{std::vector<std::string>(pp, std::string(t.makespan, '.')),
+                 std::vector<std::string>(pp)};
+  if (chunked) r.chunks.assign(pp, std::string(t.makespan, ' '));
   for (int st = 0; st < pp; ++st)
     for (std::size_t i = 0; i < s.ranks[st].size(); ++i) {
       const Instr& in = s.ranks[st][i];
@@ -604,11 +614,18 @@ std::string draw_timeline(const Schedule& s, double backward_cost) {
       const char letter = static_cast<char>((fwd ? 'A' : 'a') + ((in.mb % 26) + 26) % 26);
       const char digit = static_cast<char>('0' + ((in.chunk % 10) + 10) % 10);
       for (int c = at; c < at + len && c < t.makespan; ++c) {
-        row[st][c] = letter;
-        if (v > 1) chunk_row[st][c] = digit;
+        r.ops[st][c] = letter;
+        if (chunked) r.chunks[st][c] = digit;
       }
     }
-  const int label = static_cast<int>(fmt::format("stage {}", pp - 1).size());
+  return r;
+}
+
+// The rows drawn in blocks of k_timeline_width columns under a time ruler, then any deadlock.
+std::string timeline_blocks(const Schedule& s, const Timeline& t, const TimelineRows& r,
+                            int label) {
+  const int pp = s.spec.pp;
+  std::string out;
   if (t.makespan > k_timeline_width)
     out += fmt::format("{} columns, drawn in blocks of {}\n", t.makespan, k_timeline_width);
   for (int from = 0; from < t.makespan; from += k_timeline_width) {
@@ -617,9 +634,9 @@ std::string draw_timeline(const Schedule& s, double backward_cost) {
     out += fmt::format("{:<{}} |{}\n", "time", label, time_ruler(from, to));
     for (int st = 0; st < pp; ++st) {
       out += fmt::format("{:<{}} |{}\n", fmt::format("stage {}", st), label,
-                         row[st].substr(from, to - from));
-      if (v > 1) {
-        std::string c = chunk_row[st].substr(from, to - from);
+                         r.ops[st].substr(from, to - from));
+      if (s.spec.v > 1) {
+        std::string c = r.chunks[st].substr(from, to - from);
         while (!c.empty() && c.back() == ' ') c.pop_back();
         out += fmt::format("{:>{}} |{}\n", "chunk", label, c);
       }
@@ -629,11 +646,15 @@ std::string draw_timeline(const Schedule& s, double backward_cost) {
     if (t.blocked_at[st] >= 0)
       out += fmt::format("deadlock: stage {} never gets past instruction {} ({})\n", st,
                          t.blocked_at[st], describe(s.ranks[st][t.blocked_at[st]]));
+  return out;
+}
 
-  // The numbers.
-  out += fmt::format("\n{:<{}}  busy  idle  bubble  in flight (formula)\n", "", label);
+// Busy, idle, bubble and micro-batches in flight per stage, and the worst bubble against the ideal.
+std::string timeline_numbers(const Schedule& s, const Timeline& t, int label) {
+  const auto& sp = s.spec;
+  std::string out = fmt::format("\n{:<{}}  busy  idle  bubble  in flight (formula)\n", "", label);
   double worst = 0;
-  for (int st = 0; st < pp; ++st) {
+  for (int st = 0; st < sp.pp; ++st) {
     worst = std::max(worst, t.bubble(st));
     out += fmt::format("{:<{}} {:>5} {:>5} {:>7.3f}  {:>9} ({})\n", fmt::format("stage {}", st),
                        label, t.busy[st], t.idle(st), t.bubble(st), max_in_flight(s.ranks[st]),
@@ -641,9 +662,18 @@ std::string draw_timeline(const Schedule& s, double backward_cost) {
   }
   out += fmt::format("bubble (idle / busy): {:.3f} measured on the worst stage, ideal {:.3f} = ",
                      worst, ideal_bubble_fraction(sp));
-  out += v > 1 ? fmt::format("(pp-1)/(v*m) = {}/{}\n", pp - 1, v * m)
-               : fmt::format("(pp-1)/m = {}/{}\n", pp - 1, m);
+  out += sp.v > 1 ? fmt::format("(pp-1)/(v*m) = {}/{}\n", sp.pp - 1, sp.v * sp.m)
+                  : fmt::format("(pp-1)/m = {}/{}\n", sp.pp - 1, sp.m);
   return out;
+}
+
+}  // namespace
+
+std::string draw_timeline(const Schedule& s, double backward_cost) {
+  const Timeline t = replay_timeline(s, backward_cost);
+  const int label = static_cast<int>(fmt::format("stage {}", s.spec.pp - 1).size());
+  return timeline_header(s.spec, t) + timeline_blocks(s, t, timeline_rows(s, t), label) +
+         timeline_numbers(s, t, label);
 }
 
 }  // namespace tessera::parallel
