@@ -298,11 +298,11 @@ int main(int argc, char** argv) {
   std::printf(
       "%s\n%d threads; memory read bandwidth %.1f GB/s; oneDNN fp32 GEMM %.0f GFLOP/s (%d x %d x "
       "%d); decode: %d tokens after a context of %d, KV cache %s (fp32: %.0f KB per position per "
-      "token); prefill: %d tokens; best of %d rounds; int8 activations: %s\n\n",
+      "token); prefill: %d tokens; best of %d rounds; int8 activations: %s; prompt kernel %s\n\n",
       model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
       tokens, context, kv_cache.c_str(),
       2.0 * cfg.n_layer * cfg.kv_heads() * cfg.head_dim() * 4 / 1e3, prefill, rounds,
-      quant::q8_dot_name(quant::best_isa()));
+      quant::q8_dot_name(quant::best_isa()), quant::describe_prompt_width().c_str());
   std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
               "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
               "head", "prefill/s", "of GEMM");

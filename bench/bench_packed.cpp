@@ -128,8 +128,9 @@ int main(int argc, char** argv) {
   const double bw = bench::stream_read_gbs(stream_mib);
   std::printf(
       "packed kernels: %s, %d threads; memory read bandwidth %.1f GB/s (%d MiB, best of 5); "
-      "decode weights cycled over %d MiB; prefill N = %d; int8 activations: %s\n",
-      quant::isa_name(isa), threads, bw, stream_mib, ring_mib, prefill, quant::q8_dot_name(isa));
+      "decode weights cycled over %d MiB; prefill N = %d; int8 activations: %s; prompt kernel %s\n",
+      quant::isa_name(isa), threads, bw, stream_mib, ring_mib, prefill, quant::q8_dot_name(isa),
+      isa == quant::Isa::Avx512 ? quant::describe_prompt_width().c_str() : "256-bit");
   const Shape shapes[] = {{"qkv 960x576", 960, 576, 30},
                           {"o 576x576", 576, 576, 30},
                           {"gate_up 3072x576", 3072, 576, 30},

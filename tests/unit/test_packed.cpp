@@ -161,6 +161,12 @@ void check_case(const Case& k) {
     // the input rounded per block or per row.
     packed_matmul_q8(p, Y8.data(), X.data(), nullptr, N, isa);
     packed_matmul_q8(p, Y8t.data(), X.data(), nullptr, N, isa, ActScale::PerRow);
+    // Both widths of the VNNI prompt kernel give those rows (without VNNI both run as 256-bit).
+    for (PromptWidth width : {PromptWidth::W256, PromptWidth::W512}) {
+      std::vector<float> Yw(Y.size());
+      packed_matmul_q8(p, Yw.data(), X.data(), nullptr, N, isa, ActScale::PerBlock, width);
+      ASSERT_EQ(Yw, Y8) << prompt_width_name(width) << " prompt kernel";
+    }
     for (std::int64_t m = 0; m < N; ++m) {
       packed_matvec(p, y.data(), X.data() + m * k.cols, nullptr, isa);
       for (int r = 0; r < k.rows; ++r) {
@@ -301,6 +307,21 @@ TEST(Packed, IsaChoice) {
   if (const char* v = std::getenv("ONEDNN_MAX_CPU_ISA"); v && std::string(v) == "AVX2") {
     EXPECT_NE(best_isa(), Isa::Avx512);
   }
+}
+
+// The prompt kernel's width: timed only where VNNI gives a choice, 512-bit only where it ran
+// at least 5% faster, the same answer on every call.
+TEST(Packed, PromptWidthChoice) {
+  const PromptWidthChoice c = prompt_width();
+  if (std::string(q8_dot_name(Isa::Avx512)) != "avx512-vnni dpbusd") {
+    EXPECT_EQ(c.width, PromptWidth::W256);
+    EXPECT_EQ(c.speedup, 0.0);
+  } else {
+    EXPECT_GT(c.speedup, 0.0);
+    EXPECT_EQ(c.width == PromptWidth::W512, c.speedup >= 1.05) << c.speedup;
+  }
+  EXPECT_EQ(prompt_width().width, c.width);
+  EXPECT_STREQ(prompt_width_name(PromptWidth::Auto), prompt_width_name(c.width));
 }
 
 }  // namespace

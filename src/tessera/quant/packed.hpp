@@ -148,8 +148,31 @@ void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, 
 // of tiles, the codes of a run read once from memory for all N rows, each block's codes unpacked
 // once for four rows at a time (with VNNI, two tiles' blocks at once). A prompt's products in the
 // decoder's prefill when it decodes with int8 activations.
+//
+// With VNNI the prompt kernel holds its two tiles either in the two halves of each 512-bit
+// register (one dpbusd and one unpacking instruction for both) or in two 256-bit ones. The rows
+// are the same bit for bit; which is faster depends on the core: one that runs 512-bit integer
+// operations at full width (a Zen 5) took the 512-bit kernel 1.3x faster, one that splits them
+// in two (a Zen 4) may not. Auto takes prompt_width()'s choice; W512 without VNNI runs as W256.
+enum class PromptWidth { Auto, W256, W512 };
 void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
-                      std::int64_t N, Isa isa, ActScale scale = ActScale::PerBlock);
+                      std::int64_t N, Isa isa, ActScale scale = ActScale::PerBlock,
+                      PromptWidth width = PromptWidth::Auto);
+// The width Auto takes on this machine, timed once per process on its first call (about a
+// millisecond): both kernels on one thread over a product that stays in cache (64 rows x 512
+// columns of 4-bit codes, four tokens), rounds of each taking turns, the best round of each;
+// W512 where it ran at least 5% faster. speedup: the 256-bit kernel's time over the 512-bit
+// one's (0 without VNNI, where the choice is W256 untimed).
+struct PromptWidthChoice {
+  PromptWidth width = PromptWidth::W256;
+  double speedup = 0;
+};
+PromptWidthChoice prompt_width();
+// "512-bit" or "256-bit" (Auto: the choice's).
+const char* prompt_width_name(PromptWidth width);
+// The choice for a report: "512-bit (1.31x the 256-bit kernel, timed in cache)", "256-bit (the
+// 512-bit kernel 0.97x, timed in cache)" or "256-bit (no VNNI)".
+std::string describe_prompt_width();
 // The int8 input of packed_matvec_q8 (for tests): xq (colsp) and d (colsp / 32), packed order,
 // as isa's kernels quantize it (SIMD or plain loops: the same values bit for bit).
 void quantize_q8_input(const PackedLinear& w, const float* x, std::int8_t* xq, float* d,

@@ -19,6 +19,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -187,6 +188,16 @@ struct D {                                  // dpbusd: u8 x s8 sums of four stra
   static __m256i widen(__m256i acc) { return acc; }
 };
 #include "tessera/quant/packed_q8_simd.inc"
+// GCC 12 warns that the 512-bit intrinsics' own "undefined" pass-through operand may be used
+// uninitialized (it is not: the mask is all ones).
+#if defined(__clang__)
+#include "tessera/quant/packed_q8_zmm.inc"
+#else
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "tessera/quant/packed_q8_zmm.inc"
+#pragma GCC diagnostic pop
+#endif
 }  // namespace vnni
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -229,11 +240,16 @@ bool cpu_has_vnni() {
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 
-// A prompt's rows k_tokens at a time (SIMD ISAs only).
+// A prompt's rows k_tokens at a time (SIMD ISAs only; width resolved: W256 or W512).
 constexpr int k_tokens = 4;
 void tokens_tiles(const PackedLinear& w, const Q8Input* in, int t0, int t1, const Rows* rows,
-                  Isa isa) {
+                  Isa isa, PromptWidth width) {
   const int sb = w.storage_bits;
+  if (isa == Isa::Avx512 && cpu_has_vnni() && width == PromptWidth::W512) {
+    if (sb == 3) return vnni::tiles_tokens_zmm<3, k_tokens>(w, in, t0, t1, rows);
+    if (sb == 4) return vnni::tiles_tokens_zmm<4, k_tokens>(w, in, t0, t1, rows);
+    return vnni::tiles_tokens_zmm<8, k_tokens>(w, in, t0, t1, rows);
+  }
   if (isa == Isa::Avx512 && cpu_has_vnni()) {
     if (sb == 3) return vnni::tiles_tokens<3, k_tokens>(w, in, t0, t1, rows);
     if (sb == 4) return vnni::tiles_tokens<4, k_tokens>(w, in, t0, t1, rows);
@@ -244,7 +260,70 @@ void tokens_tiles(const PackedLinear& w, const Q8Input* in, int t0, int t1, cons
   avx2::tiles_tokens<8, k_tokens>(w, in, t0, t1, rows);
 }
 
+// A 4-bit symmetric linear of 64 rows x 512 columns (16 KB of codes, scales 1) with pseudo-random
+// codes, and k_tokens inputs for it: prompt_width's timing case.
+PackedLinear timing_linear() {
+  PackedLinear w;
+  w.rows = 64, w.cols = w.colsp = 512, w.bits = w.storage_bits = 4, w.group = 128;
+  w.ngroups = 4, w.sym = true, w.scale_type = ScaleType::F16;
+  w.codes.resize(static_cast<std::size_t>(w.tiles()) * (w.colsp / 32) * w.block_bytes());
+  std::uint32_t state = 12345;
+  for (auto& c : w.codes)
+    c = static_cast<std::uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  w.scales.assign(static_cast<std::size_t>(w.tiles()) * w.ngroups * k_tile_rows, 0x3C00);
+  return w;
+}
+
+// The best of `rounds` rounds of `reps` products at each width, rounds taking turns: the 256-bit
+// kernel's time over the 512-bit one's.
+double time_prompt_widths(int rounds, int reps) {
+  const PackedLinear w = timing_linear();
+  std::vector<Q8Input> in(k_tokens);
+  std::vector<float> x(w.cols), y(std::size_t(k_tokens) * w.rows);
+  for (int n = 0; n < k_tokens; ++n) {
+    for (int c = 0; c < w.cols; ++c) x[c] = static_cast<float>((c * (n + 3)) % 17) - 8.0f;
+    quantize_q8(w, x.data(), ActScale::PerBlock, Isa::Avx512, in[n]);
+  }
+  Rows rows[k_tokens];
+  for (int n = 0; n < k_tokens; ++n) rows[n] = Rows{y.data() + n * w.rows, nullptr, false};
+  double best[2] = {1e30, 1e30};
+  for (int r = 0; r < rounds; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const auto width = k == 0 ? PromptWidth::W256 : PromptWidth::W512;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i)
+        tokens_tiles(w, in.data(), 0, w.tiles(), rows, Isa::Avx512, width);
+      best[k] = std::min(
+          best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  return best[0] / best[1];
+}
+
 }  // namespace
+
+PromptWidthChoice prompt_width() {
+  static const PromptWidthChoice choice = [] {
+    PromptWidthChoice c;
+    if (!cpu_has_vnni()) return c;
+    c.speedup = time_prompt_widths(7, 20);
+    if (c.speedup >= 1.05) c.width = PromptWidth::W512;
+    return c;
+  }();
+  return choice;
+}
+
+const char* prompt_width_name(PromptWidth width) {
+  if (width == PromptWidth::Auto) width = prompt_width().width;
+  return width == PromptWidth::W512 ? "512-bit" : "256-bit";
+}
+
+std::string describe_prompt_width() {
+  const PromptWidthChoice c = prompt_width();
+  if (c.speedup == 0) return "256-bit (no VNNI)";
+  return c.width == PromptWidth::W512
+             ? fmt::format("512-bit ({:.2f}x the 256-bit kernel, timed in cache)", c.speedup)
+             : fmt::format("256-bit (the 512-bit kernel {:.2f}x, timed in cache)", c.speedup);
+}
 
 const char* q8_dot_name(Isa isa) {
   switch (isa) {
@@ -289,9 +368,10 @@ void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const flo
 }
 
 void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
-                      std::int64_t N, Isa isa, ActScale scale) {
+                      std::int64_t N, Isa isa, ActScale scale, PromptWidth width) {
   require_isa(isa);
   if (N <= 0) return;
+  if (width == PromptWidth::Auto) width = prompt_width().width;
   std::vector<Q8Input> in(static_cast<std::size_t>(N));
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) quantize_q8(w, X + n * w.cols, scale, isa, in[n]);
@@ -316,7 +396,7 @@ void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const flo
     for (std::int64_t n = 0; n < nq; n += k_tokens) {
       Rows rows[k_tokens];
       for (int k = 0; k < k_tokens; ++k) rows[k] = Rows{Y + (n + k) * w.rows, bias, false};
-      tokens_tiles(w, in.data() + n, t0, t1, rows, isa);
+      tokens_tiles(w, in.data() + n, t0, t1, rows, isa, width);
     }
     for (std::int64_t n = nq; n < N; ++n)
       packed_matvec_q8_tiles(w, in[n], Y + n * w.rows, bias, false, t0, t1, isa);
