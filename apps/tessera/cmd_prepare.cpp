@@ -64,43 +64,36 @@ std::vector<std::string> load_documents(const PrepareOptions& o) {
   return docs;
 }
 
-void run_prepare(const PrepareOptions& o) {
-  if (o.val_every == 1)
-    throw Error("--val-every 1 would put every document in the validation set",
-                "use 0 for no validation set, or N >= 2 to hold out every N-th document");
-  Timer total;
-  // The tokenizer first, so that a bad --tokenizer fails before any corpus is read.
-  const auto tok = io::load_tokenizer(resolve_tokenizer_path(o.tokenizer));
-  const std::uint32_t eot = tok.eot_id();
-  const auto docs = load_documents(o);
-  std::size_t bytes = 0;
-  for (const auto& d : docs) bytes += d.size();
-  log_info("prepare: {} documents ({:.2f} MB of text) from {} corpus", docs.size(), bytes / 1e6,
-           o.corpus);
-  log_info("prepare: tokenizer {} ({} tokens, {} pre-tokenizer{})", o.tokenizer, tok.vocab_size(),
-           data::pre_tokenizer_name(tok.pre_tokenizer()),
-           tok.add_bos() ? fmt::format(", BOS {} before each document", *tok.bos_id()) : "");
+// Each document's ids (BOS where the tokenizer wants one, the text, the end-of-text separator)
+// and how the tokenizing went.
+struct Tokenized {
+  std::vector<std::vector<std::uint32_t>> ids;  // (docs,) of (tokens_d + 1 [+1],)
+  int threads = 1;
+  double seconds = 0;
+};
 
-  // Tokenize documents in parallel; each document's ids go to its own slot, so the order of the
-  // output does not depend on the threads. Special-token text inside a document (a literal
-  // "<|endoftext|>") is encoded as plain text: the only end-of-text tokens are the separators
-  // added here (and the BOS before each document, for tokenizers that want one).
-  Timer tok_timer;
-  std::vector<std::vector<std::uint32_t>> ids(docs.size());  // (docs,) of (tokens_d + 1 [+1],)
+// Tokenizes documents in parallel; each document's ids go to its own slot, so the order of the
+// output does not depend on the threads. Special-token text inside a document (a literal
+// "<|endoftext|>") is encoded as plain text: the only end-of-text tokens are the separators
+// added here (and the BOS before each document, for tokenizers that want one).
+Tokenized tokenize_documents(const data::Tokenizer& tok, const std::vector<std::string>& docs) {
+  Timer timer;
+  Tokenized r;
+  r.ids.resize(docs.size());
   Progress progress("tokenizing", static_cast<std::int64_t>(docs.size()));
   std::atomic<std::int64_t> done{0};
   std::exception_ptr failure;
   std::mutex failure_mu;
   const auto n_docs = static_cast<std::int64_t>(docs.size());
-  int threads = 1;
+  const std::uint32_t eot = tok.eot_id();
 #pragma omp parallel
   {
 #pragma omp single
-    threads = omp_get_num_threads();
+    r.threads = omp_get_num_threads();
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_docs; ++i) {
       try {
-        auto& v = ids[static_cast<std::size_t>(i)];
+        auto& v = r.ids[static_cast<std::size_t>(i)];
         if (tok.add_bos()) v.push_back(*tok.bos_id());
         tok.encode_append(docs[static_cast<std::size_t>(i)], v, /*allow_special=*/false);
         v.push_back(eot);
@@ -113,19 +106,48 @@ void run_prepare(const PrepareOptions& o) {
     }
   }
   if (failure) std::rethrow_exception(failure);
-  const double tok_s = tok_timer.seconds();
+  r.seconds = timer.seconds();
+  std::size_t n_tokens = 0;
+  for (const auto& v : r.ids) n_tokens += v.size();
+  progress.finish(fmt::format("{} tokens in {:.2f}s ({:.2f} M tokens/s, {} threads)", n_tokens,
+                              r.seconds, n_tokens / 1e6 / std::max(r.seconds, 1e-9), r.threads));
+  return r;
+}
 
+// The documents' ids concatenated: every val_every-th document (val_every > 0) into val, the
+// rest into train.
+struct Split {
   std::vector<std::uint32_t> train, val;
   std::size_t train_docs = 0, val_docs = 0;
+};
+Split split_documents(const std::vector<std::vector<std::uint32_t>>& ids, std::size_t val_every) {
+  Split s;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const bool is_val = o.val_every > 0 && i % o.val_every == o.val_every - 1;
-    auto& dst = is_val ? val : train;
+    const bool is_val = val_every > 0 && i % val_every == val_every - 1;
+    auto& dst = is_val ? s.val : s.train;
     dst.insert(dst.end(), ids[i].begin(), ids[i].end());
-    (is_val ? val_docs : train_docs)++;
+    (is_val ? s.val_docs : s.train_docs)++;
   }
-  const std::size_t n_tokens = train.size() + val.size();
-  progress.finish(fmt::format("{} tokens in {:.2f}s ({:.2f} M tokens/s, {} threads)", n_tokens,
-                              tok_s, n_tokens / 1e6 / std::max(tok_s, 1e-9), threads));
+  return s;
+}
+
+void run_prepare(const PrepareOptions& o) {
+  if (o.val_every == 1)
+    throw Error("--val-every 1 would put every document in the validation set",
+                "use 0 for no validation set, or N >= 2 to hold out every N-th document");
+  Timer total;
+  // The tokenizer first, so that a bad --tokenizer fails before any corpus is read.
+  const auto tok = io::load_tokenizer(resolve_tokenizer_path(o.tokenizer));
+  const auto docs = load_documents(o);
+  std::size_t bytes = 0;
+  for (const auto& d : docs) bytes += d.size();
+  log_info("prepare: {} documents ({:.2f} MB of text) from {} corpus", docs.size(), bytes / 1e6,
+           o.corpus);
+  log_info("prepare: tokenizer {} ({} tokens, {} pre-tokenizer{})", o.tokenizer, tok.vocab_size(),
+           data::pre_tokenizer_name(tok.pre_tokenizer()),
+           tok.add_bos() ? fmt::format(", BOS {} before each document", *tok.bos_id()) : "");
+  const Tokenized tokenized = tokenize_documents(tok, docs);
+  const Split split = split_documents(tokenized.ids, o.val_every);
 
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
@@ -133,18 +155,21 @@ void run_prepare(const PrepareOptions& o) {
     throw Error(fmt::format("cannot create output directory {}: {}", o.out, ec.message()),
                 "choose another --out");
   const auto out = std::filesystem::path(o.out);
-  data::write_shard(out / "train.bin", train);
-  if (o.val_every > 0) data::write_shard(out / "val.bin", val);
-  if (o.val_every > 0 && val_docs == 0)
+  data::write_shard(out / "train.bin", split.train);
+  if (o.val_every > 0) data::write_shard(out / "val.bin", split.val);
+  if (o.val_every > 0 && split.val_docs == 0)
     log_info("warning: fewer than {} documents, so val.bin is empty", o.val_every);
 
-  std::printf("documents: %zu (train %zu, val %zu)\n", docs.size(), train_docs, val_docs);
+  const std::size_t n_tokens = split.train.size() + split.val.size();
+  const double tok_s = tokenized.seconds;
+  std::printf("documents: %zu (train %zu, val %zu)\n", docs.size(), split.train_docs,
+              split.val_docs);
   std::printf("tokens:    %zu (train %zu, val %zu), each document ends with <|endoftext|> (%u)\n",
-              n_tokens, train.size(), val.size(), eot);
+              n_tokens, split.train.size(), split.val.size(), tok.eot_id());
   std::printf("wrote:     %s%s\n", (out / "train.bin").string().c_str(),
               o.val_every > 0 ? (" " + (out / "val.bin").string()).c_str() : "");
   std::printf("time:      %.2f s (tokenizing %.2f s, %.2f M tokens/s on %d threads)\n",
-              total.seconds(), tok_s, n_tokens / 1e6 / std::max(tok_s, 1e-9), threads);
+              total.seconds(), tok_s, n_tokens / 1e6 / std::max(tok_s, 1e-9), tokenized.threads);
   std::fflush(stdout);
 }
 
