@@ -302,7 +302,8 @@ int main(int argc, char** argv) {
       model::describe(cfg).c_str(), threads, bw, rate / 1e9, prefill, cfg.ffn() * 2, cfg.n_embd,
       tokens, context, kv_cache.c_str(),
       2.0 * cfg.n_layer * cfg.kv_heads() * cfg.head_dim() * 4 / 1e3, prefill, rounds,
-      quant::q8_dot_name(quant::best_isa()), quant::describe_prompt_width().c_str());
+      quant::q8_dot_name(quant::best_isa()),
+      quant::best_isa() == quant::Isa::Avx512 ? quant::describe_prompt_width().c_str() : "256-bit");
   std::printf("%-8s %8s %9s %8s %9s %8s %7s %9s %8s %8s %9s | %10s %9s\n", "format", "MB/tok",
               "ms/tok", "median", "tok/s", "vs fp32", "of bw", "(range)", "at start", "linears",
               "head", "prefill/s", "of GEMM");

@@ -153,7 +153,8 @@ void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, 
 // register (one dpbusd and one unpacking instruction for both) or in two 256-bit ones. The rows
 // are the same bit for bit; which is faster depends on the core: one that runs 512-bit integer
 // operations at full width (a Zen 5) took the 512-bit kernel 1.3x faster, one that splits them
-// in two (a Zen 4) may not. Auto takes prompt_width()'s choice; W512 without VNNI runs as W256.
+// in two (a Zen 4) may not. Auto takes prompt_width()'s choice when isa is Avx512; W512 without
+// VNNI (or with isa Avx2) runs as W256.
 enum class PromptWidth { Auto, W256, W512 };
 void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
                       std::int64_t N, Isa isa, ActScale scale = ActScale::PerBlock,

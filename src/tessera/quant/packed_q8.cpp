@@ -371,7 +371,8 @@ void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const flo
                       std::int64_t N, Isa isa, ActScale scale, PromptWidth width) {
   require_isa(isa);
   if (N <= 0) return;
-  if (width == PromptWidth::Auto) width = prompt_width().width;
+  if (width == PromptWidth::Auto)  // (timed only where the 512-bit kernel could run)
+    width = isa == Isa::Avx512 ? prompt_width().width : PromptWidth::W256;
   std::vector<Q8Input> in(static_cast<std::size_t>(N));
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) quantize_q8(w, X + n * w.cols, scale, isa, in[n]);
