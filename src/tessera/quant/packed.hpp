@@ -159,8 +159,8 @@ enum class PromptWidth { Auto, W256, W512 };
 void packed_matmul_q8(const PackedLinear& w, float* Y, const float* X, const float* bias,
                       std::int64_t N, Isa isa, ActScale scale = ActScale::PerBlock,
                       PromptWidth width = PromptWidth::Auto);
-// The width Auto takes on this machine, timed once per process on its first call (about a
-// millisecond): both kernels on one thread over a product that stays in cache (64 rows x 512
+// The width Auto takes on this machine, timed once per process on its first call (0.22 ms on
+// a Zen 5): both kernels on one thread over a product that stays in cache (64 rows x 512
 // columns of 4-bit codes, four tokens), rounds of each taking turns, the best round of each;
 // W512 where it ran at least 5% faster. speedup: the 256-bit kernel's time over the 512-bit
 // one's (0 without VNNI, where the choice is W256 untimed).
