@@ -33,4 +33,22 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
+// <this process's scratch directory>/<name>, created if missing. The directory is the process's
+// own (removed at exit), so tests running at the same time in other processes (ctest -j, the
+// whole-suite ISA test beside the single tests, a second checkout's suite) never share a path.
+inline std::filesystem::path scratch_path(const std::string& name) {
+  static const ScratchDir root("tessera_test_");
+  auto d = root.path() / name;
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// The same, emptied first.
+inline std::filesystem::path fresh_scratch(const std::string& name) {
+  auto d = scratch_path(name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 }  // namespace tessera::test

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "../unit/token_shards.hpp"
 #include "gpu_test_util.hpp"
 #include "tessera/comm/runtime.hpp"
@@ -28,8 +29,8 @@ namespace fs = std::filesystem;
 constexpr double k_u16 = 0x1p-8;
 
 fs::path make_data(const std::string& name) {
-  return tessera::test_data::write_structured_shards(fs::temp_directory_path() /
-                                                     ("tessera_gpu_train_" + name));
+  return tessera::test_data::write_structured_shards(tessera::test::scratch_path("gpu_train") /
+                                                     name);
 }
 
 train::RunConfig config(const fs::path& data, const std::string& device,

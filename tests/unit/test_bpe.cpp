@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "expect_error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/bpe.hpp"
@@ -186,9 +187,7 @@ TEST(Bpe, ConcurrentEncodeIsSafe) {
 }
 
 TEST(Bpe, LoadErrorsAreClear) {
-  auto dir = std::filesystem::temp_directory_path() / "tessera_bpe_test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  auto dir = tessera::test::fresh_scratch("bpe_test");
   EXPECT_THROW(Tokenizer::load_gpt2(dir), tessera::Error);  // missing files
   std::ofstream(dir / "encoder.json") << "{\"a\": 0, ";     // truncated JSON
   std::ofstream(dir / "vocab.bpe") << "#version: 0.2\n";

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/model/gpt.hpp"
@@ -20,7 +21,7 @@ struct Saved {
   Buffer<float> p{layout.total()}, m{layout.total()}, v{layout.total()};
   fs::path root;
   explicit Saved(const std::string& name, int nshards) {
-    root = fs::temp_directory_path() / ("tessera_ckpt_" + name);
+    root = tessera::test::scratch_path("ckpt") / name;
     fs::remove_all(root);
     model::init_params(layout, p.data(), 3);
     for (std::size_t i = 0; i < layout.total(); ++i) m[i] = 0.001f * i, v[i] = 1.0f + i;

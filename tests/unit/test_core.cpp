@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
@@ -72,8 +73,7 @@ TEST(Core, RngIsDeterministicAndResumable) {
 }
 
 TEST(Core, AtomicWriteReplacesAndReadErrorsAreClear) {
-  auto dir = std::filesystem::temp_directory_path() / "tessera_core_test";
-  std::filesystem::create_directories(dir);
+  auto dir = tessera::test::fresh_scratch("core_test");
   auto p = dir / "f.txt";
   write_file_atomic(p, "one");
   write_file_atomic(p, "two");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/corpus.hpp"
 
@@ -20,10 +21,7 @@ namespace {
 const fs::path k_data = TESSERA_DATA;
 
 fs::path fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return tessera::test::fresh_scratch(name);
 }
 
 void write(const fs::path& p, const std::string& s) {

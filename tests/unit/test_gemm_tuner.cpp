@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -241,11 +242,9 @@ TEST(GemmTuner, TransposeMatrixHonorsLeadingDimensions) {
 class GemmTunerFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ =
-        std::filesystem::temp_directory_path() /
-        ("tessera_gemm_tuner_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
+    dir_ = tessera::test::fresh_scratch(
+        std::string("gemm_tuner_") +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::filesystem::path write(const std::string& name, const std::string& text) {

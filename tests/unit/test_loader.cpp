@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/shard.hpp"
@@ -17,8 +18,7 @@ namespace {
 
 // A shard whose token i is i (so positions can be read off the data).
 fs::path iota_shard(const std::string& name, std::size_t n) {
-  auto dir = fs::temp_directory_path() / "tessera_loader_test";
-  fs::create_directories(dir);
+  auto dir = tessera::test::scratch_path("loader_test");
   std::vector<std::uint32_t> toks(n);
   std::iota(toks.begin(), toks.end(), 0u);
   auto p = dir / name;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/model/layout.hpp"
@@ -428,8 +429,7 @@ TEST(PerfSimulator, WritesAChromeTrace) {
   p.grid = GridShape{1, 4, 1, 2, 1};
   p.micro_batch = 2;
   auto pred = predict(w, p, c);
-  auto dir = std::filesystem::temp_directory_path() / "tessera_perf_trace";
-  std::filesystem::create_directories(dir);
+  auto dir = tessera::test::fresh_scratch("perf_trace");
   TraceOptions t;
   t.path = dir / "trace.json";
   simulate(pred, t);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
@@ -18,10 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return tessera::test::fresh_scratch(name);
 }
 
 void write_raw(const fs::path& p, const std::string& bytes) {

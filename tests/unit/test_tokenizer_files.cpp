@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.hpp"
 #include "expect_error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
@@ -160,9 +161,7 @@ nlohmann::json small_tokenizer_json() {
 
 fs::path write_tokenizer_dir(const std::string& name, const nlohmann::json& tokenizer,
                              const std::string& config = "") {
-  const fs::path dir = fs::temp_directory_path() / ("tessera_tok_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = tessera::test::fresh_scratch("tok_" + name);
   std::ofstream(dir / "tokenizer.json") << tokenizer.dump();
   if (!config.empty()) std::ofstream(dir / "tokenizer_config.json") << config;
   return dir;
@@ -380,10 +379,8 @@ TEST(TokenizerFiles, BadTokenizerJsonIsOneClearError) {
   fails("nomodel", j, "has no tokenizer model");
   expect_error([] { tessera::io::load_tokenizer("/nonexistent/tokenizer"); },
                "tokenizer not found");
-  const auto empty = fs::temp_directory_path() / "tessera_tok_empty";
-  fs::create_directories(empty);
+  const auto empty = tessera::test::fresh_scratch("tok_empty");
   expect_error([&] { tessera::io::load_tokenizer(empty); }, "no tokenizer in");
-  fs::remove_all(empty);
 }
 
 // tokenizer.json written from a tokenizer reads back as the same tokenizer (every field of the
