@@ -15,8 +15,9 @@
 //    Below each format, a prompt of --prefill tokens fed to the decoder whole (Decoder::prefill:
 //    the linears, norms and causal attention over all of them, the head on the last) beside the
 //    same prompt fed step by step, as sampling fed it before the decoder had prefill.
-// Decode time is split into the block linears, the head and the rest (norms, rotary, attention
-// over the cache, sampling excluded: the bench feeds fixed tokens). ms/tok is the best of
+// Decode time is split into the block linears, the head (thread 0's share of each) and the rest
+// (norms, rotary, attention over the cache, the waits for the other thread; sampling excluded:
+// the bench feeds fixed tokens). ms/tok is the best of
 // --rounds, the median round printed beside it; the GEMM rate is the best of 3. The default
 // context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
 // position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
@@ -80,9 +81,9 @@ double median(std::vector<double> v) {
 }
 
 // The kernels of one format with timers around the block linears and the head, read on the
-// team's thread 0 (a product ends with the team's barrier: its time is the slowest share's).
-// fp32: the decoder's own fp32 products (model::team_linear), written out here so that they can
-// be timed too.
+// team's thread 0: its own share of each product (the waits for the other threads at the
+// decoder's barriers fall in the rest). fp32: the decoder's own fp32 products
+// (model::team_linear and model::fp32_share), written out here so that they can be timed too.
 model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& layout,
                             const float* params, double& linear_s, double& head_s) {
   const auto& cfg = layout.config();
@@ -95,6 +96,10 @@ model::DecoderKernels timed(model::DecoderKernels k, const model::ParamLayout& l
                          params + quant::lin_weight_offset(layout, l, kind), bias,
                          quant::lin_cols(layout.config(), kind), acc,
                          model::linear_rows(layout.config(), which, rows));
+    };
+  if (!k.share)
+    k.share = [&layout, params](int l, int which, model::ByteSpan* out) {
+      return model::fp32_share(layout, params, l, which, out);
     };
   if (!k.head)
     k.head = [&layout, params, &cfg](float* logits, const float* x) {
@@ -379,7 +384,7 @@ int main(int argc, char** argv) {
       "read (one streaming read of those very bytes, timed just before a round) / that round's "
       "step, the median over the rounds (range: lowest and highest round);\nat start: the weights' "
       "bytes at the bandwidth of a separate buffer measured at start / the best round; linears, "
-      "head: their share of the best round's "
-      "step (the rest: norms, rotary, attention, embedding)\n");
+      "head: thread 0's share of them in the best round's "
+      "step (the rest: norms, rotary, attention, embedding, the waits for the team)\n");
   return 0;
 }

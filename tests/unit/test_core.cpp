@@ -2,8 +2,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "../scratch_dir.hpp"
@@ -12,6 +17,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/core/process_memory.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/core/team_barrier.hpp"
 
 using namespace tessera;
 
@@ -97,4 +103,34 @@ TEST(Core, PeakResidentMemoryFollowsTouchesAndResets) {
   if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
   // freed memory may stay resident (allocator), but the new peak is the resident size now
   EXPECT_LE(peak_resident_bytes(), resident_bytes() + (std::size_t{8} << 20));
+}
+
+// Each thread writes its slot of a round, waits, and then reads every thread's slot of that
+// round: all of them must be there (two rounds' slots alternate, so the next round's writes
+// cannot reach a slot another thread is still reading). Teams of 2 and 3, and of 8 on a machine
+// with fewer cores (threads that sleep); one thread arriving late (longer than the spin, so the
+// others sleep and are woken); idle work that runs out or never does.
+TEST(Core, TeamBarrierOrdersEveryRound) {
+  for (int team : {2, 3, 8})
+    for (int idle_calls : {0, 10, -1}) {  // -1: idle() always has more to do
+      TeamBarrier barrier;
+      barrier.reset();
+      const int rounds = team == 8 ? 200 : 2000;
+      std::vector<std::atomic<int>> slot(2 * team);
+      std::atomic<int> bad{0};
+#pragma omp parallel num_threads(team)
+      {
+        const int i = omp_get_thread_num(), n = omp_get_num_threads();
+        int calls = 0;
+        auto idle = [&] { return idle_calls < 0 || ++calls <= idle_calls; };
+        for (int r = 1; r <= rounds; ++r) {
+          if (r % 500 == 0 && i == n - 1) std::this_thread::sleep_for(2 * TeamBarrier::k_spin);
+          slot[(r % 2) * n + i].store(r, std::memory_order_relaxed);
+          barrier.wait(n, idle);
+          for (int j = 0; j < n; ++j)
+            if (slot[(r % 2) * n + j].load(std::memory_order_relaxed) != r) ++bad;
+        }
+      }
+      EXPECT_EQ(bad.load(), 0) << team << " threads, idle " << idle_calls;
+    }
 }

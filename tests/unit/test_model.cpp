@@ -376,6 +376,45 @@ TEST(Model, DecoderProductRowsCoverEachRowOnceInGroups) {
       }
 }
 
+// What each thread of a decoding team fetches while it waits for the others before an fp32
+// product (fp32_share) is what its rows of that product read: over the team, every byte of the
+// weight once, and nothing else.
+TEST(Model, Fp32DecoderSharesCoverEachProductOnce) {
+  for (const auto& cfg : {tiny(), tiny_llama()}) {
+    model::ParamLayout layout(cfg);
+    std::vector<float> p(layout.total());
+    for (int team : {1, 2, 3, 5})
+      for (int prod = 0; prod < cfg.n_layer * 4 + 1; ++prod) {
+        const bool head = prod == cfg.n_layer * 4;
+        const int l = prod / 4, which = head ? model::k_head_product : prod % 4;
+        const auto& w = layout.layers[head ? 0 : l];
+        const std::size_t offsets[] = {w.qkv_w, w.attproj_w, w.fc_w, w.fcproj_w};
+        const std::size_t sizes[] = {
+            std::size_t(cfg.qkv_rows()) * cfg.n_embd, std::size_t(cfg.n_embd) * cfg.n_embd,
+            std::size_t(cfg.fc_rows()) * cfg.n_embd, std::size_t(cfg.n_embd) * cfg.ffn()};
+        const std::size_t begin = head ? layout.head : offsets[which];
+        const std::size_t size = head ? std::size_t(cfg.padded_vocab()) * cfg.n_embd : sizes[which];
+        std::vector<int> count(size, 0);
+        std::vector<std::vector<model::ByteSpan>> got(team);
+#pragma omp parallel num_threads(team)
+        {
+          std::vector<model::ByteSpan> mine(model::k_share_spans);
+          mine.resize(
+              static_cast<std::size_t>(model::fp32_share(layout, p.data(), l, which, mine.data())));
+          got[static_cast<std::size_t>(omp_get_thread_num())] = mine;
+        }
+        for (const auto& spans : got)
+          for (const model::ByteSpan& b : spans) {
+            const auto* at = static_cast<const float*>(b.data);
+            ASSERT_EQ(b.bytes % sizeof(float), 0u);
+            ASSERT_TRUE(at >= p.data() + begin && at + b.bytes / 4 <= p.data() + begin + size);
+            for (std::size_t i = 0; i < b.bytes / 4; ++i) ++count[at - p.data() - begin + i];
+          }
+        for (int n : count) ASSERT_EQ(n, 1) << team << " threads, product " << prod;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Both, ModelFamilies,
                          ::testing::Values(model::Family::Gpt2, model::Family::Llama),
                          [](const auto& info) { return model::family_name(info.param); });

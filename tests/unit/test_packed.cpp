@@ -26,8 +26,12 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "expect_error.hpp"
 #include "tessera/quant/packed.hpp"
+#include "tessera/quant/packed_model.hpp"
+#include "tessera/quant/runner.hpp"
 
 namespace tessera::quant {
 namespace {
@@ -322,6 +326,69 @@ TEST(Packed, PromptWidthChoice) {
   }
   EXPECT_EQ(prompt_width().width, c.width);
   EXPECT_STREQ(prompt_width_name(PromptWidth::Auto), prompt_width_name(c.width));
+}
+
+// What each thread of a decoding team fetches while it waits for the others before a product
+// (the kernels' share) is what its rows of that product read: over the team, every byte of the
+// product's codes, scales and zeros once, and nothing else. Llama's gate_up is shared in pairs
+// of runs, the head as one; teams of 1 to 5 threads.
+TEST(Packed, DecoderSharesCoverEachProductOnce) {
+  PackedModel pm;
+  pm.config = model::ModelConfig{2, 4, 32, 24, 300};
+  pm.config.family = model::Family::Llama;
+  pm.config.n_kv_head = 2;
+  pm.config.intermediate_size = 40;
+  pm.config.tie_embeddings = false;
+  std::mt19937 rng(7);
+  for (int l = 0; l < pm.config.n_layer; ++l)
+    for (int k = 0; k < k_num_lin; ++k) {
+      const Case c{lin_rows(pm.config, static_cast<Lin>(k)),
+                   lin_cols(pm.config, static_cast<Lin>(k)),
+                   k == 1 ? 8 : 4,
+                   32,
+                   k == 3,
+                   false,
+                   false,
+                   ScaleType::F16};
+      pm.linears.push_back(pack(make_linear(c, rng)));
+    }
+  pm.head = pack(make_linear({300, 32, 8, -1, true, false, false, ScaleType::F16}, rng));
+  const model::ProductShare share = pm.decoder_kernels().share;
+  ASSERT_TRUE(share);
+  for (int team : {1, 2, 3, 5})
+    for (int p = 0; p < pm.config.n_layer * k_num_lin + 1; ++p) {
+      const bool head = p == pm.config.n_layer * k_num_lin;
+      const PackedLinear& w = head ? pm.head : pm.linears[static_cast<std::size_t>(p)];
+      std::vector<std::vector<model::ByteSpan>> got(team);
+#pragma omp parallel num_threads(team)
+      {
+        std::vector<model::ByteSpan> mine(model::k_share_spans);
+        const int n = head ? share(0, model::k_head_product, mine.data())
+                           : share(p / k_num_lin, p % k_num_lin, mine.data());
+        mine.resize(static_cast<std::size_t>(n));
+        got[static_cast<std::size_t>(omp_get_thread_num())] = mine;
+      }
+      const auto* codes = reinterpret_cast<const char*>(w.codes.data());
+      const auto* scales = reinterpret_cast<const char*>(w.scales.data());
+      const auto* zeros = reinterpret_cast<const char*>(w.zeros.data());
+      std::vector<int> c(w.codes.size()), s(w.scales.size() * 2), z(w.zeros.size());
+      for (const auto& spans : got)
+        for (const model::ByteSpan& b : spans) {
+          const char* at = static_cast<const char*>(b.data);
+          std::vector<int>* in = nullptr;
+          std::size_t from = 0;
+          using Array = std::pair<const char*, std::vector<int>*>;
+          for (auto [base, count] : {Array{codes, &c}, Array{scales, &s}, Array{zeros, &z}})
+            if (at >= base && at + b.bytes <= base + count->size()) {
+              in = count;
+              from = static_cast<std::size_t>(at - base);
+            }
+          ASSERT_NE(in, nullptr) << "a span outside the product's arrays";
+          for (std::size_t i = 0; i < b.bytes; ++i) ++(*in)[from + i];
+        }
+      for (const auto* count : {&c, &s, &z})
+        for (int n : *count) ASSERT_EQ(n, 1) << team << " threads, product " << p;
+    }
 }
 
 }  // namespace

@@ -382,9 +382,28 @@ void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const fl
     if (bias)
       for (int r = r0; r < r1; ++r) out[r] += bias[r];
   }
-  if (rows.barrier) {
-#pragma omp barrier
+}
+
+int fp32_share(const ParamLayout& layout, const float* params, int layer, int which,
+               ByteSpan* out) {
+  const auto& cfg = layout.config();
+  std::size_t weight = layout.head;
+  int cols = cfg.n_embd;
+  TeamRows rows = team_rows(cfg.padded_vocab());
+  if (which != k_head_product) {
+    const auto& w = layout.layers[layer];
+    const std::size_t offsets[] = {w.qkv_w, w.attproj_w, w.fc_w, w.fcproj_w};
+    const int all_rows[] = {cfg.qkv_rows(), cfg.n_embd, cfg.fc_rows(), cfg.n_embd};
+    weight = offsets[which];
+    cols = which == 3 ? cfg.ffn() : cfg.n_embd;
+    rows = linear_rows(cfg, which, all_rows[which]);
   }
+  int n = 0;
+  for (const TeamShare& run : {rows.first, rows.second})
+    if (run.end > run.begin)
+      out[n++] = {params + weight + static_cast<std::size_t>(run.begin) * cols,
+                  static_cast<std::size_t>(run.end - run.begin) * cols * sizeof(float)};
+  return n;
 }
 
 // The fp16 cache's conversions and products use F16C (and FMA): part of x86-64-v3, the default
@@ -810,19 +829,22 @@ void Decoder::layer(int l, int t) {
   float* att = att_.data() + static_cast<std::size_t>(i) * C;
   norm_row(cfg, ln, x, at(w.ln1_w), at(w.ln1_b));
   linear(l, 0, qkv_.data(), ln, at(w.qkv_w), at(w.qkv_b), C, cfg.qkv_rows(), false);
+  wait_for_attention(l, t);
   const float* q = query_and_cache(l, t);
   const std::size_t cache = static_cast<std::size_t>(l) * max_T_ * KVC;
   if (kv_ == KvCache::F16)
     attend(q, k_half_.data() + cache, v_half_.data() + cache, t);
   else
     attend(q, k_cache_.data() + cache, v_cache_.data() + cache, t);
-#pragma omp barrier
+  wait_for_attention(l, t);
   attend_combine(att);
   linear(l, 1, x, att, at(w.attproj_w), at(w.attproj_b), C, C, true);
+  wait_for_team(l, 2);
   norm_row(cfg, ln, x, at(w.ln2_w), at(w.ln2_b));
   linear(l, 2, fch_.data(), ln, at(w.fc_w), at(w.fc_b), C, cfg.fc_rows(), false);
   // llama: the rows of gate and up this thread computed (no barrier after them); GPT-2: its share
   const TeamRows fc = linear_rows(cfg, 2, cfg.fc_rows());
+  if (fc.barrier) wait_for_team(l, 3);
   const auto [f0, f1] = fc.barrier ? team_share(F) : fc.first;
   float* act = fch_.data();
   if (cfg.llama()) {
@@ -831,8 +853,73 @@ void Decoder::layer(int l, int t) {
   } else {
     k::gelu_slice(act + f0, act + f0, f1 - f0);
   }
-#pragma omp barrier
+  wait_for_team(l, 3);
   linear(l, 3, x, act, at(w.fcproj_w), at(w.fcproj_b), F, C, true);
+}
+
+int Decoder::share(int layer, int which, ByteSpan* out) const {
+  const bool own = which == k_head_product ? !kernels_.head : !kernels_.linear;
+  if (own) return fp32_share(layout_, params_, layer, which, out);
+  return kernels_.share ? kernels_.share(layer, which, out) : 0;
+}
+
+// Before product `which` of `layer`, each thread that waits for the team fetches its share.
+void Decoder::wait_for_team(int layer, int which) {
+  wait_fetching(layer * 8 + which, [&](ByteSpan* out) { return share(layer, which, out); });
+}
+
+// Before the attention of layer l (and again before its o product), each thread that waits
+// fetches the keys and values of its attention's positions, then its share of the o product.
+void Decoder::wait_for_attention(int l, int t) {
+  wait_fetching(l * 8 + 5, [&](ByteSpan* out) {
+    const int n = cache_share(l, t, out);
+    return n + share(l, 1, out + n);
+  });
+}
+
+// The cached keys and values (2 spans, or none) that this thread's attention at position t of
+// layer l reads, as attend_share shares the positions, but t itself (written after this).
+int Decoder::cache_share(int l, int t, ByteSpan* out) const {
+  const auto& cfg = layout_.config();
+  const std::size_t KVC = static_cast<std::size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const std::size_t elem = kv_ == KvCache::F16 ? sizeof(std::uint16_t) : sizeof(float);
+  const auto [j0, j_end] = team_share(t + 1);
+  const int j1 = std::min(j_end, t);
+  if (j1 <= j0) return 0;
+  const std::size_t row = (static_cast<std::size_t>(l) * max_T_ + j0) * KVC * elem;
+  const std::size_t bytes = static_cast<std::size_t>(j1 - j0) * KVC * elem;
+  const bool half = kv_ == KvCache::F16;
+  const void* k = half ? static_cast<const void*>(k_half_.data()) : k_cache_.data();
+  const void* v = half ? static_cast<const void*>(v_half_.data()) : v_cache_.data();
+  out[0] = {static_cast<const char*>(k) + row, bytes};
+  out[1] = {static_cast<const char*>(v) + row, bytes};
+  return 2;
+}
+
+// The team's barrier, each waiting thread fetching the spans plan(out) gives (kept from one
+// barrier to the next while `key` stays the same, so that the fetch goes on where it stopped).
+template <typename Plan>
+void Decoder::wait_fetching(int key, Plan&& plan) {
+  Lookahead& a = ahead_[static_cast<std::size_t>(omp_get_thread_num())];
+  if (a.key != key) {
+    a.key = key;
+    a.span = 0;
+    a.at = 0;
+    a.spans = plan(a.span_of);
+  }
+  team_.wait(omp_get_num_threads(), [&a] { return a.fetch_line(); });
+}
+
+bool Decoder::Lookahead::fetch_line() {
+  if (span == spans) return false;
+  const ByteSpan& s = span_of[span];
+  __builtin_prefetch(static_cast<const char*>(s.data) + at, 0, 3);  // for reading, into L1
+  at += 64;
+  if (at >= s.bytes) {
+    ++span;
+    at = 0;
+  }
+  return true;
 }
 
 void Decoder::check_token(std::int32_t token) const {
@@ -858,6 +945,7 @@ void Decoder::size_team_buffers() {
   const auto& cfg = layout_.config();
   const std::size_t C = cfg.n_embd;
   const auto team = static_cast<std::size_t>(omp_get_max_threads());  // a region's is not larger
+  if (ahead_.size() < team) ahead_.resize(team);
   if (ln_.size() < team * C) {
     ln_.resize(team * C);
     att_.resize(team * C);
@@ -891,10 +979,20 @@ const float* Decoder::step(std::int32_t token, bool want_logits) {
   embed(token, t, x_.data());
   if (cfg.llama()) k::rope_table(cos_.data(), sin_.data(), 1, cfg.head_dim(), inv_freq_.data(), t);
   size_team_buffers();
+  team_.reset();
+  // Each product's wait for the team has its waiting threads fetch their share of the next:
+  // the next layer's qkv, the head, and at the end the next step's first product.
 #pragma omp parallel
   {
-    for (int l = 0; l < cfg.n_layer; ++l) layer(l, t);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      layer(l, t);
+      if (l + 1 < cfg.n_layer)
+        wait_for_team(l + 1, 0);
+      else if (want_logits)
+        wait_for_team(0, k_head_product);
+    }
     if (want_logits) logits_of_x();
+    wait_for_team(0, 0);
   }
   ++pos_;
   return want_logits ? logits_.data() : nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessera/core/buffer.hpp"
+#include "tessera/core/team_barrier.hpp"
 #include "tessera/kernels/cpu/bf16.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/profile.hpp"
@@ -170,8 +171,8 @@ TeamRows team_rows(int rows);                                       // one run; 
 TeamRows linear_rows(const ModelConfig& cfg, int which, int rows);  // `which` as DecoderLinear's
 
 // out = W in (IC) + bias (may be null), or out += that when accumulate; W (rows, IC) fp32, by
-// `lib` on the calling thread's `rows`, then a barrier if rows.barrier: called by every thread of
-// a team, it returns when out is complete (or, without the barrier, the thread's rows).
+// `lib` on the calling thread's `rows` (every thread of a team calls it; the caller then waits
+// for the team where rows.barrier says so).
 void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const float* weight,
                  const float* bias, int IC, bool accumulate, const TeamRows& rows);
 
@@ -179,9 +180,8 @@ void team_linear(kernels::GemmLibrary lib, float* out, const float* in, const fl
 // out (OC) = W in (IC) + bias (OC, may be null), or out += that when accumulate. `which` is the
 // linear of `layer`: 0 qkv, 1 attention projection, 2 fc (gate_up), 3 fc projection (down).
 // Called by every thread of the step's team with the same arguments except `in` (each thread's
-// own copy of the same values); each computes the rows linear_rows gives it for the model, then
-// the team's barrier where those say so (it returns when out is complete, or without the
-// barrier when its own rows are). It must not throw.
+// own copy of the same values); each computes the rows linear_rows gives it for the model and
+// returns (the decoder waits for the team where those say so). It must not throw.
 using DecoderLinear = std::function<void(int layer, int which, float* out, const float* in,
                                          const float* bias, bool accumulate)>;
 
@@ -191,14 +191,35 @@ using DecoderLinear = std::function<void(int layer, int which, float* out, const
 using BlockLinear = std::function<void(int layer, int site, float* out, const float* x,
                                        const float* bias, std::int64_t N)>;
 
+// Bytes that a thread is about to read.
+struct ByteSpan {
+  const void* data;
+  std::size_t bytes;
+};
+
+// The products of a step in the order the decoder runs them, as DecoderLinear numbers them
+// (0 qkv .. 3 fc projection) and the head after the last layer's.
+inline constexpr int k_head_product = 4;
+inline constexpr int k_share_spans = 6;  // at most, for one thread's share of one product
+
+// The bytes of weight the calling thread reads in its rows of product `which` of `layer` (as
+// linear_rows shares them; the head's as team_rows does), written to out (at most
+// k_share_spans); returns how many.
+using ProductShare = std::function<int(int layer, int which, ByteSpan* out)>;
+// The same for the fp32 weights of params.
+int fp32_share(const ParamLayout& layout, const float* params, int layer, int which, ByteSpan* out);
+
 // The decoder's weights computed by someone else (a quantized model's packed weights); each
 // empty member means the fp32 parameters, and each set one means they are not read. head is
-// called as linear is (by the whole team, a barrier at its end); embed by one thread, before.
+// called as linear is (by the whole team, which the decoder then waits for); embed by one
+// thread, before. share says what linear and head read, so that a thread that waits for the
+// team fetches its next share meanwhile (empty: fp32_share where linear is empty, else nothing).
 struct DecoderKernels {
   DecoderLinear linear;  // the block linears
   BlockLinear matmul;  // the same over a prompt's rows (prefill); empty with `linear`: step by step
   std::function<void(float* logits, const float* x)> head;  // logits (padded vocab) = head x (C)
   std::function<void(std::int32_t token, float* x)> embed;  // x (C) = the token's embedding
+  ProductShare share;
 };
 
 // The element type of the decoder's KV cache. F32: the decoder equals the full forward up to
@@ -258,6 +279,14 @@ class Decoder {
   template <int HS, typename T>
   void attend_share(const float* q, const T* kc, const T* vc, int t);
   void attend_combine(float* out) const;
+  // The team's barrier before product `which` of `layer` (k_head_product: the head), each thread
+  // that waits fetching its share of it meanwhile; before the attention of layer l at position t.
+  void wait_for_team(int layer, int which);
+  void wait_for_attention(int l, int t);
+  template <typename Plan>
+  void wait_fetching(int key, Plan&& plan);
+  int share(int layer, int which, ByteSpan* out) const;
+  int cache_share(int l, int t, ByteSpan* out) const;
 
   // (L, max_T, n_kv_head * head_dim): fp32 or fp16 bits, the other pair empty
   Buffer<float> k_cache_, v_cache_;
@@ -271,6 +300,18 @@ class Decoder {
   Buffer<float> ln_, att_, q_, part_, block_;
   std::vector<double> inv_freq_;  // llama's rotary inverse frequencies (head_dim / 2)
   std::vector<float> cos_, sin_;  // the rotation of the step's position (head_dim / 2)
+  // The team's barrier and, per thread, what it reads next, which it fetches while it waits
+  // there: the threads' shares of a product differ in time (the memory serves them unevenly),
+  // and the bytes a thread fetches before the product starts are bytes it need not wait for.
+  TeamBarrier team_;
+  struct alignas(64) Lookahead {
+    int key = -1;  // what the spans are: layer * 8 + product (5: the attention and o)
+    int spans = 0, span = 0;
+    std::size_t at = 0;                   // bytes of span_of[span] fetched
+    ByteSpan span_of[2 + k_share_spans];  // (the attention's keys and values, then a product)
+    bool fetch_line();                    // the next 64 bytes into L1; false when none are left
+  };
+  std::vector<Lookahead> ahead_;
 };
 
 }  // namespace tessera::model

@@ -36,6 +36,23 @@ const PackedLinear* PackedModel::head_matrix() const {
   return head.rows ? &head : nullptr;
 }
 
+namespace {
+// The bytes of w that the rows `rows` read: each run's scales, zeros and codes.
+int tile_share(const PackedLinear& w, const model::TeamRows& rows, model::ByteSpan* out) {
+  int n = 0;
+  const std::size_t group = static_cast<std::size_t>(w.ngroups) * k_tile_rows;
+  for (const model::TeamShare& run : {rows.first, rows.second}) {
+    const int t0 = run.begin / k_tile_rows, t1 = (run.end + k_tile_rows - 1) / k_tile_rows;
+    if (t1 <= t0) continue;
+    const auto tiles = static_cast<std::size_t>(t1 - t0);
+    out[n++] = {w.scales.data() + t0 * group, tiles * group * sizeof(std::uint16_t)};
+    if (!w.sym) out[n++] = {w.zeros.data() + t0 * group, tiles * group};
+    out[n++] = {w.block(t0, 0), w.block_offset(t1, 0) - w.block_offset(t0, 0)};
+  }
+  return n;
+}
+}  // namespace
+
 model::DecoderKernels PackedModel::decoder_kernels() const {
   if (act_scale == ActScale::PerRow && !int8_activations)
     throw Error(
@@ -49,9 +66,8 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
     Q8Input in;
   };
   auto scratch = std::make_shared<std::vector<Scratch>>(omp_get_max_threads());
-  // The calling thread's rows of w (whole tiles), then the team's barrier where they say so.
-  // Each thread quantizes (or prepares) its own copy of the input: the same values, without
-  // waiting for one another.
+  // The calling thread's rows of w (whole tiles). Each thread quantizes (or prepares) its own
+  // copy of the input: the same values, without waiting for one another.
   static_assert(model::k_team_rows == k_tile_rows, "the team's row groups are the tiles");
   auto product = [this, scratch](const PackedLinear& w, float* y, const float* x, const float* bias,
                                  bool accumulate, ActScale scale, const model::TeamRows& rows) {
@@ -69,9 +85,6 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
         packed_matvec_q8_tiles(w, *in, y, bias, accumulate, t0, t1, isa);
       else
         packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa);
-    }
-    if (rows.barrier) {
-#pragma omp barrier
     }
   };
   model::DecoderKernels k;
@@ -98,6 +111,12 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
         std::fill(logits + h->rows, logits + config.padded_vocab(), 0.0f);
       product(*h, logits, x, nullptr, false, ActScale::PerBlock, model::team_rows(h->rows));
     };
+  k.share = [this, h](int layer, int which, model::ByteSpan* out) {
+    if (which == model::k_head_product)
+      return h ? tile_share(*h, model::team_rows(h->rows), out) : 0;
+    const PackedLinear& w = linears[static_cast<std::size_t>(layer) * k_num_lin + which];
+    return tile_share(w, model::linear_rows(config, which, w.rows), out);
+  };
   if (embed.rows)
     k.embed = [this](std::int32_t token, float* x) { embed.dequantize_row(token, x); };
   return k;

@@ -1,0 +1,70 @@
+#pragma once
+// A barrier for the threads of one team (an OpenMP parallel region) that lets a waiting thread
+// do something useful until the others arrive: the decoder's threads fetch the weights of their
+// next product into cache there, where an OpenMP barrier would only spin.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace tessera {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+class TeamBarrier {
+ public:
+  // Outside any parallel region, before a team first waits (arrivals are counted from here).
+  void reset() { arrived_.store(0, std::memory_order_relaxed); }
+
+  // Returns once all `team` threads (every thread of the calling team, each calling wait the
+  // same number of times) have arrived; what each wrote before it arrived is visible to all
+  // after. A thread that waits calls idle() meanwhile (until it returns false: no more to do,
+  // then it spins), for up to k_spin, and then sleeps (a futex, through std::atomic::wait), so
+  // that a team with more threads than free cores does not hold the cores the late ones need.
+  template <typename Idle>
+  void wait(int team, Idle&& idle) {
+    const auto n = static_cast<std::uint32_t>(team);
+    const std::uint32_t mine = arrived_.fetch_add(1, std::memory_order_seq_cst) + 1;
+    const std::uint32_t all = (mine + n - 1) / n * n;  // this barrier's last arrival
+    if (mine == all) {
+      if (sleepers_.load(std::memory_order_seq_cst) > 0) arrived_.notify_all();
+      return;
+    }
+    using clock = std::chrono::steady_clock;
+    clock::time_point until{};  // read only once a wait is long (most last a few microseconds)
+    for (unsigned i = 1; arrived_.load(std::memory_order_acquire) < all; ++i) {
+      if (!idle()) cpu_relax();
+      if (i % 64 == 0) {
+        const auto now = clock::now();
+        if (until == clock::time_point{})
+          until = now + k_spin;
+        else if (now > until)
+          return sleep_until(all);
+      }
+    }
+  }
+
+  static constexpr std::chrono::microseconds k_spin{50};
+
+ private:
+  // The sleeper counts itself before it reads the count it sleeps on, and the last arrival
+  // counts itself before it reads the sleepers (all sequentially consistent): either the
+  // sleeper sees the barrier complete or the last arrival sees the sleeper and wakes it.
+  void sleep_until(std::uint32_t all) {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    for (std::uint32_t v; (v = arrived_.load(std::memory_order_seq_cst)) < all;) arrived_.wait(v);
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  alignas(64) std::atomic<std::uint32_t> arrived_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
+};
+
+}  // namespace tessera
