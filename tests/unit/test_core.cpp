@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -109,28 +111,46 @@ TEST(Core, PeakResidentMemoryFollowsTouchesAndResets) {
 // round: all of them must be there (two rounds' slots alternate, so the next round's writes
 // cannot reach a slot another thread is still reading). Teams of 2 and 3, and of 8 on a machine
 // with fewer cores (threads that sleep); one thread arriving late (longer than the spin, so the
-// others sleep and are woken); idle work that runs out or never does.
+// others sleep and are woken); idle work that runs out or never does; spinning before sleeping
+// or not (OMP_WAIT_POLICY=passive).
 TEST(Core, TeamBarrierOrdersEveryRound) {
-  for (int team : {2, 3, 8})
-    for (int idle_calls : {0, 10, -1}) {  // -1: idle() always has more to do
-      TeamBarrier barrier;
-      barrier.reset();
-      const int rounds = team == 8 ? 200 : 2000;
-      std::vector<std::atomic<int>> slot(2 * team);
-      std::atomic<int> bad{0};
+  for (auto spin : {TeamBarrier::k_spin, std::chrono::microseconds{0}})
+    for (int team : {2, 3, 8})
+      for (int idle_calls : {0, 10, -1}) {  // -1: idle() always has more to do
+        TeamBarrier barrier(spin);
+        barrier.reset();
+        const int rounds = team == 8 ? 200 : 2000;
+        std::vector<std::atomic<int>> slot(2 * team);
+        std::atomic<int> bad{0};
 #pragma omp parallel num_threads(team)
-      {
-        const int i = omp_get_thread_num(), n = omp_get_num_threads();
-        int calls = 0;
-        auto idle = [&] { return idle_calls < 0 || ++calls <= idle_calls; };
-        for (int r = 1; r <= rounds; ++r) {
-          if (r % 500 == 0 && i == n - 1) std::this_thread::sleep_for(2 * TeamBarrier::k_spin);
-          slot[(r % 2) * n + i].store(r, std::memory_order_relaxed);
-          barrier.wait(n, idle);
-          for (int j = 0; j < n; ++j)
-            if (slot[(r % 2) * n + j].load(std::memory_order_relaxed) != r) ++bad;
+        {
+          const int i = omp_get_thread_num(), n = omp_get_num_threads();
+          int calls = 0;
+          auto idle = [&] { return idle_calls < 0 || ++calls <= idle_calls; };
+          for (int r = 1; r <= rounds; ++r) {
+            if (r % 500 == 0 && i == n - 1) std::this_thread::sleep_for(2 * TeamBarrier::k_spin);
+            slot[(r % 2) * n + i].store(r, std::memory_order_relaxed);
+            barrier.wait(n, idle);
+            for (int j = 0; j < n; ++j)
+              if (slot[(r % 2) * n + j].load(std::memory_order_relaxed) != r) ++bad;
+          }
         }
+        EXPECT_EQ(bad.load(), 0) << team << " threads, idle " << idle_calls << ", spin "
+                                 << spin.count() << " us";
       }
-      EXPECT_EQ(bad.load(), 0) << team << " threads, idle " << idle_calls;
-    }
+}
+
+// The decoder's threads sleep at once where OpenMP's would (OMP_WAIT_POLICY=passive, any case).
+TEST(Core, TeamBarrierSpinFollowsOpenMpWaitPolicy) {
+  const char* was = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = was ? was : "";
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  EXPECT_EQ(TeamBarrier::openmp_spin().count(), 0);
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  EXPECT_EQ(TeamBarrier::openmp_spin().count(), 0);
+  ::setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+  EXPECT_EQ(TeamBarrier::openmp_spin(), TeamBarrier::k_spin);
+  ::unsetenv("OMP_WAIT_POLICY");
+  EXPECT_EQ(TeamBarrier::openmp_spin(), TeamBarrier::k_spin);
+  if (was) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
 }

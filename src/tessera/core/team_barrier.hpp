@@ -20,14 +20,19 @@ inline void cpu_relax() {
 
 class TeamBarrier {
  public:
+  static constexpr std::chrono::microseconds k_spin{50};
+  // `spin`: how long a waiting thread with nothing left to do spins before it sleeps.
+  explicit TeamBarrier(std::chrono::microseconds spin = k_spin) : spin_(spin) {}
+
   // Outside any parallel region, before a team first waits (arrivals are counted from here).
   void reset() { arrived_.store(0, std::memory_order_relaxed); }
 
   // Returns once all `team` threads (every thread of the calling team, each calling wait the
   // same number of times) have arrived; what each wrote before it arrived is visible to all
-  // after. A thread that waits calls idle() meanwhile (until it returns false: no more to do,
-  // then it spins), for up to k_spin, and then sleeps (a futex, through std::atomic::wait), so
-  // that a team with more threads than free cores does not hold the cores the late ones need.
+  // after. A thread that waits calls idle() meanwhile until it returns false (no more to do),
+  // then spins; after `spin` in all (or at once when idle() runs out with a spin of 0) it sleeps
+  // (a futex, through std::atomic::wait), so that a team with more threads than free cores does
+  // not hold the cores that the late ones need.
   template <typename Idle>
   void wait(int team, Idle&& idle) {
     const auto n = static_cast<std::uint32_t>(team);
@@ -40,18 +45,23 @@ class TeamBarrier {
     using clock = std::chrono::steady_clock;
     clock::time_point until{};  // read only once a wait is long (most last a few microseconds)
     for (unsigned i = 1; arrived_.load(std::memory_order_acquire) < all; ++i) {
-      if (!idle()) cpu_relax();
+      if (!idle()) {
+        if (spin_.count() == 0) return sleep_until(all);
+        cpu_relax();
+      }
       if (i % 64 == 0) {
         const auto now = clock::now();
         if (until == clock::time_point{})
-          until = now + k_spin;
+          until = now + spin_;
         else if (now > until)
           return sleep_until(all);
       }
     }
   }
 
-  static constexpr std::chrono::microseconds k_spin{50};
+  // The spin that follows OpenMP's setting for its own threads: none under
+  // OMP_WAIT_POLICY=passive (they sleep at once), else k_spin.
+  static std::chrono::microseconds openmp_spin();
 
  private:
   // The sleeper counts itself before it reads the count it sleeps on, and the last arrival
@@ -63,6 +73,7 @@ class TeamBarrier {
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
   }
 
+  std::chrono::microseconds spin_;
   alignas(64) std::atomic<std::uint32_t> arrived_{0};
   alignas(64) std::atomic<int> sleepers_{0};
 };

@@ -303,7 +303,7 @@ class Decoder {
   // The team's barrier and, per thread, what it reads next, which it fetches while it waits
   // there: the threads' shares of a product differ in time (the memory serves them unevenly),
   // and the bytes a thread fetches before the product starts are bytes it need not wait for.
-  TeamBarrier team_;
+  TeamBarrier team_{TeamBarrier::openmp_spin()};  // sleeping where OpenMP's threads would
   struct alignas(64) Lookahead {
     int key = -1;  // what the spans are: layer * 8 + product (5: the attention and o)
     int spans = 0, span = 0;
