@@ -51,6 +51,46 @@ int tile_share(const PackedLinear& w, const model::TeamRows& rows, model::ByteSp
   }
   return n;
 }
+
+// The decoder's product of a packed matrix: the calling thread's rows of it (whole tiles). Each
+// thread quantizes (or prepares) its own copy of the input: the same values, without waiting
+// for one another; its int8 input's storage is kept between products (a cache line apart), and
+// a thread beyond them (the team grew after this was made) uses one of its own.
+class TeamProduct {
+ public:
+  TeamProduct(bool int8_activations, Isa isa)
+      : int8_(int8_activations),
+        isa_(isa),
+        scratch_(std::make_shared<std::vector<Scratch>>(omp_get_max_threads())) {}
+
+  void operator()(const PackedLinear& w, float* y, const float* x, const float* bias,
+                  bool accumulate, ActScale scale, const model::TeamRows& rows) const {
+    static_assert(model::k_team_rows == k_tile_rows, "the team's row groups are the tiles");
+    Q8Input own;
+    Q8Input* in = nullptr;
+    if (int8_) {
+      const auto i = static_cast<std::size_t>(omp_get_thread_num());
+      in = i < scratch_->size() ? &(*scratch_)[i].in : &own;
+      quantize_q8(w, x, scale, isa_, *in);
+    }
+    for (const model::TeamShare& run : {rows.first, rows.second}) {
+      const int t0 = run.begin / k_tile_rows, t1 = (run.end + k_tile_rows - 1) / k_tile_rows;
+      if (t1 <= t0) continue;
+      if (in)
+        packed_matvec_q8_tiles(w, *in, y, bias, accumulate, t0, t1, isa_);
+      else
+        packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa_);
+    }
+  }
+
+ private:
+  struct alignas(64) Scratch {
+    Q8Input in;
+  };
+  bool int8_;
+  Isa isa_;
+  std::shared_ptr<std::vector<Scratch>> scratch_;  // shared by the copies the kernels hold
+};
 }  // namespace
 
 model::DecoderKernels PackedModel::decoder_kernels() const {
@@ -60,33 +100,7 @@ model::DecoderKernels PackedModel::decoder_kernels() const {
         "activations",
         "use the default kernels (or the dequantized fp32 weights)");
   require_isa(isa);  // checked here: the products run inside the decoder's team
-  // Each thread's int8 input, its storage kept between products (a cache line apart); a thread
-  // beyond them (the team grew after this) uses one of its own.
-  struct alignas(64) Scratch {
-    Q8Input in;
-  };
-  auto scratch = std::make_shared<std::vector<Scratch>>(omp_get_max_threads());
-  // The calling thread's rows of w (whole tiles). Each thread quantizes (or prepares) its own
-  // copy of the input: the same values, without waiting for one another.
-  static_assert(model::k_team_rows == k_tile_rows, "the team's row groups are the tiles");
-  auto product = [this, scratch](const PackedLinear& w, float* y, const float* x, const float* bias,
-                                 bool accumulate, ActScale scale, const model::TeamRows& rows) {
-    Q8Input own;
-    Q8Input* in = nullptr;
-    if (int8_activations) {
-      const auto i = static_cast<std::size_t>(omp_get_thread_num());
-      in = i < scratch->size() ? &(*scratch)[i].in : &own;
-      quantize_q8(w, x, scale, isa, *in);
-    }
-    for (const model::TeamShare& run : {rows.first, rows.second}) {
-      const int t0 = run.begin / k_tile_rows, t1 = (run.end + k_tile_rows - 1) / k_tile_rows;
-      if (t1 <= t0) continue;
-      if (in)
-        packed_matvec_q8_tiles(w, *in, y, bias, accumulate, t0, t1, isa);
-      else
-        packed_matvec_tiles(w, y, x, bias, accumulate, t0, t1, isa);
-    }
-  };
+  const TeamProduct product(int8_activations, isa);
   model::DecoderKernels k;
   k.linear = [this, product](int layer, int which, float* out, const float* in, const float* bias,
                              bool accumulate) {
