@@ -198,39 +198,7 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
       global_(cfg),
       grid_(make_block_grid(cfg, topo)),
       vocab_(make_vocab_parallel_layout(topo, cfg.vocab_size, cfg.padded_vocab(), cfg.n_embd)),
-      local_(cfg,
-             [this](const model::ParamTensor& t) -> std::size_t {
-               if (!holds(t)) return 0;
-               auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-               switch (kind_of(t)) {
-                 case Kind::Wte:
-                 case Kind::Head:
-                   return z(vocab_.shard_numel);
-                 case Kind::Wpe:
-                   return z(cfg_.block_size) * z(grid_.c_local);
-                 case Kind::Norm:
-                   return z(grid_.c_local);
-                 case Kind::QkvW:
-                   return z(grid_.qkv.shard_numel);
-                 case Kind::QkvB:
-                   return z(grid_.qkv.out_local);
-                 case Kind::ProjW:
-                   return z(grid_.proj.shard_numel);
-                 case Kind::ProjB:
-                   return z(grid_.proj.out_local);
-                 case Kind::FcW:
-                   return z(grid_.fc.shard_numel);
-                 case Kind::FcB:
-                   return z(grid_.fc.out_local);
-                 case Kind::FcProjW:
-                   return z(grid_.fcproj.shard_numel);
-                 case Kind::FcProjB:
-                   return z(grid_.fcproj.out_local);
-                 case Kind::Fused:
-                   return 0;
-               }
-               return 0;
-             }),
+      local_(cfg, [this](const model::ParamTensor& t) { return local_numel(t); }),
       st_(std::make_unique<State>()) {
   const auto& s = topo.shape();
   tensor_size_ = s.tx * s.ty * s.tz;
@@ -273,95 +241,143 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
   if (identity_) std::vector<std::uint8_t>().swap(owner_);  // every element is this rank's
 }
 
+// Elements of tensor t that this rank holds (0: another stage's, or fused into another).
+std::size_t TensorModel::local_numel(const model::ParamTensor& t) const {
+  if (!holds(t)) return 0;
+  auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  switch (kind_of(t)) {
+    case Kind::Wte:
+    case Kind::Head:
+      return z(vocab_.shard_numel);
+    case Kind::Wpe:
+      return z(cfg_.block_size) * z(grid_.c_local);
+    case Kind::Norm:
+      return z(grid_.c_local);
+    case Kind::QkvW:
+      return z(grid_.qkv.shard_numel);
+    case Kind::QkvB:
+      return z(grid_.qkv.out_local);
+    case Kind::ProjW:
+      return z(grid_.proj.shard_numel);
+    case Kind::ProjB:
+      return z(grid_.proj.out_local);
+    case Kind::FcW:
+      return z(grid_.fc.shard_numel);
+    case Kind::FcB:
+      return z(grid_.fc.out_local);
+    case Kind::FcProjW:
+      return z(grid_.fcproj.shard_numel);
+    case Kind::FcProjB:
+      return z(grid_.fcproj.out_local);
+    case Kind::Fused:
+      return 0;
+  }
+  return 0;
+}
+
+namespace {
+// One local tensor's entries of the maps (TensorModel::build_maps): each local element's index
+// in the global layout (`go`: the tensor's global offset) and whether this rank owns it.
+struct TensorMap {
+  std::int64_t go;
+  std::int64_t* idx;
+  std::uint8_t* own;
+  int ty;
+
+  // Global row of a local row: through a fused matrix's ty-grouped row order (seg), if any.
+  std::int64_t source(const std::vector<int>* seg, std::int64_t row) const {
+    return seg ? grouped_source_row(*seg, ty, static_cast<int>(row)) : row;
+  }
+  void weight(const TensorLinearLayout& L, const std::vector<int>* seg) const {
+    for (std::int64_t s = 0; s < L.shard_numel; ++s) {
+      const std::int64_t e = L.shard_offset + s;
+      const std::int64_t row = source(seg, L.out_offset + e / L.in_local);
+      idx[s] = go + row * L.in + L.in_offset + e % L.in_local;
+      own[s] = 1;
+    }
+  }
+  void bias(const TensorLinearLayout& L, const std::vector<int>* seg) const {
+    const bool o = L.in_index == 0 && L.tz_index == 0;
+    for (int j = 0; j < L.out_local; ++j) {
+      idx[j] = go + source(seg, L.out_offset + j);
+      own[j] = o;
+    }
+  }
+  // The embedding's or the head's rows of this rank's vocabulary shard.
+  void vocab_rows(const VocabParallelLayout& v, int C, bool owned) const {
+    for (std::int64_t s = 0; s < v.shard_numel; ++s) {
+      const std::int64_t e = v.shard_offset + s;
+      idx[s] = go + (v.vocab_offset + e / C) * C + e % C;
+      own[s] = owned;
+    }
+  }
+  // `rows` rows of C channels (position embeddings; a norm's one row), of which this rank holds
+  // the columns [c_offset, c_offset + cl).
+  void channels(std::int64_t rows, int C, int cl, int c_offset, bool owned) const {
+    for (std::int64_t t = 0; t < rows; ++t)
+      for (int j = 0; j < cl; ++j) {
+        idx[t * cl + j] = go + t * C + c_offset + j;
+        own[t * cl + j] = owned;
+      }
+  }
+};
+}  // namespace
+
 void TensorModel::build_maps(std::vector<std::int64_t>& index,
                              std::vector<std::uint8_t>& owner) const {
-  const int C = cfg_.n_embd, cl = grid_.c_local;
   const model::ModelConfig& cfg = cfg_;
+  const int C = cfg.n_embd, cl = grid_.c_local, hs = cfg.head_dim();
   const bool norm_owner = ty_index_ == 0 && tz_index_ == 0;
+  const bool embedding_here = opt_.chunks.front().embedding;  // (the head's copy is not counted)
   index.assign(local_.total(), -1);
   owner.assign(local_.total(), 0);
   const auto& gt = global_.tensors();
   const auto& lt = local_.tensors();
   TESSERA_CHECK(gt.size() == lt.size(), "local and global layouts differ");
-  const bool embedding_here = opt_.chunks.front().embedding;
   // The ty-grouped row orders of the fused matrices (tensor_attention.hpp).
-  const int hs = cfg.head_dim();
-  const std::vector<int> qkv_rows = {cfg.n_head * hs, cfg.kv_heads() * hs, cfg.kv_heads() * hs};
-  const std::vector<int> fc_rows =
+  const std::vector<int> qkv = {cfg.n_head * hs, cfg.kv_heads() * hs, cfg.kv_heads() * hs};
+  const std::vector<int> fc =
       cfg.llama() ? std::vector<int>{cfg.ffn(), cfg.ffn()} : std::vector<int>{cfg.ffn()};
   for (std::size_t ti = 0; ti < gt.size(); ++ti) {
     if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage (or fused into one)
-    const std::int64_t go = static_cast<std::int64_t>(gt[ti].offset);
-    std::int64_t* idx = index.data() + lt[ti].offset;
-    std::uint8_t* own = owner.data() + lt[ti].offset;
-    auto source = [&](const std::vector<int>* seg, std::int64_t row) -> std::int64_t {
-      return seg ? grouped_source_row(*seg, ty_, static_cast<int>(row)) : row;
-    };
-    auto weight = [&](const TensorLinearLayout& L, const std::vector<int>* seg) {
-      for (std::int64_t s2 = 0; s2 < L.shard_numel; ++s2) {
-        const std::int64_t e = L.shard_offset + s2;
-        const std::int64_t row = source(seg, L.out_offset + e / L.in_local);
-        idx[s2] = go + row * L.in + L.in_offset + e % L.in_local;
-        own[s2] = 1;
-      }
-    };
-    auto bias = [&](const TensorLinearLayout& L, const std::vector<int>* seg) {
-      const bool o = L.in_index == 0 && L.tz_index == 0;
-      for (int j = 0; j < L.out_local; ++j) {
-        idx[j] = go + source(seg, L.out_offset + j);
-        own[j] = o;
-      }
-    };
-    auto vocab_rows = [&](bool owned) {
-      for (std::int64_t s2 = 0; s2 < vocab_.shard_numel; ++s2) {
-        const std::int64_t e = vocab_.shard_offset + s2;
-        idx[s2] = go + (vocab_.vocab_offset + e / C) * C + e % C;
-        own[s2] = owned;
-      }
-    };
+    const TensorMap m{static_cast<std::int64_t>(gt[ti].offset), index.data() + lt[ti].offset,
+                      owner.data() + lt[ti].offset, ty_};
     switch (kind_of(gt[ti])) {
       case Kind::Wte:
-        vocab_rows(embedding_here);  // the head's copy (another stage) is not counted
+        m.vocab_rows(vocab_, C, embedding_here);
         break;
       case Kind::Head:
-        vocab_rows(true);
+        m.vocab_rows(vocab_, C, true);
         break;
       case Kind::Wpe:
-        for (std::int64_t t = 0; t < cfg.block_size; ++t)
-          for (int j = 0; j < cl; ++j) {
-            idx[t * cl + j] = go + t * C + c_offset_ + j;
-            own[t * cl + j] = norm_owner;
-          }
+        m.channels(cfg.block_size, C, cl, c_offset_, norm_owner);
         break;
       case Kind::Norm:
-        for (int j = 0; j < cl; ++j) {
-          idx[j] = go + c_offset_ + j;
-          own[j] = norm_owner;
-        }
+        m.channels(1, C, cl, c_offset_, norm_owner);
         break;
       case Kind::QkvW:
-        weight(grid_.qkv, &qkv_rows);
+        m.weight(grid_.qkv, &qkv);
         break;
       case Kind::QkvB:
-        bias(grid_.qkv, &qkv_rows);
+        m.bias(grid_.qkv, &qkv);
         break;
       case Kind::ProjW:
-        weight(grid_.proj, nullptr);
+        m.weight(grid_.proj, nullptr);
         break;
       case Kind::ProjB:
-        bias(grid_.proj, nullptr);
+        m.bias(grid_.proj, nullptr);
         break;
       case Kind::FcW:
-        weight(grid_.fc, &fc_rows);
+        m.weight(grid_.fc, &fc);
         break;
       case Kind::FcB:
-        bias(grid_.fc, &fc_rows);
+        m.bias(grid_.fc, &fc);
         break;
       case Kind::FcProjW:
-        weight(grid_.fcproj, nullptr);
+        m.weight(grid_.fcproj, nullptr);
         break;
       case Kind::FcProjB:
-        bias(grid_.fcproj, nullptr);
+        m.bias(grid_.fcproj, nullptr);
         break;
       case Kind::Fused:
         break;

@@ -222,6 +222,7 @@ class TensorModel {
   struct State;
   bool holds(const model::ParamTensor& t) const;  // this rank's chunks hold the tensor
   void build_maps(std::vector<std::int64_t>& index, std::vector<std::uint8_t>& owner) const;
+  std::size_t local_numel(const model::ParamTensor& t) const;  // local_'s size of t
   void prepare(int B, int T);
   void invalidate_weights();
   Slot& acquire(int chunk, int mb);
