@@ -28,75 +28,89 @@ struct PipeReplay {
   bool deadlock = false;
 };
 
-PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
-                           std::vector<TraceEvent>* events, int max_stages) {
-  const int pp = sch.spec.pp, v = sch.spec.v, m = sch.spec.m;
-  const int chunks = pp * v;
+// The replay's state and what one instruction does to it.
+struct Replayer {
+  const parallel::Schedule& sch;
+  const Prediction& p;
+  std::vector<TraceEvent>* events;
+  int max_stages;
   PipeReplay r;
-  r.clock.assign(pp, 0.0);
-  r.t.assign(pp, RankTime{});
-  std::vector<std::size_t> pc(pp, 0);
-  // arrival time of each message (parallel::message_key); NaN: not sent yet
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  std::vector<double> arrival(static_cast<std::size_t>(2) * chunks * m, nan);
-  auto slot = [&](int st, const Instr& in) {
+  std::vector<double> arrival;  // of each message (parallel::message_key); NaN: not sent yet
+
+  std::size_t slot(int st, const Instr& in) const {
     return static_cast<std::size_t>(parallel::message_key(sch.spec, st, in));
-  };
-  auto record = [&](int st, const char* cat, const Instr& in, double start, double dur) {
+  }
+  void record(int st, const char* cat, const Instr& in, double start, double dur) {
     if (events && st < max_stages && dur > 0)
       events->push_back({0, st, parallel::describe(in), cat, start, dur});
-  };
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int st = 0; st < pp; ++st) {
-      const auto& list = sch.ranks[st];
-      double& clk = r.clock[st];
-      while (pc[st] < list.size()) {
-        const Instr& in = list[pc[st]];
-        if (in.op == OpKind::OptimizerStep) break;  // done by the caller (a dp collective)
-        switch (in.op) {
-          case OpKind::Forward:
-          case OpKind::Backward: {
-            const auto& cc = p.chunk_cost[st][in.chunk];
-            const bool f = in.op == OpKind::Forward;
-            const double comp = f ? cc.fwd_compute : cc.bwd_compute;
-            const double com = f ? cc.fwd_comm : cc.bwd_comm;
-            record(st, "compute", in, clk, comp);
-            record(st, "comm", in, clk + comp, com);
-            clk += comp + com;
-            r.t[st].busy += comp;
-            r.t[st].comm += com;
-            break;
-          }
-          case OpKind::SendAct:
-          case OpKind::SendGrad:
-            arrival[slot(st, in)] = clk + p.p2p_s;
-            break;
-          case OpKind::RecvAct:
-          case OpKind::RecvGrad: {
-            const double at = arrival[slot(st, in)];
-            if (std::isnan(at)) goto blocked;
-            if (at > clk) {
-              record(st, "idle", in, clk, at - clk);
-              r.t[st].idle += at - clk;
-              clk = at;
-            }
-            break;
-          }
-          case OpKind::OptimizerStep:
-            break;
+  }
+  void compute(int st, const Instr& in) {
+    const auto& cc = p.chunk_cost[st][in.chunk];
+    const bool f = in.op == OpKind::Forward;
+    const double comp = f ? cc.fwd_compute : cc.bwd_compute;
+    const double com = f ? cc.fwd_comm : cc.bwd_comm;
+    double& clk = r.clock[st];
+    record(st, "compute", in, clk, comp);
+    record(st, "comm", in, clk + comp, com);
+    clk += comp + com;
+    r.t[st].busy += comp;
+    r.t[st].comm += com;
+  }
+  // Stage st's instruction in; false (nothing done) for a receive whose message is not sent.
+  bool execute(int st, const Instr& in) {
+    double& clk = r.clock[st];
+    switch (in.op) {
+      case OpKind::Forward:
+      case OpKind::Backward:
+        compute(st, in);
+        break;
+      case OpKind::SendAct:
+      case OpKind::SendGrad:
+        arrival[slot(st, in)] = clk + p.p2p_s;
+        break;
+      case OpKind::RecvAct:
+      case OpKind::RecvGrad: {
+        const double at = arrival[slot(st, in)];
+        if (std::isnan(at)) return false;
+        if (at > clk) {
+          record(st, "idle", in, clk, at - clk);
+          r.t[st].idle += at - clk;
+          clk = at;
         }
-        ++pc[st];
-        ++r.instructions;
+        break;
+      }
+      case OpKind::OptimizerStep:
+        break;
+    }
+    return true;
+  }
+};
+
+// Runs each stage's instructions until it waits for a message, stage after stage, until none
+// can go on; the OptimizerStep each ends with is the caller's (a data-parallel collective).
+PipeReplay replay_pipeline(const parallel::Schedule& sch, const Prediction& p,
+                           std::vector<TraceEvent>* events, int max_stages) {
+  const int pp = sch.spec.pp;
+  const auto messages = static_cast<std::size_t>(2) * pp * sch.spec.v * sch.spec.m;
+  Replayer x{sch,    p,
+             events, max_stages,
+             {},     std::vector<double>(messages, std::numeric_limits<double>::quiet_NaN())};
+  x.r.clock.assign(pp, 0.0);
+  x.r.t.assign(pp, RankTime{});
+  std::vector<std::size_t> pc(pp, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int st = 0; st < pp; ++st)
+      for (const auto& list = sch.ranks[st]; pc[st] < list.size(); ++pc[st]) {
+        const Instr& in = list[pc[st]];
+        if (in.op == OpKind::OptimizerStep || !x.execute(st, in)) break;
+        ++x.r.instructions;
         progress = true;
       }
-    blocked:;
-    }
   }
   for (int st = 0; st < pp; ++st)
-    if (pc[st] + 1 != sch.ranks[st].size()) r.deadlock = true;
-  return r;
+    if (pc[st] + 1 != sch.ranks[st].size()) x.r.deadlock = true;
+  return x.r;
 }
 
 // Shared cores (the model's rule): the replay ran at the every-stage-busy rate; a stage runs up to
