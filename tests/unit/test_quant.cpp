@@ -1376,3 +1376,40 @@ TEST(QuantStudy, PlantedOutlierKeepsTheFunctionForBothFamilies) {
     EXPECT_THROW(plant_outlier(layout, p.data(), 0, 0, -1.0f), Error);  // not a factor
   }
 }
+
+// A massive activation planted in the residual stream (layer 0's attention projection bias at
+// one channel, 5000: every token's residual there, far above the seeded model's ~0.02 and 1000x
+// its median) is found where it is: in every block's output (the residual carries it on), at
+// that channel, once for every sample and position.
+TEST(QuantCalibration, PlantedMassiveActivationIsFoundEverywhereItIs) {
+  const model::ModelConfig cfg{3, 4, 32, 24, 300};
+  const model::ParamLayout layout(cfg);
+  std::vector<float> p(layout.total());
+  model::init_params(layout, p.data(), 3);
+  const int dim = 11;
+  p[layout.layers[0].attproj_b + dim] = 5000.0f;
+  CalibSet calib;
+  calib.name = "random ids";
+  calib.seqlen = 16;
+  Rng rng(5);
+  for (int i = 0; i < 3 * calib.seqlen; ++i)
+    calib.tokens.push_back(static_cast<std::int32_t>(rng.next_u32() % cfg.vocab_size));
+  const Capture cap = capture(layout, p.data(), calib, false, 2);  // micro-batches of 2 and 1
+  const ResidualStats& r = cap.residual;
+  ASSERT_EQ(r.massive.size(), static_cast<std::size_t>(cfg.n_layer) * 3 * calib.seqlen);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    EXPECT_EQ(r.largest[l].dim, dim);
+    EXPECT_GT(r.largest[l].value, 4000.0f);
+    EXPECT_NEAR(r.maxabs[l], r.largest[l].value, 1e-3f);
+    EXPECT_GE(r.max_ratio[l], 1000.0);
+  }
+  std::vector<int> seen(r.massive.size(), 0);  // each (layer, sample, position) once
+  for (const MassiveActivation& m : r.massive) {
+    EXPECT_EQ(m.dim, dim);
+    EXPECT_GE(m.value, 1000.0f * m.median);
+    ASSERT_TRUE(m.layer >= 0 && m.layer < cfg.n_layer && m.sample >= 0 && m.sample < 3 &&
+                m.position >= 0 && m.position < calib.seqlen);
+    ++seen[static_cast<std::size_t>((m.layer * 3 + m.sample) * calib.seqlen + m.position)];
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+}

@@ -260,68 +260,83 @@ std::vector<double> Hessian::mean_xtx() const {
   return m;
 }
 
-Capture capture(const model::ParamLayout& layout, const float* params, const CalibSet& calib,
-                bool hessians, int micro, kernels::GemmLibrary gemm) {
-  const auto& cfg = layout.config();
-  const int L = cfg.n_layer, C = cfg.n_embd, T = calib.seqlen;
-  if (calib.n() < 1) throw Error("the calibration set is empty", "use --nsamples >= 1");
-  if (T > cfg.block_size)
-    throw Error(fmt::format("calibration --seqlen {} exceeds the model's block_size {}", T,
-                            cfg.block_size));
+namespace {
+// A capture with nothing added yet: each linear's input statistics (and Hessian) sized.
+Capture empty_capture(const model::ModelConfig& cfg, bool hessians) {
+  const int L = cfg.n_layer;
   Capture cap;
   cap.config = cfg;
   cap.layers.resize(L);
   for (int l = 0; l < L; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
-      int cols = lin_cols(cfg, static_cast<Lin>(k));
+      const int cols = lin_cols(cfg, static_cast<Lin>(k));
       cap.layers[l][k].stats.init(cols);
       if (hessians) cap.layers[l][k].hessian.init(cols);
     }
   cap.residual.maxabs.assign(L, 0.0f);
   cap.residual.max_ratio.assign(L, 0.0);
   cap.residual.largest.assign(L, MassiveActivation{});
+  return cap;
+}
+
+// Block l's output rows x (N, C), sample0's samples of T tokens on: each row's largest |x| over
+// its median |x|, where the layer's largest is, and the massive activations (above 100 and
+// 1000x the row's median; at most 1000 kept).
+void observe_residual(ResidualStats& res, int l, const float* x, std::int64_t N, int C, int T,
+                      int sample0) {
+  std::vector<float> a(C);
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* r = x + i * C;
+    float m = 0;
+    int arg = 0;
+    for (int c = 0; c < C; ++c) {
+      a[c] = std::fabs(r[c]);
+      if (a[c] > m) {
+        m = a[c];
+        arg = c;
+      }
+    }
+    std::nth_element(a.begin(), a.begin() + C / 2, a.end());
+    const float med = std::max(a[C / 2], 1e-12f);
+    const MassiveActivation here{
+        l, sample0 + static_cast<int>(i / T), static_cast<int>(i % T), arg, r[arg], med};
+    if (m > res.maxabs[l]) res.largest[l] = here;
+    res.maxabs[l] = std::max(res.maxabs[l], m);
+    res.max_ratio[l] = std::max(res.max_ratio[l], double(m) / med);
+    if (m > 100.0f && m >= 1000.0f * med && res.massive.size() < 1000) res.massive.push_back(here);
+  }
+}
+}  // namespace
+
+Capture capture(const model::ParamLayout& layout, const float* params, const CalibSet& calib,
+                bool hessians, int micro, kernels::GemmLibrary gemm) {
+  const auto& cfg = layout.config();
+  const int C = cfg.n_embd, T = calib.seqlen;
+  if (calib.n() < 1) throw Error("the calibration set is empty", "use --nsamples >= 1");
+  if (T > cfg.block_size)
+    throw Error(fmt::format("calibration --seqlen {} exceeds the model's block_size {}", T,
+                            cfg.block_size));
+  Capture cap = empty_capture(cfg, hessians);
   Runner run(layout, gemm);
   Hooks hooks;
-  hooks.capture = [&](int l, Lin kind, const float* x, std::int64_t N, int cols) {
+  hooks.capture = [&](int l, Lin kind, const float* x, std::int64_t N, int /*cols*/) {
     auto& lc = cap.layers[l][static_cast<int>(kind)];
     lc.stats.add(x, N);
     if (hessians) lc.hessian.add(x, N, gemm);
   };
   int sample0 = 0;
   hooks.residual = [&](int l, const float* x, std::int64_t N, int Cc) {
-    std::vector<float> a(Cc);
-    for (std::int64_t i = 0; i < N; ++i) {
-      const float* r = x + i * Cc;
-      float m = 0;
-      int arg = 0;
-      for (int c = 0; c < Cc; ++c) {
-        a[c] = std::fabs(r[c]);
-        if (a[c] > m) {
-          m = a[c];
-          arg = c;
-        }
-      }
-      std::nth_element(a.begin(), a.begin() + Cc / 2, a.end());
-      float med = std::max(a[Cc / 2], 1e-12f);
-      if (m > cap.residual.maxabs[l])
-        cap.residual.largest[l] = {
-            l, sample0 + static_cast<int>(i / T), static_cast<int>(i % T), arg, r[arg], med};
-      cap.residual.maxabs[l] = std::max(cap.residual.maxabs[l], m);
-      cap.residual.max_ratio[l] = std::max(cap.residual.max_ratio[l], double(m) / med);
-      if (m > 100.0f && m >= 1000.0f * med && cap.residual.massive.size() < 1000)
-        cap.residual.massive.push_back(
-            {l, sample0 + static_cast<int>(i / T), static_cast<int>(i % T), arg, r[arg], med});
-    }
+    observe_residual(cap.residual, l, x, N, Cc, T, sample0);
   };
   std::vector<float> x(static_cast<std::size_t>(micro) * T * C);
   Progress progress("calibration pass", calib.n(), 2.0);
   for (int s = 0; s < calib.n(); s += micro) {
     progress.update(s, calib.name);
-    int B = std::min(micro, calib.n() - s);
+    const int B = std::min(micro, calib.n() - s);
     sample0 = s;
     const std::int32_t* tok = calib.tokens.data() + static_cast<std::size_t>(s) * T;
     run.embed(params, tok, B, T, x.data());
-    for (int l = 0; l < L; ++l) run.block(params, l, x.data(), B, T, hooks);
+    for (int l = 0; l < cfg.n_layer; ++l) run.block(params, l, x.data(), B, T, hooks);
   }
   progress.finish();
   cap.tokens = static_cast<std::int64_t>(calib.n()) * T;
