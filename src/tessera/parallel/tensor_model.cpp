@@ -70,6 +70,19 @@ Kind kind_of(const model::ParamTensor& t) {
   return Kind::Norm;
 }
 
+bool is_bias(Kind k) {
+  return k == Kind::QkvB || k == Kind::ProjB || k == Kind::FcB || k == Kind::FcProjB;
+}
+
+// The tensor-parallel layout of a block linear's weight or bias; nullptr for other kinds.
+const TensorLinearLayout* linear_of(const TensorBlockGrid& g, Kind k) {
+  if (k == Kind::QkvW || k == Kind::QkvB) return &g.qkv;
+  if (k == Kind::ProjW || k == Kind::ProjB) return &g.proj;
+  if (k == Kind::FcW || k == Kind::FcB) return &g.fc;
+  if (k == Kind::FcProjW || k == Kind::FcProjB) return &g.fcproj;
+  return nullptr;
+}
+
 // The block's linears on the grid. Throws (with a hint) unless the heads, the kv heads and the
 // hidden sizes split.
 TensorBlockGrid make_block_grid(const model::ModelConfig& cfg, const comm::Topology& topo) {
@@ -244,35 +257,14 @@ TensorModel::TensorModel(const model::ModelConfig& cfg, const comm::Topology& to
 // Elements of tensor t that this rank holds (0: another stage's, or fused into another).
 std::size_t TensorModel::local_numel(const model::ParamTensor& t) const {
   if (!holds(t)) return 0;
+  const Kind k = kind_of(t);
   auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  switch (kind_of(t)) {
-    case Kind::Wte:
-    case Kind::Head:
-      return z(vocab_.shard_numel);
-    case Kind::Wpe:
-      return z(cfg_.block_size) * z(grid_.c_local);
-    case Kind::Norm:
-      return z(grid_.c_local);
-    case Kind::QkvW:
-      return z(grid_.qkv.shard_numel);
-    case Kind::QkvB:
-      return z(grid_.qkv.out_local);
-    case Kind::ProjW:
-      return z(grid_.proj.shard_numel);
-    case Kind::ProjB:
-      return z(grid_.proj.out_local);
-    case Kind::FcW:
-      return z(grid_.fc.shard_numel);
-    case Kind::FcB:
-      return z(grid_.fc.out_local);
-    case Kind::FcProjW:
-      return z(grid_.fcproj.shard_numel);
-    case Kind::FcProjB:
-      return z(grid_.fcproj.out_local);
-    case Kind::Fused:
-      return 0;
-  }
-  return 0;
+  if (const TensorLinearLayout* L = linear_of(grid_, k))
+    return z(is_bias(k) ? L->out_local : L->shard_numel);
+  if (k == Kind::Wte || k == Kind::Head) return z(vocab_.shard_numel);
+  if (k == Kind::Wpe) return z(cfg_.block_size) * z(grid_.c_local);
+  if (k == Kind::Norm) return z(grid_.c_local);
+  return 0;  // Kind::Fused
 }
 
 namespace {
@@ -342,45 +334,18 @@ void TensorModel::build_maps(std::vector<std::int64_t>& index,
     if (lt[ti].numel == 0) continue;  // a tensor of another pipeline stage (or fused into one)
     const TensorMap m{static_cast<std::int64_t>(gt[ti].offset), index.data() + lt[ti].offset,
                       owner.data() + lt[ti].offset, ty_};
-    switch (kind_of(gt[ti])) {
-      case Kind::Wte:
-        m.vocab_rows(vocab_, C, embedding_here);
-        break;
-      case Kind::Head:
-        m.vocab_rows(vocab_, C, true);
-        break;
-      case Kind::Wpe:
-        m.channels(cfg.block_size, C, cl, c_offset_, norm_owner);
-        break;
-      case Kind::Norm:
-        m.channels(1, C, cl, c_offset_, norm_owner);
-        break;
-      case Kind::QkvW:
-        m.weight(grid_.qkv, &qkv);
-        break;
-      case Kind::QkvB:
-        m.bias(grid_.qkv, &qkv);
-        break;
-      case Kind::ProjW:
-        m.weight(grid_.proj, nullptr);
-        break;
-      case Kind::ProjB:
-        m.bias(grid_.proj, nullptr);
-        break;
-      case Kind::FcW:
-        m.weight(grid_.fc, &fc);
-        break;
-      case Kind::FcB:
-        m.bias(grid_.fc, &fc);
-        break;
-      case Kind::FcProjW:
-        m.weight(grid_.fcproj, nullptr);
-        break;
-      case Kind::FcProjB:
-        m.bias(grid_.fcproj, nullptr);
-        break;
-      case Kind::Fused:
-        break;
+    const Kind k = kind_of(gt[ti]);
+    if (const TensorLinearLayout* L = linear_of(grid_, k)) {
+      const bool q = k == Kind::QkvW || k == Kind::QkvB, f = k == Kind::FcW || k == Kind::FcB;
+      const std::vector<int>* rows = q ? &qkv : f ? &fc : nullptr;  // fused: ty-grouped rows
+      if (is_bias(k))
+        m.bias(*L, rows);
+      else
+        m.weight(*L, rows);
+    } else if (k == Kind::Wte || k == Kind::Head) {
+      m.vocab_rows(vocab_, C, k == Kind::Head || embedding_here);
+    } else if (k == Kind::Wpe || k == Kind::Norm) {
+      m.channels(k == Kind::Wpe ? cfg.block_size : 1, C, cl, c_offset_, norm_owner);
     }
   }
 }
