@@ -391,12 +391,10 @@ int fp32_share(const ParamLayout& layout, const float* params, int layer, int wh
   int cols = cfg.n_embd;
   TeamRows rows = team_rows(cfg.padded_vocab());
   if (which != k_head_product) {
-    const auto& w = layout.layers[layer];
-    const std::size_t offsets[] = {w.qkv_w, w.attproj_w, w.fc_w, w.fcproj_w};
-    const int all_rows[] = {cfg.qkv_rows(), cfg.n_embd, cfg.fc_rows(), cfg.n_embd};
-    weight = offsets[which];
-    cols = which == 3 ? cfg.ffn() : cfg.n_embd;
-    rows = linear_rows(cfg, which, all_rows[which]);
+    const LinearShape shape = block_linear_shape(cfg, which);
+    weight = block_linear_weight(layout, layer, which);
+    cols = shape.cols;
+    rows = linear_rows(cfg, which, shape.rows);
   }
   int n = 0;
   for (const TeamShare& run : {rows.first, rows.second})
@@ -871,7 +869,7 @@ void Decoder::wait_for_team(int layer, int which) {
 // Before the attention of layer l (and again before its o product), each thread that waits
 // fetches the keys and values of its attention's positions, then its share of the o product.
 void Decoder::wait_for_attention(int l, int t) {
-  wait_fetching(l * 8 + 5, [&](ByteSpan* out) {
+  wait_fetching(l * 8 + k_head_product + 1, [&](ByteSpan* out) {  // after every product's key
     const int n = cache_share(l, t, out);
     return n + share(l, 1, out + n);
   });

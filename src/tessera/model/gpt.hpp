@@ -305,7 +305,7 @@ class Decoder {
   // and the bytes a thread fetches before the product starts are bytes it need not wait for.
   TeamBarrier team_{TeamBarrier::openmp_spin()};  // sleeping where OpenMP's threads would
   struct alignas(64) Lookahead {
-    int key = -1;  // what the spans are: layer * 8 + product (5: the attention and o)
+    int key = -1;  // what the spans are: layer * 8 + product (k_head_product + 1: attention, o)
     int spans = 0, span = 0;
     std::size_t at = 0;                   // bytes of span_of[span] fetched
     ByteSpan span_of[2 + k_share_spans];  // (the attention's keys and values, then a product)

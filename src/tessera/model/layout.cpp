@@ -270,4 +270,15 @@ std::size_t ParamLayout::count_unpadded() const {
   return n - pad;
 }
 
+LinearShape block_linear_shape(const ModelConfig& cfg, int which) {
+  const int rows[] = {cfg.qkv_rows(), cfg.n_embd, cfg.fc_rows(), cfg.n_embd};
+  return {rows[which], which == 3 ? cfg.ffn() : cfg.n_embd};
+}
+
+std::size_t block_linear_weight(const ParamLayout& layout, int layer, int which) {
+  const LayerOffsets& w = layout.layers[layer];
+  const std::size_t offsets[] = {w.qkv_w, w.attproj_w, w.fc_w, w.fcproj_w};
+  return offsets[which];
+}
+
 }  // namespace tessera::model

@@ -81,4 +81,13 @@ class ParamLayout {
   std::size_t total_ = 0;
 };
 
+// A layer's four block linears by number, as the decoder and the quantizers number them (0 qkv,
+// 1 attention projection, 2 fc: gate and up for llama, 3 fc projection): each one's weight is
+// (rows, cols), out features by in features, from block_linear_weight.
+struct LinearShape {
+  int rows, cols;
+};
+LinearShape block_linear_shape(const ModelConfig& cfg, int which);
+std::size_t block_linear_weight(const ParamLayout& layout, int layer, int which);
+
 }  // namespace tessera::model

@@ -29,35 +29,15 @@ std::string linear_name(const model::ModelConfig& cfg, int layer, Lin kind) {
 }
 
 int lin_rows(const model::ModelConfig& cfg, Lin kind) {
-  switch (kind) {
-    case Lin::Qkv:
-      return cfg.qkv_rows();
-    case Lin::Fc:
-      return cfg.fc_rows();
-    case Lin::AttnProj:
-    case Lin::FcProj:
-      return cfg.n_embd;
-  }
-  return 0;
+  return model::block_linear_shape(cfg, static_cast<int>(kind)).rows;
 }
 
 int lin_cols(const model::ModelConfig& cfg, Lin kind) {
-  return kind == Lin::FcProj ? cfg.ffn() : cfg.n_embd;
+  return model::block_linear_shape(cfg, static_cast<int>(kind)).cols;
 }
 
 std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin kind) {
-  const auto& w = layout.layers[layer];
-  switch (kind) {
-    case Lin::Qkv:
-      return w.qkv_w;
-    case Lin::AttnProj:
-      return w.attproj_w;
-    case Lin::Fc:
-      return w.fc_w;
-    case Lin::FcProj:
-      return w.fcproj_w;
-  }
-  return 0;
+  return model::block_linear_weight(layout, layer, static_cast<int>(kind));
 }
 
 std::size_t lin_bias_offset(const model::ParamLayout& layout, int layer, Lin kind) {
