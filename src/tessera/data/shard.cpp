@@ -63,29 +63,39 @@ void write_shard(const std::filesystem::path& path, std::span<const std::uint32_
   write_file_atomic(path, buf);
 }
 
-ShardReader::ShardReader(const std::filesystem::path& given) : path_(find_data_path(given)) {
-  const std::filesystem::path& path = path_;
-  const std::string name = path.string();
-  Fd f;
-  f.fd = open_input_file(path, "token shard", k_prepare_hint);  // a regular file
+namespace {
+
+// The size of the open shard `fd`, which must be a non-empty regular file.
+std::uint64_t shard_bytes(int fd, const std::string& name) {
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
+  if (::fstat(fd, &st) != 0)
     throw Error(fmt::format("cannot stat token shard {}: {}", name, std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
     throw Error(fmt::format("token shard {} is not a regular file", name), k_prepare_hint);
-  const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
-  if (file_bytes == 0)
+  if (st.st_size == 0)
     throw Error(fmt::format("{} is empty, not a tessera token shard", name), k_prepare_hint);
+  return static_cast<std::uint64_t>(st.st_size);
+}
 
-  unsigned char h[k_shard_header_bytes] = {};
-  const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, sizeof h));
+// Reads the first `want` bytes of `fd` into h.
+void read_prefix(int fd, unsigned char* h, std::size_t want, const std::string& name) {
   std::size_t got = 0;
   while (got < want) {
-    ssize_t n = ::pread(f.fd, h + got, want - got, static_cast<off_t>(got));
+    ssize_t n = ::pread(fd, h + got, want - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) throw Error(fmt::format("cannot read token shard {}", name));
     got += static_cast<std::size_t>(n);
   }
+}
+
+struct ShardHeader {
+  std::uint64_t count;
+  std::uint32_t token_bytes;
+};
+
+// The header h (the first `got` bytes of a file of `file_bytes`), checked against the file.
+ShardHeader check_header(const unsigned char* h, std::size_t got, std::uint64_t file_bytes,
+                         const std::string& name) {
   if (got < 4 || get_le<std::uint32_t>(h) != k_shard_magic)
     throw Error(fmt::format("{} is not a tessera token shard (bad magic)", name), k_prepare_hint);
   if (got < k_shard_header_bytes)
@@ -118,9 +128,22 @@ ShardReader::ShardReader(const std::filesystem::path& given) : path_(find_data_p
                 "the file is corrupt; re-create it with 'tessera prepare'");
   if (file_bytes > std::numeric_limits<std::size_t>::max())
     throw Error(fmt::format("token shard {} is too large to map", name));
+  return {count, tb};
+}
 
-  count_ = static_cast<std::size_t>(count);
-  token_bytes_ = tb;
+}  // namespace
+
+ShardReader::ShardReader(const std::filesystem::path& given) : path_(find_data_path(given)) {
+  const std::string name = path_.string();
+  Fd f;
+  f.fd = open_input_file(path_, "token shard", k_prepare_hint);  // a regular file
+  const std::uint64_t file_bytes = shard_bytes(f.fd, name);
+  unsigned char h[k_shard_header_bytes] = {};
+  const auto got = static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, sizeof h));
+  read_prefix(f.fd, h, got, name);
+  const ShardHeader header = check_header(h, got, file_bytes, name);
+  count_ = static_cast<std::size_t>(header.count);
+  token_bytes_ = header.token_bytes;
   if (count_ > 0) {
     map_bytes_ = static_cast<std::size_t>(file_bytes);
     void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, f.fd, 0);
