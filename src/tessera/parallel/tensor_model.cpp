@@ -571,44 +571,30 @@ void TensorModel::init_layer(Layer& a, int B, int T) const {
   fp32_or_bf16(a.fch_gelu, a.act16, n_att * grid_.fcproj.in_local);
 }
 
-void TensorModel::prepare(int B, int T) {
+// A micro-batch of B sequences of T tokens is one this grid can split.
+void TensorModel::check_batch(int B, int T) const {
   if (T > cfg_.block_size)
     throw Error(
         fmt::format("sequence length {} exceeds the model's block_size {}", T, cfg_.block_size));
-  State& s = *st_;
-  if (s.B == B && s.T == T) return;
-  const int L = cfg_.n_layer;
-  const std::int64_t N = static_cast<std::int64_t>(B) * T;
   if (B <= 0 || B % tz_ != 0)
     throw Error(fmt::format("a batch of {} sequences cannot be split over tz={}", B, tz_),
                 "attention needs whole sequences per rank: use a micro-batch divisible by tz");
-  const bool sp = opt_.sequence_parallel;
-  if (sp && B % tx_ != 0)
+  if (opt_.sequence_parallel && B % tx_ != 0)
     throw Error(fmt::format("sequence parallelism splits the micro-batch of {} sequences over "
                             "tx={}: it is not divisible",
                             B, tx_),
                 "choose a micro-batch divisible by parallel.tx");
-  TESSERA_CHECK(s.live.empty(), "the micro-batch shape changed with {} slots in flight",
-                s.live.size());
-  s = State{};
-  s.B = B;
-  s.T = T;
-  s.n = N / tz_;
-  const std::int64_t n = s.n, cl = grid_.c_local;
-  if (keeps_bf16()) {  // without sequence parallelism the replicated region has the n rows too
-    s.ln1_tmp.resize(n * cl);
-    s.ln2_tmp.resize(n * cl);
-    s.act_tmp.resize(n * grid_.fcproj.in_local);
-  }
-  if (opt_.recompute) {
-    s.shared_layer.resize(1);
-    init_layer(s.shared_layer[0], B, T);
-  }
-  // Two workspace sets (by layer parity) when a chunk has layers to overlap across.
+}
+
+// The block workspaces: two sets (by layer parity) when a chunk has layers to overlap across,
+// one per layer for bf16 without gathers to overlap (sets.size() is then free), else one.
+void TensorModel::make_workspace_sets(State& s) {
+  const int L = cfg_.n_layer;
   int max_nl = 0;
   for (const auto& ch : opt_.chunks) max_nl = std::max(max_nl, ch.end_layer - ch.first_layer);
-  const bool two = !sp && (opt_.prefetch || opt_.defer_dw) && L > 1 && max_nl > 1;
-  const bool per_layer = opt_.bf16 && tz_ == 1;  // no gathers to overlap: sets.size() is free
+  const bool two =
+      !opt_.sequence_parallel && (opt_.prefetch || opt_.defer_dw) && L > 1 && max_nl > 1;
+  const bool per_layer = opt_.bf16 && tz_ == 1;
   s.sets.resize(per_layer ? std::max(L, 1) : two ? 2 : 1);
   for (auto& w : s.sets) {
     w = TensorBlockWorkspace(grid_);
@@ -620,7 +606,30 @@ void TensorModel::prepare(int B, int T) {
       lw->bf16_wire = opt_.bf16_tensor_wire;
     }
   }
-  s.ops.resize(grid_, n, sp);
+}
+
+void TensorModel::prepare(int B, int T) {
+  check_batch(B, T);
+  State& s = *st_;
+  if (s.B == B && s.T == T) return;
+  TESSERA_CHECK(s.live.empty(), "the micro-batch shape changed with {} slots in flight",
+                s.live.size());
+  s = State{};
+  s.B = B;
+  s.T = T;
+  s.n = static_cast<std::int64_t>(B) * T / tz_;
+  const std::int64_t n = s.n, cl = grid_.c_local;
+  if (keeps_bf16()) {  // without sequence parallelism the replicated region has the n rows too
+    s.ln1_tmp.resize(n * cl);
+    s.ln2_tmp.resize(n * cl);
+    s.act_tmp.resize(n * grid_.fcproj.in_local);
+  }
+  if (opt_.recompute) {
+    s.shared_layer.resize(1);
+    init_layer(s.shared_layer[0], B, T);
+  }
+  make_workspace_sets(s);
+  s.ops.resize(grid_, n, opt_.sequence_parallel);
   s.ops.bf16_wire = opt_.bf16_tensor_wire;
   s.vocab_ws = VocabParallelWorkspace(vocab_, n, T);
   s.vocab_ws.bf16 = opt_.bf16 ? &s.bf16 : nullptr;
@@ -757,42 +766,29 @@ void TensorModel::final_norm_backward(Slot& sl, const float* w, float* dw, float
                               s.n, cl, C, s.ops.row_stats.data(), s.ops.norm_params.data());
 }
 
-float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
-                                 const std::int32_t* inputs, const std::int32_t* targets,
-                                 const model::ForwardOptions& opt) {
+// The first chunk: the tokens' embeddings into the slot's first residual (inputs: all B x T).
+void TensorModel::embed_forward(Slot& sl, const float* E, const std::int32_t* inputs) {
   State& s = *st_;
-  const auto& ch = opt_.chunks.at(chunk);
+  const int V = cfg_.vocab_size;
+  const std::int64_t N = static_cast<std::int64_t>(s.B) * s.T, r0 = vocab_.row_offset(N);
+  for (std::int64_t i = 0; i < N; ++i)
+    if (inputs[i] < 0 || inputs[i] >= V)
+      throw Error(
+          fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
+          "the data was tokenized with a larger vocabulary than model.vocab_size");
+  std::copy(inputs + r0, inputs + r0 + s.n, sl.ids.begin());
+  const float* wpe = local_.wpe == model::k_absent ? nullptr : E + local_.wpe;
+  vocab_embedding_forward(vocab_, vocab_comms_, sl.resid[0].data(), sl.ids.data(), E + local_.wte,
+                          wpe, N, s.T, s.vocab_ws);
+}
+
+// The last chunk: the final norm, the head and (with targets) the loss, whose (d)logits and head
+// input the slot keeps until its backward.
+float TensorModel::head_forward(model::ParamStore& store, Slot& sl, const float* E,
+                                const std::int32_t* targets, const model::ForwardOptions& opt) {
+  State& s = *st_;
   const int L = cfg_.n_layer, V = cfg_.vocab_size;
-  const int B = s.B, T = s.T;
-  const std::int64_t N = static_cast<std::int64_t>(B) * T, n = s.n;
-  const std::int64_t r0 = vocab_.row_offset(N);
-  Slot& sl = acquire(chunk, mb);
-  const auto lib = opt.gemm;
-  const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
-  const bool tied = local_.head == local_.wte;
-  const float* E = (ch.embedding || (ch.head && tied)) ? store.params(0) : nullptr;
-  if (ch.embedding) {
-    for (std::int64_t i = 0; i < N; ++i)
-      if (inputs[i] < 0 || inputs[i] >= V)
-        throw Error(
-            fmt::format("input token id {} is outside the model's vocabulary of {}", inputs[i], V),
-            "the data was tokenized with a larger vocabulary than model.vocab_size");
-    std::copy(inputs + r0, inputs + r0 + n, sl.ids.begin());
-    const float* wpe = local_.wpe == model::k_absent ? nullptr : E + local_.wpe;
-    vocab_embedding_forward(vocab_, vocab_comms_, sl.resid[0].data(), sl.ids.data(), E + local_.wte,
-                            wpe, N, T, s.vocab_ws);
-  }
-  const int a = ch.first_layer, b = ch.end_layer;
-  for (int l = a; l < b; ++l) {
-    const float* blk = store.params(l + 1);
-    if (prefetch && l + 1 < b) prefetch_layer(l + 1, store.params(l + 2));
-    Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
-    const float* x = sl.resid[l - a].data();
-    float* y = sl.resid[l - a + 1].data();
-    layer_forward(lib, l, blk, x, y, B, T, acts);
-    store.release(l + 1);
-  }
-  if (!ch.head) return 0.0f;
+  const std::int64_t N = static_cast<std::int64_t>(s.B) * s.T, n = s.n, r0 = vocab_.row_offset(N);
   const float* F = store.params(L + 1);
   auto PF = [&](std::size_t off) { return F + (off - local_.lnf_w); };
   final_norm_forward(sl, PF(local_.lnf_w),
@@ -800,7 +796,8 @@ float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
   // A slot in flight may hold the workspace's buffers (several micro-batches in flight).
   s.vocab_ws.logits.resize(s.logits_numel);
   s.vocab_ws.h_full.resize(s.h_full_numel);
-  vocab_lm_head_forward(lib, vocab_, vocab_comms_, sl.lnf.data(),
+  const bool tied = local_.head == local_.wte;
+  vocab_lm_head_forward(opt.gemm, vocab_, vocab_comms_, sl.lnf.data(),
                         tied ? E + local_.wte : PF(local_.head), n, s.vocab_ws);
   store.release(L + 1);
   sl.have_targets = targets != nullptr;
@@ -817,10 +814,31 @@ float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
     loss =
         static_cast<float>(vocab_mean_loss(vocab_comms_, sl.losses.data(), sl.targets.data(), n));
   }
-  // The slot keeps the (d)logits and the head input until its backward.
   std::swap(sl.logits, s.vocab_ws.logits);
   std::swap(sl.h_full, s.vocab_ws.h_full);
   return loss;
+}
+
+float TensorModel::forward_chunk(model::ParamStore& store, int chunk, int mb,
+                                 const std::int32_t* inputs, const std::int32_t* targets,
+                                 const model::ForwardOptions& opt) {
+  State& s = *st_;
+  const auto& ch = opt_.chunks.at(chunk);
+  Slot& sl = acquire(chunk, mb);
+  const bool prefetch = opt_.prefetch && !opt_.sequence_parallel && s.sets.size() > 1;
+  const bool tied = local_.head == local_.wte;
+  const float* E = (ch.embedding || (ch.head && tied)) ? store.params(0) : nullptr;
+  if (ch.embedding) embed_forward(sl, E, inputs);
+  const int a = ch.first_layer, b = ch.end_layer;
+  for (int l = a; l < b; ++l) {
+    const float* blk = store.params(l + 1);
+    if (prefetch && l + 1 < b) prefetch_layer(l + 1, store.params(l + 2));
+    Layer& acts = opt_.recompute ? s.shared_layer[0] : sl.layers[l - a];
+    layer_forward(opt.gemm, l, blk, sl.resid[l - a].data(), sl.resid[l - a + 1].data(), s.B, s.T,
+                  acts);
+    store.release(l + 1);
+  }
+  return ch.head ? head_forward(store, sl, E, targets, opt) : 0.0f;
 }
 
 float TensorModel::forward(model::ParamStore& store, const std::int32_t* inputs,

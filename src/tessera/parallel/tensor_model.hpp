@@ -223,6 +223,8 @@ class TensorModel {
   bool holds(const model::ParamTensor& t) const;  // this rank's chunks hold the tensor
   void build_maps(std::vector<std::int64_t>& index, std::vector<std::uint8_t>& owner) const;
   std::size_t local_numel(const model::ParamTensor& t) const;  // local_'s size of t
+  void check_batch(int B, int T) const;
+  void make_workspace_sets(State& s);
   void prepare(int B, int T);
   void invalidate_weights();
   Slot& acquire(int chunk, int mb);
@@ -242,6 +244,9 @@ class TensorModel {
   void layer_backward(kernels::GemmLibrary lib, int l, const float* blk, float* gblk,
                       const float* x, int B, int T, Layer& acts, model::ParamStore& store);
   void final_norm_forward(Slot& sl, const float* w, const float* b);
+  void embed_forward(Slot& sl, const float* E, const std::int32_t* inputs);
+  float head_forward(model::ParamStore& store, Slot& sl, const float* E,
+                     const std::int32_t* targets, const model::ForwardOptions& opt);
   void final_norm_backward(Slot& sl, const float* w, float* dw, float* db);
   void head_backward(model::ParamStore& store, Slot& sl, float* GE, kernels::GemmLibrary lib);
   void layers_backward(model::ParamStore& store, const ModelChunk& ch, Slot& sl,
