@@ -10,6 +10,69 @@ namespace tessera::quant {
 
 using nlohmann::json;
 
+namespace {
+
+// One linear's input channels summarized (s.layer, s.kind, s.linear set); the channels whose max
+// |x| is at least ratio_threshold times the median channel's go to `channels`.
+void summarize_linear(LinearOutlierSummary& s, const ChannelStats& st, double ratio_threshold,
+                      std::vector<ChannelOutlier>& channels) {
+  std::vector<float> m = st.maxabs;
+  std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+  const double med = std::max(1e-12, static_cast<double>(m[m.size() / 2]));
+  double ksum = 0;
+  s.max_kurtosis = -1e30;
+  for (int j = 0; j < st.cols; ++j) {
+    if (st.maxabs[j] > s.maxabs) {
+      s.maxabs = st.maxabs[j];
+      s.max_channel = j;
+    }
+    const double ku = st.excess_kurtosis(j);
+    ksum += ku;
+    if (ku > s.max_kurtosis) {
+      s.max_kurtosis = ku;
+      s.kurtosis_channel = j;
+    }
+    const double ratio = st.maxabs[j] / med;
+    if (ratio >= ratio_threshold)
+      channels.push_back({s.linear, s.layer, j, st.maxabs[j], ratio, ku});
+  }
+  s.mean_kurtosis = st.cols ? ksum / st.cols : 0;
+  s.max_over_median = s.maxabs / med;
+}
+
+// LLM.int8()'s outlier features: hidden dimensions (inputs of qkv, the attention's projection
+// and fc) with a value beyond 6 in at least a quarter of the layers, and at 6% of the positions
+// or more in one of them.
+std::vector<OutlierReport::Feature> dettmers_features(const Capture& cap) {
+  std::vector<OutlierReport::Feature> out;
+  const int L = static_cast<int>(cap.layers.size());
+  if (L == 0) return out;
+  const int C = cap.layers[0][0].stats.cols;
+  for (int h = 0; h < C; ++h) {
+    int layers_hit = 0;
+    double pos = 0;
+    float mx = 0;
+    for (int l = 0; l < L; ++l) {
+      bool hit = false;
+      for (Lin kind : {Lin::Qkv, Lin::AttnProj, Lin::Fc}) {
+        const auto& st = cap.layers[l][static_cast<int>(kind)].stats;
+        if (st.over6[h] > 0) {
+          hit = true;
+          pos =
+              std::max(pos, static_cast<double>(st.over6[h]) / std::max<std::int64_t>(1, st.count));
+          mx = std::max(mx, st.maxabs[h]);
+        }
+      }
+      layers_hit += hit;
+    }
+    const double lf = static_cast<double>(layers_hit) / L;
+    if (lf >= 0.25 && pos >= 0.06) out.push_back({h, lf, pos, mx});
+  }
+  return out;
+}
+
+}  // namespace
+
 OutlierReport analyze_outliers(const Capture& cap, double ratio_threshold) {
   OutlierReport r;
   r.tokens = cap.tokens;
@@ -18,61 +81,16 @@ OutlierReport analyze_outliers(const Capture& cap, double ratio_threshold) {
   const int L = static_cast<int>(cap.layers.size());
   for (int l = 0; l < L; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
-      const auto& st = cap.layers[l][k].stats;
       LinearOutlierSummary s;
       s.layer = l;
       s.kind = static_cast<Lin>(k);
       s.linear = linear_name(cap.config, l, s.kind);
-      std::vector<float> m = st.maxabs;
-      std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
-      double med = std::max(1e-12, static_cast<double>(m[m.size() / 2]));
-      double ksum = 0;
-      s.max_kurtosis = -1e30;
-      for (int j = 0; j < st.cols; ++j) {
-        if (st.maxabs[j] > s.maxabs) {
-          s.maxabs = st.maxabs[j];
-          s.max_channel = j;
-        }
-        double ku = st.excess_kurtosis(j);
-        ksum += ku;
-        if (ku > s.max_kurtosis) {
-          s.max_kurtosis = ku;
-          s.kurtosis_channel = j;
-        }
-        double ratio = st.maxabs[j] / med;
-        if (ratio >= ratio_threshold)
-          r.channels.push_back({s.linear, l, j, st.maxabs[j], ratio, ku});
-      }
-      s.mean_kurtosis = st.cols ? ksum / st.cols : 0;
-      s.max_over_median = s.maxabs / med;
+      summarize_linear(s, cap.layers[l][k].stats, ratio_threshold, r.channels);
       r.linears.push_back(s);
     }
   std::sort(r.channels.begin(), r.channels.end(),
             [](const auto& a, const auto& b) { return a.ratio > b.ratio; });
-  // LLM.int8() outlier features over hidden dims (inputs of c_attn, attn.c_proj, c_fc).
-  if (L > 0) {
-    const int C = cap.layers[0][0].stats.cols;
-    for (int h = 0; h < C; ++h) {
-      int layers_hit = 0;
-      double pos = 0;
-      float mx = 0;
-      for (int l = 0; l < L; ++l) {
-        bool hit = false;
-        for (Lin kind : {Lin::Qkv, Lin::AttnProj, Lin::Fc}) {
-          const auto& st = cap.layers[l][static_cast<int>(kind)].stats;
-          if (st.over6[h] > 0) {
-            hit = true;
-            pos = std::max(pos,
-                           static_cast<double>(st.over6[h]) / std::max<std::int64_t>(1, st.count));
-            mx = std::max(mx, st.maxabs[h]);
-          }
-        }
-        layers_hit += hit;
-      }
-      double lf = static_cast<double>(layers_hit) / L;
-      if (lf >= 0.25 && pos >= 0.06) r.dettmers.push_back({h, lf, pos, mx});
-    }
-  }
+  r.dettmers = dettmers_features(cap);
   return r;
 }
 

@@ -250,58 +250,69 @@ void awq_fold(const QuantContext& x, int l, Lin kind, const std::vector<float>& 
   }
 }
 
+using LayerQLinears = std::array<QLinear, k_num_lin>;
+using LayerMoments = std::array<std::vector<double>, k_num_lin>;
+
+// AWQ's first step for layer l: each site's scales searched on the unscaled inputs (mean |x| per
+// channel from the capture, second moments S), then folded into the weights and the moments.
+void awq_scale_layer(const QuantContext& x, const Capture& cap, int l, LayerQLinears& qls,
+                     LayerMoments& S) {
+  for (int k = 0; k < k_num_lin; ++k) {
+    const Lin kind = static_cast<Lin>(k);
+    if (!awq_scales_site(x.cfg, kind)) {
+      log(x.opt, fmt::format("awq {}: not scaled (grouped kv heads)", qls[k].name));
+      continue;
+    }
+    const auto& st = cap.layers[l][k].stats;
+    std::vector<double> mean_abs(st.cols);
+    for (int j = 0; j < st.cols; ++j) mean_abs[j] = st.mean_abs(j);
+    const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+    float alpha = 0;
+    auto s = awq_search_scales(x.W(l, kind), rows, cols, mean_abs, S[k], x.opt.wq, x.opt.awq_grid,
+                               &alpha);
+    qls[k].alpha = alpha;
+    scale_cols(x.W(l, kind), rows, cols, s, false);
+    S[k] = scale_moment(S[k], s);
+    awq_fold(x, l, kind, s, qls);
+    log(x.opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
+  }
+}
+
+// AWQ's second and third steps for layer l: the clip search (not for q and k: only the v rows of
+// Qkv), then each linear rounded to the grid and handed on.
+void awq_clip_and_round(const QuantContext& x, int l, LayerQLinears& qls, const LayerMoments& S) {
+  for (int k = 0; k < k_num_lin; ++k) {
+    const Lin kind = static_cast<Lin>(k);
+    const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
+    if (x.opt.awq_clip) {
+      if (kind == Lin::Qkv) {
+        const RowRange v = v_rows(x.cfg);
+        awq_clip(x.W(l, kind) + static_cast<std::size_t>(v.r0) * cols, v.n, cols, S[k], x.opt.wq);
+      } else {
+        awq_clip(x.W(l, kind), rows, cols, S[k], x.opt.wq);
+      }
+    }
+    auto in_scale = std::move(qls[k].q.in_scale);
+    qls[k].q = rtn(x.W(l, kind), rows, cols, x.opt.wq);
+    qls[k].q.in_scale = std::move(in_scale);
+    x.finish(std::move(qls[k]));
+  }
+}
+
 void quantize_awq(const QuantContext& x) {
   const int L = x.L;
   auto cap = capture(x.layout, x.params, *x.calib, true, x.opt.micro_batch);
   Progress progress("awq", L, 2.0);
   for (int l = 0; l < L; ++l) {
     progress.update(l, fmt::format("layer {}", l));
-    std::array<QLinear, k_num_lin> qls;
-    std::array<std::vector<double>, k_num_lin> S;
+    LayerQLinears qls;
+    LayerMoments S;
     for (int k = 0; k < k_num_lin; ++k) {
       qls[k] = make_qlinear(x.cfg, l, static_cast<Lin>(k));
       S[k] = cap.layers[l][k].hessian.mean_xtx();
     }
-    auto mean_abs = [&](int k) {
-      const auto& st = cap.layers[l][k].stats;
-      std::vector<double> m(st.cols);
-      for (int j = 0; j < st.cols; ++j) m[j] = st.mean_abs(j);
-      return m;
-    };
-    // 1. scale search for every site on the unscaled inputs, then fold
-    for (int k = 0; k < k_num_lin; ++k) {
-      Lin kind = static_cast<Lin>(k);
-      if (!awq_scales_site(x.cfg, kind)) {
-        log(x.opt, fmt::format("awq {}: not scaled (grouped kv heads)", qls[k].name));
-        continue;
-      }
-      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
-      float alpha = 0;
-      auto s = awq_search_scales(x.W(l, kind), rows, cols, mean_abs(k), S[k], x.opt.wq,
-                                 x.opt.awq_grid, &alpha);
-      qls[k].alpha = alpha;
-      scale_cols(x.W(l, kind), rows, cols, s, false);
-      S[k] = scale_moment(S[k], s);
-      awq_fold(x, l, kind, s, qls);
-      log(x.opt, fmt::format("awq {}: alpha {:.2f}", qls[k].name, alpha));
-    }
-    // 2. clip search (not for q and k: only the v rows of Qkv), 3. quantize
-    for (int k = 0; k < k_num_lin; ++k) {
-      Lin kind = static_cast<Lin>(k);
-      const int rows = lin_rows(x.cfg, kind), cols = lin_cols(x.cfg, kind);
-      if (x.opt.awq_clip) {
-        if (kind == Lin::Qkv) {
-          const RowRange v = v_rows(x.cfg);
-          awq_clip(x.W(l, kind) + static_cast<std::size_t>(v.r0) * cols, v.n, cols, S[k], x.opt.wq);
-        } else {
-          awq_clip(x.W(l, kind), rows, cols, S[k], x.opt.wq);
-        }
-      }
-      auto in_scale = std::move(qls[k].q.in_scale);
-      qls[k].q = rtn(x.W(l, kind), rows, cols, x.opt.wq);
-      qls[k].q.in_scale = std::move(in_scale);
-      x.finish(std::move(qls[k]));
-    }
+    awq_scale_layer(x, cap, l, qls, S);
+    awq_clip_and_round(x, l, qls, S);
   }
   progress.finish();
   x.qm.info["grid"] = std::to_string(x.opt.awq_grid);
@@ -335,6 +346,28 @@ bool gptq_one_pass_fits(const model::ModelConfig& cfg, std::int64_t tokens, int 
   const std::int64_t per_token = 6LL * cfg.n_embd + cfg.qkv_rows() + cfg.fc_rows() + cfg.ffn() +
                                  2LL * cfg.n_head + static_cast<std::int64_t>(cfg.n_head) * T;
   return tokens * per_token * 4 <= (1LL << 30);
+}
+
+// The Hessian inputs (X^T X) of linear `kind` of block l over the calibration set, its inputs xs
+// (n, T, C) run through the block in micro-batches of mb, each stopped after that linear.
+std::vector<double> gptq_hessian(const QuantContext& x, Runner& run, const std::vector<float>& xs,
+                                 int l, Lin kind, int mb) {
+  const int C = x.C, T = x.calib->seqlen, n = x.calib->n();
+  std::vector<float> scratch(static_cast<std::size_t>(mb) * T * C);
+  Hessian H;
+  H.init(lin_cols(x.cfg, kind));
+  Hooks hooks;
+  hooks.stop_after = static_cast<int>(kind);
+  hooks.capture = [&](int, Lin kk, const float* in, std::int64_t N, int) {
+    if (kk == kind) H.add(in, N, kernels::GemmLibrary::OneDnn);
+  };
+  for (int s = 0; s < n; s += mb) {
+    const int B = std::min(mb, n - s);
+    std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
+                sizeof(float) * B * T * C);
+    run.block(x.P, l, scratch.data(), B, T, hooks);
+  }
+  return std::move(H.xtx);
 }
 
 void quantize_gptq(const QuantContext& x) {
@@ -372,23 +405,9 @@ void quantize_gptq(const QuantContext& x) {
       run.block(x.P, l, xs.data(), n, T, hooks);
       continue;
     }
-    std::vector<float> scratch(static_cast<std::size_t>(mb) * T * C);
     for (int k = 0; k < k_num_lin; ++k) {
       const Lin kind = static_cast<Lin>(k);
-      Hessian H;
-      H.init(lin_cols(x.cfg, kind));
-      Hooks hooks;
-      hooks.stop_after = k;
-      hooks.capture = [&](int, Lin kk, const float* in, std::int64_t N, int) {
-        if (kk == kind) H.add(in, N, kernels::GemmLibrary::OneDnn);
-      };
-      for (int s = 0; s < n; s += mb) {
-        const int B = std::min(mb, n - s);
-        std::memcpy(scratch.data(), xs.data() + static_cast<std::size_t>(s) * T * C,
-                    sizeof(float) * B * T * C);
-        run.block(x.P, l, scratch.data(), B, T, hooks);
-      }
-      quantize_site(l, kind, H.xtx);
+      quantize_site(l, kind, gptq_hessian(x, run, xs, l, kind, mb));
     }
     // the next block's inputs: this block's outputs with its quantized weights
     for (int s = 0; s < n; s += mb)
@@ -610,6 +629,30 @@ Error bad_file(const fs::path& file, const std::string& what) {
                "re-create it with 'tessera quantize'");
 }
 
+// The quantization of matrix NAME as its metadata entry `spec` gives it, checked.
+WeightQuant read_spec(const json& spec, const fs::path& file, const std::string& name) {
+  WeightQuant w;
+  w.bits = spec.value("bits", 0);
+  w.group = spec.value("group", 0);
+  w.sym = spec.value("sym", false);
+  w.min_offset = spec.value("min_offset", false);
+  if (w.bits < 2 || w.bits > 8) throw bad_file(file, name + ": bad bit width");
+  if (w.group == 0 || w.group < -1)
+    throw bad_file(file, fmt::format("{}: bad group size {}", name, w.group));
+  return w;
+}
+
+// Every scale and zero of q finite and every code within its bits.
+void check_values(const QuantizedLinear& q, const fs::path& file, const std::string& name) {
+  for (float v : q.scales)
+    if (!std::isfinite(v)) throw bad_file(file, name + ".scales holds a NaN or infinity");
+  for (float v : q.zeros)
+    if (!std::isfinite(v)) throw bad_file(file, name + ".zeros holds a NaN or infinity");
+  for (auto c : q.q)
+    if (c > q.spec.maxq())
+      throw bad_file(file, fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
+}
+
 // Reads the quantized matrix NAME (rows, cols) that write_qlinear wrote, every size and code
 // checked against its metadata entry `spec`.
 QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file,
@@ -618,13 +661,7 @@ QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file
   QuantizedLinear q;
   q.rows = rows;
   q.cols = cols;
-  q.spec.bits = spec.value("bits", 0);
-  q.spec.group = spec.value("group", 0);
-  q.spec.sym = spec.value("sym", false);
-  q.spec.min_offset = spec.value("min_offset", false);
-  if (q.spec.bits < 2 || q.spec.bits > 8) throw bad_file(file, name + ": bad bit width");
-  if (q.spec.group == 0 || q.spec.group < -1)
-    throw bad_file(file, fmt::format("{}: bad group size {}", name, q.spec.group));
+  q.spec = read_spec(spec, file, name);
   const int ng = q.spec.groups(q.cols);
   auto expect = [&](const std::string& tn, std::vector<std::int64_t> shape) {
     const auto* ti = st.find(tn);
@@ -659,18 +696,12 @@ QuantizedLinear read_qlinear(const io::SafetensorsFile& st, const fs::path& file
   } else {
     for (auto z : st.read_i64(name + ".zeros")) q.zeros.push_back(static_cast<float>(z));
   }
-  for (float v : q.scales)
-    if (!std::isfinite(v)) throw bad_file(file, name + ".scales holds a NaN or infinity");
-  for (float v : q.zeros)
-    if (!std::isfinite(v)) throw bad_file(file, name + ".zeros holds a NaN or infinity");
   for (auto g : st.read_i64(name + ".g_idx")) {
     if (g < 0 || g >= ng)
       throw bad_file(file, fmt::format("{}.g_idx holds group {} of {}", name, g, ng));
     q.g_idx.push_back(static_cast<std::int32_t>(g));
   }
-  for (auto c : q.q)
-    if (c > q.spec.maxq())
-      throw bad_file(file, fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
+  check_values(q, file, name);
   if (st.contains(name + ".in_scale")) {
     expect(name + ".in_scale", {q.cols});
     q.in_scale = st.read_f32(name + ".in_scale");
