@@ -293,6 +293,65 @@ void vocab_lm_head_forward(kernels::GemmLibrary lib, const VocabParallelLayout& 
                 W, l.channels, 0.0f, ws.logits.data(), l.vocab_local);
 }
 
+namespace {
+
+// The sharded cross entropy's statistics, row by row: ws.row_max the max logit over the whole
+// real vocabulary (a range of padding only contributes -inf), ws.row_sums the sums of exp(z - max)
+// and then (at + n) each target's logit (from its owner, zero elsewhere), both summed over the
+// ranks. Rows are independent: each loop runs over rows on every thread (the same numbers for any
+// thread count).
+void sharded_row_stats(const VocabParallelLayout& l, const VocabParallelComms& c,
+                       const std::int32_t* targets, std::int64_t n, VocabParallelWorkspace& ws) {
+  const int vr = l.vocab_local, real = l.real_local;
+  const float* logits = ws.logits.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* z = logits + i * vr;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < real; ++j) mx = std::max(mx, z[j]);
+    ws.row_max[i] = mx;
+  }
+  c.vocab->all_reduce_max(ws.row_max.data(), static_cast<std::size_t>(n));
+  float* sums = ws.row_sums.data();
+  float* target_logit = sums + n;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* z = logits + i * vr;
+    const float mx = static_cast<float>(ws.row_max[i]);
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < real; ++j) s += kernels::cpu::exp_approx(z[j] - mx);
+    sums[i] = s;
+    target_logit[i] = targets[i] >= 0 && l.owns(targets[i]) ? z[targets[i] - l.vocab_offset] : 0.0f;
+  }
+  c.vocab->all_reduce_sum(sums, static_cast<std::size_t>(2 * n));
+}
+
+// The logits become dloss * (softmax - onehot) over this rank's range; padding and ignored rows
+// (target < 0) zero.
+void sharded_dlogits(const VocabParallelLayout& l, const std::int32_t* targets, std::int64_t n,
+                     float dloss, VocabParallelWorkspace& ws) {
+  const int vr = l.vocab_local, real = l.real_local;
+  const float* sums = ws.row_sums.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* z = ws.logits.data() + i * vr;
+    if (targets[i] < 0) {
+      std::fill(z, z + vr, 0.0f);
+      continue;
+    }
+    const float mx = static_cast<float>(ws.row_max[i]);
+    const float inv = 1.0f / sums[i];
+#pragma omp simd
+    for (int j = 0; j < real; ++j) z[j] = dloss * kernels::cpu::exp_approx(z[j] - mx) * inv;
+    for (int j = real; j < vr; ++j) z[j] = 0.0f;
+    if (l.owns(targets[i])) z[targets[i] - l.vocab_offset] -= dloss;
+  }
+}
+
+}  // namespace
+
 void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms& c, float* losses,
                          const std::int32_t* targets, std::int64_t n, bool backward, float dloss,
                          VocabParallelWorkspace& ws) {
@@ -312,52 +371,14 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
       kernels::cpu::cross_entropy_forward(losses, logits, targets, n, real, vr);
     return;
   }
-  // Rows are independent: each loop runs over rows on every thread (same numbers for any count).
-  // 1. the row max over the real vocabulary (a range of padding only contributes -inf)
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* z = logits + i * vr;
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < real; ++j) mx = std::max(mx, z[j]);
-    ws.row_max[i] = mx;
-  }
-  c.vocab->all_reduce_max(ws.row_max.data(), static_cast<std::size_t>(n));
-  // 2. the sum of exp and the target logit (from its owner; zero elsewhere)
-  float* sums = ws.row_sums.data();
-  float* target_logit = sums + n;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* z = logits + i * vr;
-    const float mx = static_cast<float>(ws.row_max[i]);
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < real; ++j) s += kernels::cpu::exp_approx(z[j] - mx);
-    sums[i] = s;
-    target_logit[i] = targets[i] >= 0 && l.owns(targets[i]) ? z[targets[i] - l.vocab_offset] : 0.0f;
-  }
-  c.vocab->all_reduce_sum(sums, static_cast<std::size_t>(2 * n));
-  // 3. the loss (as kernels::cpu::cross_entropy_row: lse = max + log(sum); loss = lse - z_target)
+  sharded_row_stats(l, c, targets, n, ws);
+  // the loss (as kernels::cpu::cross_entropy_row: lse = max + log(sum); loss = lse - z_target)
+  const float* sums = ws.row_sums.data();
   for (std::int64_t i = 0; i < n; ++i) {
     const float lse = static_cast<float>(ws.row_max[i]) + std::log(sums[i]);
-    losses[i] = targets[i] < 0 ? 0.0f : lse - target_logit[i];
+    losses[i] = targets[i] < 0 ? 0.0f : lse - sums[n + i];
   }
-  if (!backward) return;
-    // 4. dlogits = dloss * (softmax - onehot) over this rank's range; padding and ignored rows zero
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    float* z = logits + i * vr;
-    if (targets[i] < 0) {
-      std::fill(z, z + vr, 0.0f);
-      continue;
-    }
-    const float mx = static_cast<float>(ws.row_max[i]);
-    const float inv = 1.0f / sums[i];
-#pragma omp simd
-    for (int j = 0; j < real; ++j) z[j] = dloss * kernels::cpu::exp_approx(z[j] - mx) * inv;
-    for (int j = real; j < vr; ++j) z[j] = 0.0f;
-    if (l.owns(targets[i])) z[targets[i] - l.vocab_offset] -= dloss;
-  }
+  if (backward) sharded_dlogits(l, targets, n, dloss, ws);
 }
 
 void vocab_lm_head_backward(kernels::GemmLibrary lib, const VocabParallelLayout& l,
