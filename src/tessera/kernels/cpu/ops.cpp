@@ -298,6 +298,60 @@ void attention_rows(GemmLibrary lib, float* out, float* lse, const float* q, std
   }
 }
 
+namespace {
+
+// One query head's part of the attention's backward: its rows of q, k, v and their gradients
+// (ld apart), of the output and its gradient (ldo apart), its log-sum-exp per row.
+struct HeadGrads {
+  const float *q, *k, *v, *o, *dO, *lse;
+  float *dq, *dk, *dv;
+  std::int64_t ld, ldo;
+};
+
+// The head's causal probabilities P (T, T) recomputed from its saved log-sum-exp, and
+// D_i = sum_j P_ij dP_ij = dO_i . O_i.
+void recompute_probs(GemmLibrary lib, float* P, float* D, const HeadGrads& h, int T, int hs,
+                     float scale) {
+  gemm(lib, false, true, T, T, hs, scale, h.q, h.ld, h.k, h.ld, 0.0f, P, T);
+  for (int i = 0; i < T; ++i) {
+    float* p = P + static_cast<std::int64_t>(i) * T;
+    const float li = h.lse[i];
+#pragma omp simd
+    for (int j = 0; j <= i; ++j) p[j] = exp_approx(p[j] - li);
+    for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
+    const float* oi = h.o + static_cast<std::int64_t>(i) * h.ldo;
+    const float* gi = h.dO + static_cast<std::int64_t>(i) * h.ldo;
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int c = 0; c < hs; ++c) d += oi[c] * gi[c];
+    D[i] = d;
+  }
+}
+
+// dq = the head's query gradient; dk and dv get its key and value gradients (beta 0: overwrite,
+// 1: add). P, dP: T x T scratch; D: T.
+void head_backward(GemmLibrary lib, float* P, float* dP, float* D, const HeadGrads& h, int T,
+                   int hs, float scale, float beta) {
+  recompute_probs(lib, P, D, h, T, hs, scale);
+  // dV (T,hs) (+)= P^T (T,T) @ dO (T,hs)
+  gemm(lib, true, false, T, hs, T, 1.0f, P, T, h.dO, h.ldo, beta, h.dv, h.ld);
+  // dP (T,T) = dO (T,hs) @ V^T
+  gemm(lib, false, true, T, T, hs, 1.0f, h.dO, h.ldo, h.v, h.ld, 0.0f, dP, T);
+  // dS = P * (dP - D) * scale, stored in dP
+  for (int i = 0; i < T; ++i) {
+    float* dp = dP + static_cast<std::int64_t>(i) * T;
+    const float* p = P + static_cast<std::int64_t>(i) * T;
+    const float di = D[i];
+#pragma omp simd
+    for (int j = 0; j < T; ++j) dp[j] = p[j] * (dp[j] - di) * scale;
+  }
+  // dQ (T,hs) = dS @ K ; dK (T,hs) (+)= dS^T @ Q
+  gemm(lib, false, false, T, hs, T, 1.0f, dP, T, h.k, h.ld, 0.0f, h.dq, h.ld);
+  gemm(lib, true, false, T, hs, T, 1.0f, dP, T, h.q, h.ld, beta, h.dk, h.ld);
+}
+
+}  // namespace
+
 // A task per (batch row, key-value head): the query heads of the group run one after another,
 // the first overwriting dk and dv and the others adding to them (no two threads write them).
 void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const float* qkv,
@@ -316,48 +370,20 @@ void attention_backward(GemmLibrary lib, float* dqkv, const float* dout, const f
       for (int g = 0; g < KV; ++g) {
         const std::int64_t base3 = static_cast<std::int64_t>(b) * T * W;
         const std::int64_t base1 = static_cast<std::int64_t>(b) * T * OC;
-        const float* k = qkv + base3 + row.k(g);
-        const float* v = qkv + base3 + row.v(g);
-        float* dk = dqkv + base3 + row.k(g);
-        float* dv = dqkv + base3 + row.v(g);
         for (int h = g * group; h < (g + 1) * group; ++h) {
-          const float beta = h == g * group ? 0.0f : 1.0f;
-          const float* q = qkv + base3 + row.q(h);
-          float* dq = dqkv + base3 + row.q(h);
-          const float* o = out + base1 + row.q(h);
-          const float* dO = dout + base1 + row.q(h);
-          const float* l = lse + (static_cast<std::int64_t>(b) * NH + h) * T;
-          // Recompute P from the saved log-sum-exp.
-          gemm(lib, false, true, T, T, hs, scale, q, W, k, W, 0.0f, P.data(), T);
-          for (int i = 0; i < T; ++i) {
-            float* p = P.data() + static_cast<std::int64_t>(i) * T;
-            float li = l[i];
-#pragma omp simd
-            for (int j = 0; j <= i; ++j) p[j] = exp_approx(p[j] - li);
-            for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
-            // D_i = sum_j P_ij dP_ij = dO_i . O_i
-            const float* oi = o + static_cast<std::int64_t>(i) * OC;
-            const float* gi = dO + static_cast<std::int64_t>(i) * OC;
-            float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-            for (int c = 0; c < hs; ++c) d += oi[c] * gi[c];
-            D[i] = d;
-          }
-          // dV (T,hs) (+)= P^T (T,T) @ dO (T,hs)
-          gemm(lib, true, false, T, hs, T, 1.0f, P.data(), T, dO, OC, beta, dv, W);
-          // dP (T,T) = dO (T,hs) @ V^T
-          gemm(lib, false, true, T, T, hs, 1.0f, dO, OC, v, W, 0.0f, dP.data(), T);
-          // dS = P * (dP - D) * scale, stored in dP
-          for (int i = 0; i < T; ++i) {
-            float* dp = dP.data() + static_cast<std::int64_t>(i) * T;
-            const float* p = P.data() + static_cast<std::int64_t>(i) * T;
-            float di = D[i];
-#pragma omp simd
-            for (int j = 0; j < T; ++j) dp[j] = p[j] * (dp[j] - di) * scale;
-          }
-          // dQ (T,hs) = dS @ K ; dK (T,hs) (+)= dS^T @ Q
-          gemm(lib, false, false, T, hs, T, 1.0f, dP.data(), T, k, W, 0.0f, dq, W);
-          gemm(lib, true, false, T, hs, T, 1.0f, dP.data(), T, q, W, beta, dk, W);
+          const HeadGrads hg{qkv + base3 + row.q(h),
+                             qkv + base3 + row.k(g),
+                             qkv + base3 + row.v(g),
+                             out + base1 + row.q(h),
+                             dout + base1 + row.q(h),
+                             lse + (static_cast<std::int64_t>(b) * NH + h) * T,
+                             dqkv + base3 + row.q(h),
+                             dqkv + base3 + row.k(g),
+                             dqkv + base3 + row.v(g),
+                             W,
+                             OC};
+          head_backward(lib, P.data(), dP.data(), D.data(), hg, T, hs, scale,
+                        h == g * group ? 0.0f : 1.0f);
         }
       }
     }
