@@ -527,61 +527,79 @@ double stage_params(const PredictContext& x, int stg) {
   return P;
 }
 
+// One stage's data-parallel gradient reduction: its time, the part not hidden behind the backward
+// and the bytes it moves.
+struct StageDp {
+  double seconds = 0, exposed = 0, bytes = 0;
+};
+
+StageDp dp_stage(const PredictContext& x, int stg, const GroupLink& ld, const Prediction& r) {
+  const auto& g = x.g;
+  const auto& p = x.p;
+  const bool mixed = storage_dtype(x.o) != DType::FP32;
+  const double gbytes = mixed || x.o.bf16_grad_reduce ? 2 : 4, pbytes = mixed ? 2 : 4;
+  const double P = stage_params(x, stg);
+  StageDp d;
+  if (g.dp <= 1) return d;
+  if (p.zero == 0) {
+    d.seconds = all_reduce_time(ld, g.dp, P * gbytes);
+    d.bytes = 2 * P * gbytes;
+  } else {
+    d.seconds = reduce_scatter_time(ld, g.dp, P * gbytes) + all_gather_time(ld, g.dp, P * pbytes);
+    d.bytes = P * (gbytes + pbytes);
+  }
+  if (p.zero == 3) {  // parameters gathered forward and backward, every micro-batch
+    d.seconds += 2.0 * x.m * all_gather_time(ld, g.dp, P * pbytes);
+    d.bytes += 2.0 * x.m * P * pbytes;
+  }
+  // the gradient reduction can run during the last micro-batch's backward on this stage
+  double hide = 0;
+  if (x.o.dp_overlap) {
+    double last_bwd = 0;
+    for (const auto& cc : r.chunk_cost[stg]) last_bwd += cc.bwd_compute;
+    hide = p.zero == 3 ? r.compute_s : last_bwd;
+    if (p.zero == 1 || p.zero == 2)  // the parameter all-gather after the update is exposed
+      hide = std::min(hide, reduce_scatter_time(ld, g.dp, P * gbytes));
+  }
+  // (the reduction's requests are tested at every layer boundary: the polled overlap)
+  d.exposed = d.seconds - x.c.overlap_polled * std::min(d.seconds, hide);
+  return d;
+}
+
+// AdamW over stage stg's optimizer shard and the gradient norm before it; a model-parallel rank
+// also reads one owner byte per element (each element counted once over the replicas,
+// parallel/tensor_model.hpp).
+double optimizer_seconds(const PredictContext& x, int stg) {
+  const bool mixed = storage_dtype(x.o) != DType::FP32;
+  const double opt_params = stage_params(x, stg) / (x.p.zero >= 1 ? x.g.dp : 1);
+  const double model_parallel = x.g.pp * x.t * x.tz > 1 ? 1 : 0;
+  const double bf16_copy = x.o.fp32_storage && x.o.dtype != DType::FP32 ? 2 : 0;  // written
+  return opt_params *
+         ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + bf16_copy + k_norm_bytes +
+          model_parallel) /
+         x.membw;
+}
+
 // The data-parallel gradient reduction (exposed part) and the optimizer, per stage; the step's
 // are those of the stage where their sum is largest.
 void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
   const auto& g = x.g;
-  const auto& p = x.p;
   const GroupLink ld = group_link(x.c, x.st.s[ax(Axis::DP)], g.dp);
   r.dp_s.assign(g.pp, 0);
   double dp_exposed = 0, opt_s = 0;
-  const bool mixed = storage_dtype(x.o) != DType::FP32;
-  const double gbytes = mixed || x.o.bf16_grad_reduce ? 2 : 4, pbytes = mixed ? 2 : 4;
+  auto& comm = r.comm[ax(Axis::DP)];
   for (int stg = 0; stg < g.pp; ++stg) {
-    const double P = stage_params(x, stg);
-    double t_dp = 0, bytes = 0;
-    if (g.dp > 1) {
-      if (p.zero == 0) {
-        t_dp = all_reduce_time(ld, g.dp, P * gbytes);
-        bytes = 2 * P * gbytes;
-      } else {
-        t_dp = reduce_scatter_time(ld, g.dp, P * gbytes) + all_gather_time(ld, g.dp, P * pbytes);
-        bytes = P * (gbytes + pbytes);
-      }
-      if (p.zero == 3) {  // parameters gathered forward and backward, every micro-batch
-        t_dp += 2.0 * x.m * all_gather_time(ld, g.dp, P * pbytes);
-        bytes += 2.0 * x.m * P * pbytes;
-      }
-    }
-    // the gradient reduction can run during the last micro-batch's backward on this stage
-    double hide = 0;
-    if (x.o.dp_overlap && t_dp > 0) {
-      double last_bwd = 0;
-      for (const auto& cc : r.chunk_cost[stg]) last_bwd += cc.bwd_compute;
-      hide = p.zero == 3 ? r.compute_s : last_bwd;
-      if (p.zero == 1 || p.zero == 2)  // the parameter all-gather after the update is exposed
-        hide = std::min(hide, reduce_scatter_time(ld, g.dp, P * gbytes));
-    }
-    // (the reduction's requests are tested at every layer boundary: the polled overlap)
-    const double exposed = t_dp - x.c.overlap_polled * std::min(t_dp, hide);
-    r.dp_s[stg] = exposed;
-    const double opt_params = P / (p.zero >= 1 ? g.dp : 1);
-    // AdamW and the gradient norm before it; a model-parallel rank also reads one owner byte
-    // per element (each element counted once over the replicas, parallel/tensor_model.hpp)
-    const double model_parallel = g.pp * x.t * x.tz > 1 ? 1 : 0;
-    const double bf16_copy = x.o.fp32_storage && x.o.dtype != DType::FP32 ? 2 : 0;  // written
-    const double t_opt = opt_params *
-                         ((mixed ? k_adam_bytes_mixed : k_adam_bytes_fp32) + bf16_copy +
-                          k_norm_bytes + model_parallel) /
-                         x.membw;
-    if (exposed + t_opt > dp_exposed + opt_s) {
-      dp_exposed = exposed;
+    const StageDp d = dp_stage(x, stg, ld, r);
+    r.dp_s[stg] = d.exposed;
+    const double t_opt = optimizer_seconds(x, stg);
+    if (d.exposed + t_opt > dp_exposed + opt_s) {
+      dp_exposed = d.exposed;
       opt_s = t_opt;
     }
     if (stg == worst || stg == 0) {
-      r.comm[ax(Axis::DP)].seconds = std::max(r.comm[ax(Axis::DP)].seconds, t_dp);
-      r.comm[ax(Axis::DP)].exposed = std::max(r.comm[ax(Axis::DP)].exposed, exposed);
-      r.comm[ax(Axis::DP)].bytes = std::max(r.comm[ax(Axis::DP)].bytes, bytes);
+      comm.seconds = std::max(comm.seconds, d.seconds);
+      comm.exposed = std::max(comm.exposed, d.exposed);
+      comm.bytes = std::max(comm.bytes, d.bytes);
     }
   }
   r.dp_exposed_s = dp_exposed;
@@ -589,6 +607,7 @@ void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
   // The tied embedding: the first and the last stage exchange their wte gradient shards before
   // the data-parallel reduction (parallel/pipeline.hpp), both directions at once.
   if (g.pp > 1) {
+    const bool mixed = storage_dtype(x.o) != DType::FP32;
     const GroupLink le = group_link(x.c, x.st.s[ax(Axis::PP)] * (g.pp - 1), 2);
     r.tied_s = p2p_time(le, x.V * x.h / (x.t * x.tz) * (mixed ? 2 : 4));
     r.comm[ax(Axis::PP)].seconds += r.tied_s;
@@ -596,70 +615,96 @@ void dp_and_optimizer(const PredictContext& x, int worst, Prediction& r) {
   }
 }
 
-// Memory per device of the fullest stage (stage 0 holds the most in-flight micro-batches; the
-// last stage holds the logits).
-Memory step_memory(const PredictContext& x) {
+// fp32 storage with a bf16 GEMM, without sequence parallelism: a layer keeps its norms' outputs
+// and the MLP's activation (GEMM inputs only) as the bf16 copies the GEMMs read, 2 bytes fewer
+// each; the fp32 ones are computed into one set of buffers shared by the layers.
+bool keeps_bf16_inputs(const PredictContext& x) {
+  return x.o.fp32_storage && x.o.dtype != DType::FP32 && !x.p.sequence_parallel;
+}
+
+// Elements of a layer's GEMM inputs that keeps_bf16_inputs concerns: ln1, ln2 (n, h/tx); act.
+double gemm_input_elems(const PredictContext& x) {
+  return x.n * (2 * x.h / x.tx + x.cfg.ffn() / x.ty);
+}
+
+// Stage stg's buffers beside its model state and activations.
+double stage_buffers(const PredictContext& x, int stg) {
   const auto& g = x.g;
   const auto& p = x.p;
   const double n = x.n, h = x.h, e = x.e, t = x.t, tx = x.tx, tz = x.tz;
   const bool mixed = storage_dtype(x.o) != DType::FP32;
   const double gbytes = mixed ? 2 : 4, pbytes = mixed ? 2 : 4;
+  // backward scratch (residual, LayerNorm, attention-output, qkv and MLP gradients of one
+  // layer), the embedding output / final LayerNorm, point-to-point staging
+  double b = (10 / t + 2 / tx) * n * h * e + (g.pp > 1 ? 2 * n * h / tx * e : 0);
+  // mixed precision: the fp32 copy of the gradient the optimizer updates from (Megatron's
+  // main_grad; tessera accumulates gradients in fp32), over the optimizer's shard
+  if (mixed) b += 4 * stage_params(x, stg) / (p.zero >= 1 ? g.dp : 1);
+  // fp32 storage with a bf16 GEMM: the weights' bf16 copy (whole: made of gathered blocks under
+  // ZeRO-3), the rounded GEMM operands of the widest linear (its input and output gradient)
+  if (x.o.fp32_storage && x.o.dtype != DType::FP32) {
+    b += 2 * stage_params(x, stg) + 2 * 2 * n * 4 * h / t;
+    if (keeps_bf16_inputs(x)) b += 4 * gemm_input_elems(x);
+  }
+  if (g.tz > 1) b += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
+  // ZeRO-2/3 staging over dp (parallel/data_parallel.hpp): the embedding block whole, and a
+  // pool of two layers, for gradients (2, 3) and gathered parameters (3)
+  const double embed_block = stg == 0 ? x.V * h / (t * tz) + x.s * h / tx : 0;
+  const double staged = embed_block + 2 * layer_params(x);
+  if (p.zero >= 2) b += staged * gbytes;
+  if (p.zero == 3) b += staged * pbytes;
+  // the data-parallel reduction in flight: a staging copy of the largest reduction block (the
+  // embedding on the first stage, a layer elsewhere; MPI's non-blocking collectives copy it)
+  if (g.dp > 1) b += std::max(embed_block, layer_params(x)) * gbytes;
+  // a bf16 reduction of fp32 gradients: each block's bf16 copy, all in flight at the end of
+  // the backward
+  if (g.dp > 1 && x.o.bf16_grad_reduce && !mixed) b += 2 * stage_params(x, stg);
+  return b;
+}
+
+// Stage stg's memory per device; act_layer and act_full: a layer's activations as kept under the
+// plan's recomputation and under none.
+Memory stage_memory(const PredictContext& x, int stg, double act_layer, double act_full) {
+  const auto& g = x.g;
+  const auto& p = x.p;
+  const double n = x.n, t = x.t;
+  Memory mem;
+  const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, storage_dtype(x.o));
+  mem.params = ms[0];
+  mem.grads = ms[1];
+  mem.optimizer = ms[2];
   const parallel::ScheduleSpec spec{p.schedule, g.pp, x.m, x.v};
+  const int inflight = parallel::in_flight_formula(spec, stg);
+  int layers = 0;  // the stage's largest chunk (the in-flight count is in chunk units)
+  for (int ch = 0; ch < x.v; ++ch) layers = std::max(layers, x.chunk_layers(stg, ch));
+  const double kept = keeps_bf16_inputs(x) ? 2 * gemm_input_elems(x) : 0;
+  mem.activations = static_cast<double>(inflight) * layers *
+                    (p.recompute == Recompute::Full ? act_layer : act_layer - kept);
+  if (p.recompute == Recompute::Full) mem.activations += act_full - kept;  // the layer redone
+  // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them (and with a
+  // bf16 GEMM over fp32 storage, their gradient rounded for the head's GEMMs)
+  if (stg == g.pp - 1) {
+    mem.logits = n * x.V / t * 4;
+    if (x.o.fp32_storage && x.o.dtype != DType::FP32) mem.logits += 2 * n * x.V / t;
+  }
+  mem.buffers = stage_buffers(x, stg);
+  mem.reserved = x.c.reserved_gib * 1073741824.0;
+  return mem;
+}
+
+// Memory per device of the fullest stage (stage 0 holds the most in-flight micro-batches; the
+// last stage holds the logits).
+Memory step_memory(const PredictContext& x) {
+  const auto& p = x.p;
   const double act_layer =
-      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, p.recompute, p.sequence_parallel,
+      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, x.g, p.recompute, p.sequence_parallel,
                              x.o.flash_attention, storage_dtype(x.o));
   const double act_full =
-      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, g, Recompute::None, p.sequence_parallel,
-                             x.o.flash_attention, storage_dtype(x.o));
+      layer_activation_bytes(x.cfg, x.w.seq, p.micro_batch, x.g, Recompute::None,
+                             p.sequence_parallel, x.o.flash_attention, storage_dtype(x.o));
   Memory best;
-  for (int stg = 0; stg < g.pp; ++stg) {
-    Memory mem;
-    const auto ms = model_state_bytes(stage_params(x, stg), g.dp, p.zero, storage_dtype(x.o));
-    mem.params = ms[0];
-    mem.grads = ms[1];
-    mem.optimizer = ms[2];
-    const int inflight = parallel::in_flight_formula(spec, stg);
-    int layers = 0;  // the stage's largest chunk (the in-flight count is in chunk units)
-    for (int ch = 0; ch < x.v; ++ch) layers = std::max(layers, x.chunk_layers(stg, ch));
-    // fp32 storage with a bf16 GEMM, without sequence parallelism: a layer keeps its norms'
-    // outputs and the MLP's activation (GEMM inputs only) as the bf16 copies the GEMMs read, 2
-    // bytes fewer each; the fp32 ones are computed into one set of buffers shared by the layers
-    const bool keeps_bf16 = x.o.fp32_storage && x.o.dtype != DType::FP32 && !p.sequence_parallel;
-    const double gemm_inputs = n * (2 * h / tx + x.cfg.ffn() / x.ty);  // ln1, ln2 (n, h/tx); act
-    const double kept = keeps_bf16 ? 2 * gemm_inputs : 0;
-    mem.activations = static_cast<double>(inflight) * layers *
-                      (p.recompute == Recompute::Full ? act_layer : act_layer - kept);
-    if (p.recompute == Recompute::Full) mem.activations += act_full - kept;  // the layer redone
-    // logits of the rank's vocabulary range in fp32; the loss gradient overwrites them
-    if (stg == g.pp - 1) mem.logits = n * x.V / t * 4;
-    // backward scratch (residual, LayerNorm, attention-output, qkv and MLP gradients of one
-    // layer), the embedding output / final LayerNorm, point-to-point staging
-    mem.buffers = (10 / t + 2 / tx) * n * h * e + (g.pp > 1 ? 2 * n * h / tx * e : 0);
-    // mixed precision: the fp32 copy of the gradient the optimizer updates from (Megatron's
-    // main_grad; tessera accumulates gradients in fp32), over the optimizer's shard
-    if (mixed) mem.buffers += 4 * stage_params(x, stg) / (p.zero >= 1 ? g.dp : 1);
-    // fp32 storage with a bf16 GEMM: the weights' bf16 copy (whole: made of gathered blocks under
-    // ZeRO-3), the rounded GEMM operands of the widest linear (its input and output gradient)
-    // and, on the last stage, the logits' gradient rounded for the head's GEMMs
-    if (x.o.fp32_storage && x.o.dtype != DType::FP32) {
-      mem.buffers += 2 * stage_params(x, stg) + 2 * 2 * n * 4 * h / t;
-      if (keeps_bf16) mem.buffers += 4 * gemm_inputs;
-      if (stg == g.pp - 1) mem.logits += 2 * n * x.V / t;
-    }
-    if (g.tz > 1) mem.buffers += 2 * 4 * h * h / t * e;  // gathered weight blocks (prefetch)
-    // ZeRO-2/3 staging over dp (parallel/data_parallel.hpp): the embedding block whole, and a
-    // pool of two layers, for gradients (2, 3) and gathered parameters (3)
-    const double embed_block = stg == 0 ? x.V * h / (t * tz) + x.s * h / tx : 0;
-    const double staged = embed_block + 2 * layer_params(x);
-    if (p.zero >= 2) mem.buffers += staged * gbytes;
-    if (p.zero == 3) mem.buffers += staged * pbytes;
-    // the data-parallel reduction in flight: a staging copy of the largest reduction block (the
-    // embedding on the first stage, a layer elsewhere; MPI's non-blocking collectives copy it)
-    if (g.dp > 1) mem.buffers += std::max(embed_block, layer_params(x)) * gbytes;
-    // a bf16 reduction of fp32 gradients: each block's bf16 copy, all in flight at the end of
-    // the backward
-    if (g.dp > 1 && x.o.bf16_grad_reduce && !mixed) mem.buffers += 2 * stage_params(x, stg);
-    mem.reserved = x.c.reserved_gib * 1073741824.0;
+  for (int stg = 0; stg < x.g.pp; ++stg) {
+    const Memory mem = stage_memory(x, stg, act_layer, act_full);
     if (mem.total() > best.total()) best = mem;
   }
   return best;
