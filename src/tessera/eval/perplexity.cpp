@@ -79,18 +79,56 @@ Interval perplexity_interval(const std::vector<WindowSums>& w) {
 }
 
 namespace {
-// A result's totals from its windows' negative log-likelihoods (sum, sum of squares, count):
-// the mean, the perplexity, its standard error (as llama-perplexity reports it) and its
-// bootstrap interval over r.per_window.
-void finish_perplexity(PplResult& r, double sum, double sumsq, std::int64_t count) {
-  r.scored = count;
-  r.nll = count ? sum / count : 0;
+// The negative log-likelihoods of the scored tokens: their sum, sum of squares and count.
+struct NllTotals {
+  double sum = 0, sumsq = 0;
+  std::int64_t count = 0;
+  void add(double nll, WindowSums& window) {
+    sum += nll;
+    sumsq += nll * nll;
+    ++count;
+    window.nll += nll;
+    ++window.scored;
+  }
+};
+
+// A result's totals: the mean, the perplexity, its standard error (as llama-perplexity reports
+// it) and its bootstrap interval over r.per_window.
+void finish_perplexity(PplResult& r, const NllTotals& t) {
+  r.scored = t.count;
+  r.nll = t.count ? t.sum / t.count : 0;
   r.perplexity = std::exp(r.nll);
-  if (count > 1) {
-    double var = std::max(0.0, sumsq / count - r.nll * r.nll);
-    r.stderr_ppl = r.perplexity * std::sqrt(var / (count - 1));
+  if (t.count > 1) {
+    double var = std::max(0.0, t.sumsq / t.count - r.nll * r.nll);
+    r.stderr_ppl = r.perplexity * std::sqrt(var / (t.count - 1));
   }
   r.ppl_ci95 = perplexity_interval(r.per_window);
+}
+
+// How many windows (or chunks) of ctx tokens the text holds, at most max_windows when that is
+// positive; an error when it holds none.
+int window_count(std::size_t tokens, int ctx, int max_windows, const char* unit) {
+  const auto fit = static_cast<int>(std::min<std::size_t>(tokens / ctx, 1 << 30));
+  if (fit < 1)
+    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one {} of {}", tokens,
+                            unit, ctx));
+  return max_windows > 0 ? std::min(max_windows, fit) : fit;
+}
+
+// Scores row b of a batch's logits (ctx positions of Vp, the first V real): the negative
+// log-likelihood of each next token of `window` (its ctx tokens) from position `first` on.
+void score_window(const float* logits, const std::int32_t* window, int first, int ctx, int V,
+                  int Vp, int w, NllTotals& totals, WindowSums& ws) {
+  for (int t = first; t < ctx - 1; ++t) {
+    const float* z = logits + static_cast<std::size_t>(t) * Vp;
+    double m = z[0];
+    for (int i = 1; i < V; ++i) m = std::max<double>(m, z[i]);
+    double s = 0;
+    for (int i = 0; i < V; ++i) s += std::exp(z[i] - m);
+    const double nll = m + std::log(s) - z[window[t + 1]];
+    if (!std::isfinite(nll)) throw non_finite(w, t);
+    totals.add(nll, ws);
+  }
 }
 }  // namespace
 
@@ -116,16 +154,10 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
   if (ctx < 2) throw Error(fmt::format("context {} is too short for perplexity", ctx));
   // Windows: ctx+1 tokens per window would overlap by one; windows of ctx tokens score ctx-1
   // predictions inside the window plus none across windows (GPTQ's eval: ctx-1 per segment).
-  int fit = static_cast<int>(tokens.size() / ctx);
-  if (protocol == PplProtocol::SecondHalf && fit < 1)
-    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one chunk of {}",
-                            tokens.size(), ctx));
-  if (fit < 1)
-    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
-                            tokens.size(), ctx));
+  const bool second_half = protocol == PplProtocol::SecondHalf;
+  const int nw = window_count(tokens.size(), ctx, max_windows, second_half ? "chunk" : "window");
   check_scores_something(protocol, ctx);
-  const int first = protocol == PplProtocol::SecondHalf ? ctx / 2 : 0;
-  int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
+  const int first = second_half ? ctx / 2 : 0;
   PplResult r;
   r.protocol = protocol;
   r.ctx = ctx;
@@ -133,40 +165,23 @@ PplResult perplexity(const LogitsFn& fn, const std::vector<std::int32_t>& tokens
   r.label = protocol_label(protocol, ctx);
   std::vector<float> logits(static_cast<std::size_t>(batch) * ctx * Vp);
   std::vector<std::int32_t> in(static_cast<std::size_t>(batch) * ctx);
-  double sum = 0, sumsq = 0;
-  std::int64_t count = 0;
+  NllTotals totals;
   Progress progress("perplexity", nw, 2.0);
   for (int w0 = 0; w0 < nw; w0 += batch) {
     progress.update(w0, "windows");
-    int B = std::min(batch, nw - w0);
-    for (int b = 0; b < B; ++b) {
-      std::copy(tokens.begin() + static_cast<std::size_t>(w0 + b) * ctx,
-                tokens.begin() + static_cast<std::size_t>(w0 + b + 1) * ctx,
-                in.begin() + static_cast<std::size_t>(b) * ctx);
-      if (protocol == PplProtocol::SecondHalf) in[static_cast<std::size_t>(b) * ctx] = bos;
-    }
+    const int B = std::min(batch, nw - w0);
+    const std::int32_t* window0 = tokens.data() + static_cast<std::size_t>(w0) * ctx;
+    std::copy(window0, window0 + static_cast<std::size_t>(B) * ctx, in.begin());
+    if (second_half)
+      for (int b = 0; b < B; ++b) in[static_cast<std::size_t>(b) * ctx] = bos;
     fn(in.data(), B, ctx, logits.data());
-    for (int b = 0; b < B; ++b) {
-      WindowSums& ws = r.per_window.emplace_back();
-      for (int t = first; t < ctx - 1; ++t) {
-        const float* z = logits.data() + (static_cast<std::size_t>(b) * ctx + t) * Vp;
-        std::int32_t target = tokens[static_cast<std::size_t>(w0 + b) * ctx + t + 1];
-        double m = z[0];
-        for (int i = 1; i < V; ++i) m = std::max<double>(m, z[i]);
-        double s = 0;
-        for (int i = 0; i < V; ++i) s += std::exp(z[i] - m);
-        double nll = m + std::log(s) - z[target];
-        if (!std::isfinite(nll)) throw non_finite(w0 + b, t);
-        sum += nll;
-        sumsq += nll * nll;
-        ++count;
-        ws.nll += nll;
-        ++ws.scored;
-      }
-    }
+    for (int b = 0; b < B; ++b)
+      score_window(logits.data() + static_cast<std::size_t>(b) * ctx * Vp,
+                   window0 + static_cast<std::size_t>(b) * ctx, first, ctx, V, Vp, w0 + b, totals,
+                   r.per_window.emplace_back());
   }
   progress.finish();
-  finish_perplexity(r, sum, sumsq, count);
+  finish_perplexity(r, totals);
   return r;
 }
 
@@ -222,17 +237,13 @@ void summarize_kl(KlResult& r, std::vector<double>& kls, const std::vector<Windo
 KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
                        const std::vector<std::int32_t>& tokens, int ctx, int V, int Vp,
                        int max_windows, int batch) {
-  int fit = static_cast<int>(tokens.size() / ctx);
-  if (fit < 1)
-    throw Error(fmt::format("the evaluation text has {} tokens, fewer than one window of {}",
-                            tokens.size(), ctx));
   if (ctx < 2) throw Error(fmt::format("context {} is too short for a KL divergence", ctx));
-  int nw = max_windows > 0 ? std::min(max_windows, fit) : fit;
+  const int nw = window_count(tokens.size(), ctx, max_windows, "window");
   std::vector<float> la(static_cast<std::size_t>(batch) * ctx * Vp), lb(la.size());
   std::vector<double> kls;
   std::vector<WindowSums> windows;  // (nw)
-  std::int64_t agree = 0, scored = 0;
-  double nll_sum = 0, nll_sq = 0;
+  std::int64_t agree = 0;
+  NllTotals totals;
   std::vector<double> pa, pb, ea, eb;
   Progress progress("KL divergence", nw, 2.0);
   for (int w0 = 0; w0 < nw; w0 += batch) {
@@ -247,14 +258,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
       log_softmax(la.data() + i * Vp, V, pa, ea);
       log_softmax(lb.data() + i * Vp, V, pb, eb);
       const PositionKl c = compare_position(pa, ea, pb, V);
-      if (i % ctx != ctx - 1) {  // the model's NLL of the next token inside the window
-        double nll = -pb[in[i + 1]];
-        nll_sum += nll;
-        nll_sq += nll * nll;
-        ++scored;
-        ws.nll += nll;
-        ++ws.scored;
-      }
+      if (i % ctx != ctx - 1) totals.add(-pb[in[i + 1]], ws);  // the next token's NLL
       if (!std::isfinite(c.kl)) throw non_finite(w0 + static_cast<int>(i / ctx), i % ctx);
       kls.push_back(std::max(0.0, c.kl));
       agree += c.agree;
@@ -271,7 +275,7 @@ KlResult kl_divergence(const LogitsFn& reference, const LogitsFn& model,
   r.model_ppl.windows = nw;
   r.model_ppl.label = protocol_label(PplProtocol::Windows, ctx);
   r.model_ppl.per_window = windows;
-  finish_perplexity(r.model_ppl, nll_sum, nll_sq, scored);
+  finish_perplexity(r.model_ppl, totals);
   if (!kls.empty()) summarize_kl(r, kls, windows, agree);
   return r;
 }
