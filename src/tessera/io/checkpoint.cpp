@@ -584,14 +584,24 @@ void write_state_shard(const fs::path& root, std::int64_t step, int rank, int ns
   w.write(tmp / shard_file(rank, nshards));
 }
 
-fs::path commit_checkpoint(const fs::path& root, const model::ParamLayout& layout,
-                           const float* params, const TrainState& state,
-                           const std::vector<std::pair<std::size_t, std::size_t>>& shards,
-                           int keep) {
-  auto tmp = tmp_dir_of(root, state.step);
-  auto final_dir = root / fmt::format("step_{:08d}", state.step);
-  save_model(tmp, layout, params);
-  // The index: every tensor's global shape and offset, and the slice of it each shard holds.
+namespace {
+
+using Shards = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// Tensor t's entry in the state index: its global shape and offset, and the slice of it each
+// shard holds ([shard, start, end) in the tensor).
+json tensor_entry(const model::ParamTensor& t, const Shards& shards) {
+  json slices = json::array();
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const std::size_t lo = std::max(t.offset, shards[r].first),
+                      hi = std::min(t.offset + t.numel, shards[r].second);
+    if (hi > lo) slices.push_back({r, lo - t.offset, hi - t.offset});
+  }
+  return {{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"slices", slices}};
+}
+
+// The state index of a checkpoint: the training state, the shards and every tensor's entry.
+json state_index(const model::ParamLayout& layout, const TrainState& state, const Shards& shards) {
   json idx;
   idx["format"] = "tessera-train-state-1";
   idx["step"] = state.step;
@@ -608,27 +618,14 @@ fs::path commit_checkpoint(const fs::path& root, const model::ParamLayout& layou
                   {"end", shards[r].second}});
   idx["shards"] = sh;
   json ts = json::array();
-  for (const auto& t : layout.tensors()) {
-    json slices = json::array();
-    for (std::size_t r = 0; r < shards.size(); ++r) {
-      std::size_t lo = std::max(t.offset, shards[r].first),
-                  hi = std::min(t.offset + t.numel, shards[r].second);
-      if (hi > lo)
-        slices.push_back({r, lo - t.offset, hi - t.offset});  // [shard, start, end) in the tensor
-    }
-    ts.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"slices", slices}});
-  }
+  for (const auto& t : layout.tensors()) ts.push_back(tensor_entry(t, shards));
   idx["tensors"] = ts;
-  write_file_atomic(tmp / "state_index.json", idx.dump(1) + "\n");
-  for (std::size_t r = 0; r < shards.size(); ++r)
-    if (!fs::exists(tmp / shard_file(static_cast<int>(r), static_cast<int>(shards.size()))))
-      throw InternalError(fmt::format("state shard {} is missing from {}", r, tmp.string()));
-  write_file_atomic(tmp / k_done, fmt::format("step {}\n", state.step));
-  fsync_path(tmp);
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
-  // Retention: drop the oldest complete checkpoints beyond `keep`, and stale temporaries.
+  return idx;
+}
+
+// Retention: drops the oldest complete checkpoints of root beyond `keep` (0: none), and stale
+// temporaries.
+void prune_checkpoints(const fs::path& root, int keep) {
   std::vector<std::pair<std::int64_t, fs::path>> done;
   for (const auto& e : fs::directory_iterator(root)) {
     std::string name = e.path().filename().string();
@@ -643,6 +640,26 @@ fs::path commit_checkpoint(const fs::path& root, const model::ParamLayout& layou
   std::sort(done.begin(), done.end());
   if (keep > 0)
     for (std::size_t i = 0; i + keep < done.size(); ++i) fs::remove_all(done[i].second);
+}
+
+}  // namespace
+
+fs::path commit_checkpoint(const fs::path& root, const model::ParamLayout& layout,
+                           const float* params, const TrainState& state, const Shards& shards,
+                           int keep) {
+  auto tmp = tmp_dir_of(root, state.step);
+  auto final_dir = root / fmt::format("step_{:08d}", state.step);
+  save_model(tmp, layout, params);
+  write_file_atomic(tmp / "state_index.json", state_index(layout, state, shards).dump(1) + "\n");
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    if (!fs::exists(tmp / shard_file(static_cast<int>(r), static_cast<int>(shards.size()))))
+      throw InternalError(fmt::format("state shard {} is missing from {}", r, tmp.string()));
+  write_file_atomic(tmp / k_done, fmt::format("step {}\n", state.step));
+  fsync_path(tmp);
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+  prune_checkpoints(root, keep);
   return final_dir;
 }
 
@@ -677,8 +694,7 @@ namespace {
 
 // The tensors of the index must be the layout's, in order, each with the slices of it that the
 // shards hold (as commit_checkpoint writes them).
-void check_index_tensors(const json& idx, const model::ParamLayout& layout,
-                         const std::vector<std::pair<std::size_t, std::size_t>>& shards,
+void check_index_tensors(const json& idx, const model::ParamLayout& layout, const Shards& shards,
                          const std::function<Error(const std::string&)>& bad) {
   if (!idx.contains("tensors") || !idx["tensors"].is_array()) throw bad("no tensor list");
   const auto& ts = idx["tensors"];
@@ -687,13 +703,7 @@ void check_index_tensors(const json& idx, const model::ParamLayout& layout,
         fmt::format("it lists {} tensors, the model has {}", ts.size(), layout.tensors().size()));
   for (std::size_t i = 0; i < ts.size(); ++i) {
     const auto& t = layout.tensors()[i];
-    json slices = json::array();
-    for (std::size_t r = 0; r < shards.size(); ++r) {
-      std::size_t lo = std::max(t.offset, shards[r].first),
-                  hi = std::min(t.offset + t.numel, shards[r].second);
-      if (hi > lo) slices.push_back({r, lo - t.offset, hi - t.offset});
-    }
-    const json want{{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"slices", slices}};
+    const json want = tensor_entry(t, shards);
     if (!ts[i].is_object()) throw bad(fmt::format("tensor entry {} is not an object", i));
     for (const char* key : {"name", "shape", "offset", "slices"})
       if (!ts[i].contains(key) || ts[i][key] != want[key])
@@ -704,11 +714,11 @@ void check_index_tensors(const json& idx, const model::ParamLayout& layout,
 }
 
 // The shards of the index: they must tile [0, param_count) in order.
-std::vector<std::pair<std::size_t, std::size_t>> index_shards(
-    const json& idx, std::size_t total, const std::function<Error(const std::string&)>& bad) {
+Shards index_shards(const json& idx, std::size_t total,
+                    const std::function<Error(const std::string&)>& bad) {
   if (!idx.contains("shards") || !idx["shards"].is_array() || idx["shards"].empty())
     throw bad("no shards");
-  std::vector<std::pair<std::size_t, std::size_t>> out;
+  Shards out;
   std::size_t expect = 0;
   for (const auto& sh : idx["shards"]) {
     if (!sh.is_object() || !sh.contains("file") || !sh["file"].is_string() ||
@@ -725,6 +735,31 @@ std::vector<std::pair<std::size_t, std::size_t>> index_shards(
   }
   if (expect != total) throw bad("the shards do not cover every parameter");
   return out;
+}
+
+// The AdamW moments of [begin, end) into adam_m and adam_v (from begin), read from each shard
+// of checkpoint `dir` that overlaps them, every value checked finite.
+void read_moments(const fs::path& dir, const Shards& shards, std::size_t begin, std::size_t end,
+                  float* adam_m, float* adam_v) {
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const auto [sb, se] = shards[r];
+    const std::size_t lo = std::max(sb, begin), hi = std::min(se, end);
+    if (hi <= lo) continue;
+    const std::string file = shard_file(static_cast<int>(r), static_cast<int>(shards.size()));
+    auto st = SafetensorsFile::open(dir / file);
+    std::int64_t shape[1] = {static_cast<std::int64_t>(se - sb)};
+    std::vector<float> tmp(se - sb);
+    for (auto [name, out] : {std::pair{"adamw.m", adam_m}, std::pair{"adamw.v", adam_v}}) {
+      st.read_f32(name, shape, tmp.data());
+      if (!std::all_of(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb),
+                       [](float x) { return std::isfinite(x); }))
+        throw Error(fmt::format("{}: the AdamW state '{}' holds non-finite values (NaN or "
+                                "infinity)",
+                                (dir / file).string(), name),
+                    "the state is damaged, or training had diverged when it was saved");
+      std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), out + (lo - begin));
+    }
+  }
 }
 
 // The training state of checkpoint `dir`: the index and the moments of [begin, end).
@@ -760,26 +795,7 @@ TrainState read_state(const fs::path& dir, const model::ParamLayout& layout, std
                           layout.total()));
   const auto shards = index_shards(idx, layout.total(), bad);
   check_index_tensors(idx, layout, shards, bad);
-  // Read the overlap of each shard with [begin, end).
-  for (std::size_t r = 0; r < shards.size(); ++r) {
-    const auto [sb, se] = shards[r];
-    std::size_t lo = std::max(sb, begin), hi = std::min(se, end);
-    if (hi <= lo) continue;
-    const std::string file = shard_file(static_cast<int>(r), static_cast<int>(shards.size()));
-    auto st = SafetensorsFile::open(dir / file);
-    std::int64_t shape[1] = {static_cast<std::int64_t>(se - sb)};
-    std::vector<float> tmp(se - sb);
-    for (auto [name, out] : {std::pair{"adamw.m", adam_m}, std::pair{"adamw.v", adam_v}}) {
-      st.read_f32(name, shape, tmp.data());
-      if (!std::all_of(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb),
-                       [](float x) { return std::isfinite(x); }))
-        throw Error(fmt::format("{}: the AdamW state '{}' holds non-finite values (NaN or "
-                                "infinity)",
-                                (dir / file).string(), name),
-                    "the state is damaged, or training had diverged when it was saved");
-      std::copy(tmp.begin() + (lo - sb), tmp.begin() + (hi - sb), out + (lo - begin));
-    }
-  }
+  read_moments(dir, shards, begin, end, adam_m, adam_v);
   TrainState s;
   s.step = static_cast<std::int64_t>(num("step"));
   s.rng_state = num("rng_state");
