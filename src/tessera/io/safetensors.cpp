@@ -231,6 +231,49 @@ std::uint64_t tensor_bytes(const TensorInfo& t, const std::filesystem::path& p, 
   return nbytes;
 }
 
+// The shape of tensor t (its dtype known) from the header's array js; returns its bytes.
+std::uint64_t read_shape(TensorInfo& t, const nlohmann::json& js, const std::filesystem::path& p) {
+  if (!js.is_array())
+    fail_invalid(p, fmt::format("shape of tensor '{}' is a JSON {}, expected an array", t.name,
+                                json_type_name(js)));
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : js) {
+    std::uint64_t dim = 0;
+    if (!as_count(d, dim))
+      fail_invalid(p, fmt::format("shape of tensor '{}' has dimension {}, expected a "
+                                  "non-negative integer",
+                                  t.name, short_json(d)));
+    t.shape.push_back(static_cast<std::int64_t>(dim));
+    if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
+  }
+  return tensor_bytes(t, p, overflow, numel);
+}
+
+// The data offsets of tensor t from the header's jo: inside a data region of data_size bytes,
+// and nbytes long.
+void read_offsets(TensorInfo& t, const nlohmann::json& jo, std::size_t data_size,
+                  std::uint64_t nbytes, const std::filesystem::path& p) {
+  std::uint64_t b = 0, e = 0;
+  if (!jo.is_array() || jo.size() != 2 || !as_count(jo[0], b) || !as_count(jo[1], e))
+    fail_invalid(p, fmt::format("data_offsets of tensor '{}' is {}, expected [begin, end] with "
+                                "non-negative integers",
+                                t.name, short_json(jo)));
+  if (b > e)
+    fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}]: begin is after end",
+                                t.name, b, e));
+  if (e > data_size)
+    fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}], outside the data "
+                                "region of {} bytes (is the file truncated?)",
+                                t.name, b, e, data_size));
+  if (e - b != nbytes)
+    fail_invalid(p, fmt::format("tensor '{}' has {} bytes of data but dtype {} and shape {} need "
+                                "{}",
+                                t.name, e - b, dtype_name(t.dtype), shape_str(t.shape), nbytes));
+  t.begin = static_cast<std::size_t>(b);
+  t.end = static_cast<std::size_t>(e);
+}
+
 // One tensor entry of the header: dtype, shape, and data offsets inside a data region of
 // data_size bytes that match the dtype and shape.
 TensorInfo read_tensor_entry(const std::string& name, const nlohmann::json& v,
@@ -249,43 +292,8 @@ TensorInfo read_tensor_entry(const std::string& name, const nlohmann::json& v,
                                 json_type_name(jd)));
   if (!parse_dtype(jd.get_ref<const std::string&>(), t.dtype))
     fail_invalid(p, fmt::format("tensor '{}' has unknown dtype {}", name, short_json(jd)));
-
-  const auto& js = v["shape"];
-  if (!js.is_array())
-    fail_invalid(p, fmt::format("shape of tensor '{}' is a JSON {}, expected an array", name,
-                                json_type_name(js)));
-  std::uint64_t numel = 1;
-  bool overflow = false;
-  for (const auto& d : js) {
-    std::uint64_t dim = 0;
-    if (!as_count(d, dim))
-      fail_invalid(p, fmt::format("shape of tensor '{}' has dimension {}, expected a "
-                                  "non-negative integer",
-                                  name, short_json(d)));
-    t.shape.push_back(static_cast<std::int64_t>(dim));
-    if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
-  }
-  const std::uint64_t nbytes = tensor_bytes(t, p, overflow, numel);
-
-  const auto& jo = v["data_offsets"];
-  std::uint64_t b = 0, e = 0;
-  if (!jo.is_array() || jo.size() != 2 || !as_count(jo[0], b) || !as_count(jo[1], e))
-    fail_invalid(p, fmt::format("data_offsets of tensor '{}' is {}, expected [begin, end] with "
-                                "non-negative integers",
-                                name, short_json(jo)));
-  if (b > e)
-    fail_invalid(
-        p, fmt::format("data_offsets of tensor '{}' are [{}, {}]: begin is after end", name, b, e));
-  if (e > data_size)
-    fail_invalid(p, fmt::format("data_offsets of tensor '{}' are [{}, {}], outside the data "
-                                "region of {} bytes (is the file truncated?)",
-                                name, b, e, data_size));
-  if (e - b != nbytes)
-    fail_invalid(p, fmt::format("tensor '{}' has {} bytes of data but dtype {} and shape {} need "
-                                "{}",
-                                name, e - b, dtype_name(t.dtype), shape_str(t.shape), nbytes));
-  t.begin = static_cast<std::size_t>(b);
-  t.end = static_cast<std::size_t>(e);
+  const std::uint64_t nbytes = read_shape(t, v["shape"], p);
+  read_offsets(t, v["data_offsets"], data_size, nbytes, p);
   return t;
 }
 
