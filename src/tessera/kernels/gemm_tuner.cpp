@@ -39,6 +39,42 @@ std::int64_t b_cols(const GemmShape& s) {
   return s.tb ? s.K : s.N;
 }
 
+#ifdef __AVX__
+// The 8 x 8 block at d (rows ldd apart) = the block at s (rows lds apart) transposed, + beta * d
+// (beta == 0: d is not read): register transposes by unpacks, shuffles and lane permutes.
+inline void transpose8x8(const float* s, std::int64_t lds, float* d, std::int64_t ldd, float beta) {
+  __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds);
+  __m256 r2 = _mm256_loadu_ps(s + 2 * lds), r3 = _mm256_loadu_ps(s + 3 * lds);
+  __m256 r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds);
+  __m256 r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 out[8] = {
+      _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+      _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+      _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+      _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+  const __m256 vb = _mm256_set1_ps(beta);
+  for (int k = 0; k < 8; ++k) {
+    float* dk = d + k * ldd;
+    if (beta == 0.0f)
+      _mm256_storeu_ps(dk, out[k]);
+    else
+      _mm256_storeu_ps(dk, _mm256_add_ps(out[k], _mm256_mul_ps(vb, _mm256_loadu_ps(dk))));
+  }
+}
+#endif
+
 // dst (cols, rows) = src (rows, cols)^T + beta * dst; beta == 0: dst is not read. Tiles of
 // k_tile x k_tile per OpenMP task, 8x8 register transposes inside (AVX), scalar edges.
 void transpose_into(std::int64_t rows, std::int64_t cols, const float* src, std::int64_t lds,
@@ -53,41 +89,9 @@ void transpose_into(std::int64_t rows, std::int64_t cols, const float* src, std:
 #ifdef __AVX__
       i8 = i0 + (i1 - i0) / 8 * 8;
       j8 = j0 + (j1 - j0) / 8 * 8;
-      const __m256 vb = _mm256_set1_ps(beta);
-      for (std::int64_t i = i0; i < i8; i += 8) {
-        for (std::int64_t j = j0; j < j8; j += 8) {
-          const float* s = src + i * lds + j;
-          __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds);
-          __m256 r2 = _mm256_loadu_ps(s + 2 * lds), r3 = _mm256_loadu_ps(s + 3 * lds);
-          __m256 r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds);
-          __m256 r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
-          __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-          __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-          __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-          __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-          __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-          __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-          __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-          __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-          __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-          __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-          __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-          __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-          const __m256 out[8] = {
-              _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-              _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-              _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-              _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-          for (int k = 0; k < 8; ++k) {
-            float* d = dst + (j + k) * ldd + i;
-            if (beta == 0.0f) {
-              _mm256_storeu_ps(d, out[k]);
-            } else {
-              _mm256_storeu_ps(d, _mm256_add_ps(out[k], _mm256_mul_ps(vb, _mm256_loadu_ps(d))));
-            }
-          }
-        }
-      }
+      for (std::int64_t i = i0; i < i8; i += 8)
+        for (std::int64_t j = j0; j < j8; j += 8)
+          transpose8x8(src + i * lds + j, lds, dst + j * ldd + i, ldd, beta);
 #endif
       // Edges not covered by 8x8 blocks: columns [j8, j1) of every row, rows [i8, i1) of the rest.
       auto one = [&](std::int64_t i, std::int64_t j) {
