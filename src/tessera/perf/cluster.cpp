@@ -100,16 +100,10 @@ void validate(const ClusterSpec& c) {
     bad(c, "[node] all_gather_factor and reduce_scatter_factor must be in (0, 4]");
 }
 
-ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
-  TomlReader r(text, std::string(source_name), k_hint);
-  ClusterSpec c;
-  c.source = std::string(source_name);
-  const auto* root = r.table("", true);
-  r.only_keys(root, "", {"name", "description", "max_nodes", "device", "gemm", "node", "network"});
-  c.name = r.string(root, "", "name", true);
-  c.description = r.string(root, "", "description", false);
-  c.max_nodes = r.integer(root, "", "max_nodes", false, 0);
+namespace {
 
+// [device]: what one accelerator computes and holds.
+void read_device(TomlReader& r, ClusterSpec& c) {
   const auto* dev = r.table("device", true);
   r.only_keys(dev, "device",
               {"name", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp32", "memory_gib",
@@ -121,12 +115,30 @@ ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
   c.memory_gib = r.number(dev, "device", "memory_gib", true);
   c.memory_bw_gbps = r.number(dev, "device", "memory_bw_gbps", true);
   c.reserved_gib = r.number(dev, "device", "reserved_gib", false, 0);
+}
 
-  const auto* gemm = r.table("gemm", false);
-  r.only_keys(gemm, "gemm", {"max_efficiency", "half_dim"});
-  c.gemm_max_efficiency = r.number(gemm, "gemm", "max_efficiency", false, 0.8);
-  c.gemm_half_dim = r.number(gemm, "gemm", "half_dim", false, 64);
+// [[node.links]] of the [node] table `node`: the levels of the node's interconnect.
+void read_links(TomlReader& r, const toml::table* node, ClusterSpec& c) {
+  const toml::node* ln = node->get("links");
+  if (!ln) return;
+  const toml::array* arr = ln->as_array();
+  if (!arr) r.fail("[node] links", "must be an array of tables ([[node.links]])");
+  for (const auto& e : *arr) {
+    const toml::table* t = e.as_table();
+    if (!t) r.fail("[[node.links]]", "each entry must be a table");
+    r.only_keys(t, "node.links", {"name", "group", "bw_gbps", "efficiency", "latency_us"});
+    LinkLevel l;
+    l.name = r.string(t, "node.links", "name", true);
+    l.group = r.integer(t, "node.links", "group", true);
+    l.bw_gbps = r.number(t, "node.links", "bw_gbps", true);
+    l.efficiency = r.number(t, "node.links", "efficiency", false, 0.8);
+    l.latency_us = r.number(t, "node.links", "latency_us", false, 2.0);
+    c.links.push_back(l);
+  }
+}
 
+// [node]: its devices, how communication overlaps computation, and its links.
+void read_node(TomlReader& r, ClusterSpec& c) {
   const auto* node = r.table("node", true);
   r.only_keys(node, "node",
               {"devices", "links", "overlap", "overlap_polled", "compute_slots",
@@ -137,22 +149,26 @@ ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
   c.compute_slots = static_cast<int>(r.integer(node, "node", "compute_slots", false, 0));
   c.all_gather_factor = r.number(node, "node", "all_gather_factor", false, 1.0);
   c.reduce_scatter_factor = r.number(node, "node", "reduce_scatter_factor", false, 1.0);
-  if (const toml::node* ln = node->get("links")) {
-    const toml::array* arr = ln->as_array();
-    if (!arr) r.fail("[node] links", "must be an array of tables ([[node.links]])");
-    for (const auto& e : *arr) {
-      const toml::table* t = e.as_table();
-      if (!t) r.fail("[[node.links]]", "each entry must be a table");
-      r.only_keys(t, "node.links", {"name", "group", "bw_gbps", "efficiency", "latency_us"});
-      LinkLevel l;
-      l.name = r.string(t, "node.links", "name", true);
-      l.group = r.integer(t, "node.links", "group", true);
-      l.bw_gbps = r.number(t, "node.links", "bw_gbps", true);
-      l.efficiency = r.number(t, "node.links", "efficiency", false, 0.8);
-      l.latency_us = r.number(t, "node.links", "latency_us", false, 2.0);
-      c.links.push_back(l);
-    }
-  }
+  read_links(r, node, c);
+}
+
+}  // namespace
+
+ClusterSpec parse_cluster(std::string_view text, std::string_view source_name) {
+  TomlReader r(text, std::string(source_name), k_hint);
+  ClusterSpec c;
+  c.source = std::string(source_name);
+  const auto* root = r.table("", true);
+  r.only_keys(root, "", {"name", "description", "max_nodes", "device", "gemm", "node", "network"});
+  c.name = r.string(root, "", "name", true);
+  c.description = r.string(root, "", "description", false);
+  c.max_nodes = r.integer(root, "", "max_nodes", false, 0);
+  read_device(r, c);
+  const auto* gemm = r.table("gemm", false);
+  r.only_keys(gemm, "gemm", {"max_efficiency", "half_dim"});
+  c.gemm_max_efficiency = r.number(gemm, "gemm", "max_efficiency", false, 0.8);
+  c.gemm_half_dim = r.number(gemm, "gemm", "half_dim", false, 64);
+  read_node(r, c);
   const auto* net = r.table("network", false);
   r.only_keys(net, "network", {"injection_gbps", "efficiency", "latency_us"});
   c.injection_gbps = r.number(net, "network", "injection_gbps", false, 0);
