@@ -115,8 +115,8 @@ int window_count(std::size_t tokens, int ctx, int max_windows, const char* unit)
   return max_windows > 0 ? std::min(max_windows, fit) : fit;
 }
 
-// Scores row b of a batch's logits (ctx positions of Vp, the first V real): the negative
-// log-likelihood of each next token of `window` (its ctx tokens) from position `first` on.
+// Scores window w: from its logits (ctx positions Vp apart, the first V of each real), the
+// negative log-likelihood of each next token of `window` (its ctx tokens) from position `first`.
 void score_window(const float* logits, const std::int32_t* window, int first, int ctx, int V,
                   int Vp, int w, NllTotals& totals, WindowSums& ws) {
   for (int t = first; t < ctx - 1; ++t) {
