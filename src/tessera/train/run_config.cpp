@@ -550,8 +550,8 @@ void validate_data(Validator& v, const RunConfig& c) {
            "the folder of the GPT-2 tokenizer files, e.g. data/gpt2");
 }
 
-// [train]: batch, schedule, optimizer, checkpoints and threads.
-void validate_train(Validator& v, const RunConfig& c) {
+// [train]'s batch and learning-rate schedule.
+void validate_train_schedule(Validator& v, const RunConfig& c) {
   const auto& m = c.model;
   const auto& t = c.train;
   v.at_least("train.batch_size", t.batch_size, 1);
@@ -571,6 +571,10 @@ void validate_train(Validator& v, const RunConfig& c) {
     v.fail("train.min_lr_ratio", t.min_lr_ratio, "must be in [0, 1]",
            "the final learning rate is lr * min_lr_ratio; 0.1 is typical");
   v.at_least("train.warmup_steps", t.warmup_steps, 0);
+}
+
+// [train]'s AdamW and gradient clipping.
+void validate_train_optimizer(Validator& v, const TrainSection& t) {
   v.finite("train.weight_decay", t.weight_decay);
   if (!(t.weight_decay >= 0))
     v.fail("train.weight_decay", t.weight_decay, "must be >= 0", "0.1 is typical; 0 turns it off");
@@ -585,6 +589,10 @@ void validate_train(Validator& v, const RunConfig& c) {
   v.finite("train.grad_clip", t.grad_clip);
   if (!(t.grad_clip >= 0))
     v.fail("train.grad_clip", t.grad_clip, "must be >= 0", "1.0 is typical; 0 turns clipping off");
+}
+
+// [train]'s seed, validation, checkpoints, logging, threads and loss-spike rollback.
+void validate_train_run(Validator& v, const TrainSection& t) {
   if (t.seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
     v.fail("train.seed", t.seed, "must be < 2^63", "TOML integers are 64-bit signed");
   v.at_least("train.val_every", t.val_every, 0, "0 turns validation off");
@@ -609,6 +617,13 @@ void validate_train(Validator& v, const RunConfig& c) {
            "a loss above spike_factor x its recent mean rolls back; 2 to 4 are typical");
   v.at_least("train.spike_window", t.spike_window, 1);
   v.at_least("train.spike_retries", t.spike_retries, 1);
+}
+
+// [train]: batch, schedule, optimizer, checkpoints and threads.
+void validate_train(Validator& v, const RunConfig& c) {
+  validate_train_schedule(v, c);
+  validate_train_optimizer(v, c.train);
+  validate_train_run(v, c.train);
 }
 
 // [sample] and [hardware] (with train.precision, which depends on the device).
