@@ -374,9 +374,10 @@ void vocab_cross_entropy(const VocabParallelLayout& l, const VocabParallelComms&
   sharded_row_stats(l, c, targets, n, ws);
   // the loss (as kernels::cpu::cross_entropy_row: lse = max + log(sum); loss = lse - z_target)
   const float* sums = ws.row_sums.data();
+  const float* target_logit = sums + n;
   for (std::int64_t i = 0; i < n; ++i) {
     const float lse = static_cast<float>(ws.row_max[i]) + std::log(sums[i]);
-    losses[i] = targets[i] < 0 ? 0.0f : lse - sums[n + i];
+    losses[i] = targets[i] < 0 ? 0.0f : lse - target_logit[i];
   }
   if (backward) sharded_dlogits(l, targets, n, dloss, ws);
 }

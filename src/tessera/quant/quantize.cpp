@@ -349,11 +349,11 @@ bool gptq_one_pass_fits(const model::ModelConfig& cfg, std::int64_t tokens, int 
 }
 
 // The Hessian inputs (X^T X) of linear `kind` of block l over the calibration set, its inputs xs
-// (n, T, C) run through the block in micro-batches of mb, each stopped after that linear.
+// (n, T, C) run through the block in micro-batches of mb (copied into scratch, mb x T x C), each
+// stopped after that linear.
 std::vector<double> gptq_hessian(const QuantContext& x, Runner& run, const std::vector<float>& xs,
-                                 int l, Lin kind, int mb) {
+                                 std::vector<float>& scratch, int l, Lin kind, int mb) {
   const int C = x.C, T = x.calib->seqlen, n = x.calib->n();
-  std::vector<float> scratch(static_cast<std::size_t>(mb) * T * C);
   Hessian H;
   H.init(lin_cols(x.cfg, kind));
   Hooks hooks;
@@ -382,6 +382,7 @@ void quantize_gptq(const QuantContext& x) {
   const int mb = one_pass ? n : std::min(x.opt.micro_batch, n);
   Runner run(x.layout);
   std::vector<float> xs(static_cast<std::size_t>(n) * T * C);  // residual stream (n, T, C)
+  std::vector<float> scratch(one_pass ? 0 : static_cast<std::size_t>(mb) * T * C);
   for (int s = 0; s < n; s += mb) {
     const int B = std::min(mb, n - s);
     run.embed(x.P, x.calib->tokens.data() + static_cast<std::size_t>(s) * T, B, T,
@@ -407,7 +408,7 @@ void quantize_gptq(const QuantContext& x) {
     }
     for (int k = 0; k < k_num_lin; ++k) {
       const Lin kind = static_cast<Lin>(k);
-      quantize_site(l, kind, gptq_hessian(x, run, xs, l, kind, mb));
+      quantize_site(l, kind, gptq_hessian(x, run, xs, scratch, l, kind, mb));
     }
     // the next block's inputs: this block's outputs with its quantized weights
     for (int s = 0; s < n; s += mb)
