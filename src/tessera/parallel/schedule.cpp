@@ -318,6 +318,50 @@ struct Slot {
   int count[k_ops] = {};
 };
 
+// An instruction's op, micro-batch and chunk are in range (else reported).
+bool in_range(Checker& c, int st, std::size_t i, const Instr& in) {
+  if (static_cast<int>(in.op) >= k_ops) {
+    c.add(c.at(st, i) + ": unknown op");
+    return false;
+  }
+  if (in.mb < 0 || in.mb >= c.m) {
+    c.add(c.at(st, i) + fmt::format(": micro-batch out of range 0..{}", c.m - 1));
+    return false;
+  }
+  if (in.chunk < 0 || in.chunk >= c.v) {
+    c.add(c.at(st, i) + fmt::format(": chunk out of range 0..{}", c.v - 1));
+    return false;
+  }
+  return true;
+}
+
+// A send or receive: it has a message to carry and the right peer; counts the message. False
+// when the chunk has no such message (then it is not counted as the chunk's op either).
+bool scan_message(Checker& c, int st, std::size_t i, const Instr& in) {
+  const int k = message_key(c.s, st, in);
+  if (k < 0) {
+    c.add(c.at(st, i) +
+          (in.op == OpKind::SendAct    ? ": the last global chunk sends no activation"
+           : in.op == OpKind::RecvAct  ? ": the first global chunk receives no activation"
+           : in.op == OpKind::SendGrad ? ": the first global chunk sends no gradient"
+                                       : ": the last global chunk receives no gradient "
+                                         "(it starts from the loss)"));
+    return false;
+  }
+  const int g = c.s.global_chunk(st, in.chunk);
+  const bool towards_next = in.op == OpKind::SendAct || in.op == OpKind::RecvGrad;
+  const int other = towards_next ? g + 1 : g - 1;
+  if (in.peer != other % c.pp)
+    c.add(c.at(st, i) +
+          fmt::format(": peer should be stage {} (it holds global chunk {})", other % c.pp, other));
+  if (is_send(in.op)) {
+    if (c.sends[k]++ == 0) c.send_at[k] = {st, static_cast<int>(i)};
+  } else {
+    ++c.recvs[k];
+  }
+  return true;
+}
+
 // One stage's list, instruction by instruction: the optimizer step last and once, ranges,
 // message peers, duplicates; fills the stage's slots and the message counts.
 void scan_instructions(Checker& c, int st, std::vector<Slot>& slots) {
@@ -332,41 +376,8 @@ void scan_instructions(Checker& c, int st, std::vector<Slot>& slots) {
         c.add(c.at(st, i) + ": OptimizerStep is not the last instruction");
       continue;
     }
-    if (static_cast<int>(in.op) >= k_ops) {
-      c.add(c.at(st, i) + ": unknown op");
-      continue;
-    }
-    if (in.mb < 0 || in.mb >= c.m) {
-      c.add(c.at(st, i) + fmt::format(": micro-batch out of range 0..{}", c.m - 1));
-      continue;
-    }
-    if (in.chunk < 0 || in.chunk >= c.v) {
-      c.add(c.at(st, i) + fmt::format(": chunk out of range 0..{}", c.v - 1));
-      continue;
-    }
-    const int g = c.s.global_chunk(st, in.chunk);
-    if (is_send(in.op) || is_recv(in.op)) {
-      const int k = message_key(c.s, st, in);
-      if (k < 0) {
-        c.add(c.at(st, i) +
-              (in.op == OpKind::SendAct    ? ": the last global chunk sends no activation"
-               : in.op == OpKind::RecvAct  ? ": the first global chunk receives no activation"
-               : in.op == OpKind::SendGrad ? ": the first global chunk sends no gradient"
-                                           : ": the last global chunk receives no gradient "
-                                             "(it starts from the loss)"));
-        continue;
-      }
-      const bool towards_next = in.op == OpKind::SendAct || in.op == OpKind::RecvGrad;
-      const int other = towards_next ? g + 1 : g - 1;
-      if (in.peer != other % c.pp)
-        c.add(c.at(st, i) + fmt::format(": peer should be stage {} (it holds global chunk {})",
-                                        other % c.pp, other));
-      if (is_send(in.op)) {
-        if (c.sends[k]++ == 0) c.send_at[k] = {st, static_cast<int>(i)};
-      } else {
-        ++c.recvs[k];
-      }
-    }
+    if (!in_range(c, st, i, in)) continue;
+    if ((is_send(in.op) || is_recv(in.op)) && !scan_message(c, st, i, in)) continue;
     Slot& sl = slots[static_cast<std::size_t>(in.mb) * c.v + in.chunk];
     const int o = static_cast<int>(in.op);
     if (sl.count[o]++ == 0)

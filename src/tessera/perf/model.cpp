@@ -140,6 +140,43 @@ struct LinearTotals {
   double z_ag = 0, z_rs = 0;
 };
 
+// One linear's activations on the wire: the forward output's and the backward input
+// gradient's bytes, and the weight gradient's GEMM time the backward's collective can hide under.
+struct LinearTraffic {
+  double fwd_bytes, bwd_bytes, t_dw;
+};
+
+// One linear's tensor-parallel collectives: the all-reduces of its output (over the grid axis
+// its input is split on) and of its input gradient (over the other), or with sequence
+// parallelism the gathers and reduce-scatters along tx; the backward's exposed part.
+void add_linear_comm(const LayerEnv& v, LayerCost& lc, LinearTotals& t, bool transposed,
+                     const LinearTraffic& x) {
+  const auto& g = v.p.grid;
+  const double overlap = v.c.overlap;
+  auto exposed = [&](double tb) {
+    return v.o.tp_overlap ? tb - overlap * std::min(tb, x.t_dw) : tb;
+  };
+  if (v.p.sequence_parallel) {
+    const SpComm sc = sp_linear_comm(v.lx, g.tx, transposed, x.fwd_bytes, x.bwd_bytes);
+    t.fwd_ar[0] += sc.fwd;
+    t.bwd_ar[0] += sc.bwd_overlappable + sc.bwd_exposed;
+    lc.fwd_bytes[0] += sc.fwd_bytes;
+    lc.bwd_bytes[0] += sc.bwd_bytes;
+    t.bwd_ar_exposed += sc.bwd_exposed + exposed(sc.bwd_overlappable);
+    return;
+  }
+  const int ai = transposed ? 1 : 0, ao = transposed ? 0 : 1;  // 0 = tx, 1 = ty
+  const GroupLink& li = ai == 0 ? v.lx : v.ly;
+  const GroupLink& lo = ao == 0 ? v.lx : v.ly;
+  const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
+  t.fwd_ar[ai] += all_reduce_time(li, si, x.fwd_bytes);
+  lc.fwd_bytes[ai] += si > 1 ? x.fwd_bytes : 0;
+  const double tb = all_reduce_time(lo, so, x.bwd_bytes);
+  t.bwd_ar[ao] += tb;
+  lc.bwd_bytes[ao] += so > 1 ? x.bwd_bytes : 0;
+  t.bwd_ar_exposed += exposed(tb);
+}
+
 LinearTotals linear_totals(const LayerEnv& v, LayerCost& lc) {
   const auto& g = v.p.grid;
   const ClusterSpec& c = v.c;
@@ -155,35 +192,14 @@ LinearTotals linear_totals(const LayerEnv& v, LayerCost& lc) {
   LinearTotals t;
   for (const auto& L : lin) {
     const double pi = L.transposed ? ty : tx, po = L.transposed ? tx : ty;
-    const int ai = L.transposed ? 1 : 0, ao = L.transposed ? 0 : 1;  // 0 = tx, 1 = ty
     const double K = L.in / pi, N = L.out / po;
     const double tf = gemm_time(c, v.peak, e, {n, N, K});
     const double t_dx = gemm_time(c, v.peak, e, {n, K, N});
     const double t_dw = gemm_time(c, v.peak, e, {N, K, n});
     t.fwd_gemm += tf;
     t.bwd_gemm += t_dx + t_dw;
-    const GroupLink& li = ai == 0 ? v.lx : v.ly;
-    const GroupLink& lo = ao == 0 ? v.lx : v.ly;
-    const long si = ai == 0 ? g.tx : g.ty, so = ao == 0 ? g.tx : g.ty;
     const double ae = o.bf16_tensor ? 2 : e;  // the activations' bytes on the wire
-    const double fb = n * N * ae, bb = n * K * ae;
-    if (v.p.sequence_parallel) {
-      const SpComm sc = sp_linear_comm(v.lx, g.tx, L.transposed, fb, bb);
-      t.fwd_ar[0] += sc.fwd;
-      t.bwd_ar[0] += sc.bwd_overlappable + sc.bwd_exposed;
-      lc.fwd_bytes[0] += sc.fwd_bytes;
-      lc.bwd_bytes[0] += sc.bwd_bytes;
-      const double tb = sc.bwd_overlappable;
-      t.bwd_ar_exposed +=
-          sc.bwd_exposed + (o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb);
-    } else {
-      t.fwd_ar[ai] += all_reduce_time(li, si, fb);
-      lc.fwd_bytes[ai] += si > 1 ? fb : 0;
-      const double tb = all_reduce_time(lo, so, bb);
-      t.bwd_ar[ao] += tb;
-      lc.bwd_bytes[ao] += so > 1 ? bb : 0;
-      t.bwd_ar_exposed += o.tp_overlap ? tb - c.overlap * std::min(tb, t_dw) : tb;
-    }
+    add_linear_comm(v, lc, t, L.transposed, {n * N * ae, n * K * ae, t_dw});
     const double block = L.in * L.out / (tx * ty) * e;
     t.z_ag += all_gather_time(v.lz, g.tz, block);
     t.z_rs += reduce_scatter_time(v.lz, g.tz, block);
