@@ -65,6 +65,12 @@ TEST_P(TensorParallel, LossesAndWeightsEqualSingleProcess) {
   auto r = sh(tp_args(data, ref, 8, 20));
   ASSERT_EQ(r.code, 0) << r.output;
   ASSERT_EQ(losses(ref / "metrics.jsonl").size(), 20u);
+  if (recompute) {  // one process recomputes too: the same kernels on the same inputs
+    auto one = scratch("tp_single_rc");
+    auto run = sh(tp_args(data, one, 8, 20) + " parallel.recompute=true");
+    ASSERT_EQ(run.code, 0) << run.output;
+    expect_same_run(ref, one, "one process (recompute)");
+  }
   for (const auto& g : grids()) {
     auto out = scratch("tp_" + g.name + (recompute ? "_rc" : ""));
     auto run = sh(mpirun(g.ranks) + tp_args(data, out, 8 / dp_of(g), 20) + " " + g.set +

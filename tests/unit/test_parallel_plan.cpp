@@ -290,7 +290,7 @@ TEST(ParallelPlan, TheTrainerBuildsThePlanOnceAndRefusesWithTheFunctionsReason) 
   s.g = grid(2, 1, 1, 1, 1);
   test::expect_error([&] { train::plan_run(run_config(s), m, 4); },
                      "has 2 ranks but the job has 4");
-  // pp = 1 ignores the schedule, chunks and split; recomputation needs tensor or pipeline axes
+  // pp = 1 ignores the schedule, chunks and split; recomputation holds on any grid
   s.schedule = "interleaved";
   s.v = 2;
   s.split = "6,6";
@@ -299,7 +299,7 @@ TEST(ParallelPlan, TheTrainerBuildsThePlanOnceAndRefusesWithTheFunctionsReason) 
   EXPECT_EQ(plan.par.schedule, ScheduleKind::OneF1B);
   EXPECT_EQ(plan.par.chunks(), 1);
   EXPECT_TRUE(plan.par.layer_split.empty());
-  EXPECT_EQ(plan.par.recompute, Recompute::None);
+  EXPECT_EQ(plan.par.recompute, Recompute::Full);
   // a pipeline gets its split resolved
   s = Settings{};
   s.g = grid(1, 5, 1, 1, 1);
@@ -337,7 +337,7 @@ TEST(ParallelPlan, TrainerAcceptsExactlyWhatThePlannerAccepts) {
                           s.sp = sp == 1;
                           s.B = B;
                           s.accum = accum;
-                          s.recompute = (tx * ty * tz > 1 || pp > 1) && (B + zero) % 2 == 0;
+                          s.recompute = (B + zero) % 2 == 0;
                           const int chunks = pp * s.v;
                           if (uneven) {  // the embedding alone, the layers on the others
                             s.split = "0";

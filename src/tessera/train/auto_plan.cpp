@@ -136,8 +136,13 @@ PredictionCluster planning_cluster(const RunConfig& cfg, comm::Runtime& rt) {
 perf::PlanResult plan_for_run(const RunConfig& cfg, const model::ModelConfig& mcfg, int world_size,
                               const perf::ClusterSpec& cluster, int top) {
   const perf::Workload w = run_workload(cfg, mcfg);
-  perf::PlanResult res =
-      perf::plan(w, cluster, trainer_plan_search(world_size, top), trainer_model_options(cfg));
+  perf::PlanSearch search = trainer_plan_search(world_size, top);
+  if (cfg.hardware.device == "cuda") {  // what the GPU step runs: data parallelism alone
+    search.grid = comm::GridShape{world_size, 1, 1, 1, 1};
+    search.zero_stages = {0};
+    search.recompute = {perf::Recompute::None};
+  }
+  perf::PlanResult res = perf::plan(w, cluster, search, trainer_model_options(cfg));
   if (res.best.empty())
     throw Error(fmt::format("no configuration of {} with {} sequences of {} tokens per step fits "
                             "{} ranks of {} ({} considered)",

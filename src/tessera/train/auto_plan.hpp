@@ -57,7 +57,8 @@ RunConfig apply_plan(const RunConfig& cfg, const perf::PlanPoint& p,
 PredictionCluster planning_cluster(const RunConfig& cfg, comm::Runtime& rt);
 
 // The planner's fastest configurations of `cfg`'s run on the runtime's ranks (top k), on
-// `cluster`; throws tessera::Error when none fits.
+// `cluster`, among those its device runs (on a GPU: data parallelism alone, no ZeRO, no
+// recomputation); throws tessera::Error when none fits.
 perf::PlanResult plan_for_run(const RunConfig& cfg, const model::ModelConfig& mcfg, int world_size,
                               const perf::ClusterSpec& cluster, int top);
 

@@ -43,10 +43,6 @@ void note_ignored(const ParallelSection& pc, const parallel::ParallelPlan& p) {
     log_info(
         "note: parallel.schedule, virtual_stages and pp_layers apply to pipeline "
         "parallelism (parallel.pp > 1); ignored");
-  if (pc.recompute && p.recompute == parallel::Recompute::None)
-    log_info(
-        "note: parallel.recompute applies to tensor and pipeline parallelism (tx, ty, tz or pp > "
-        "1); ignored");
 }
 
 }  // namespace
@@ -63,8 +59,7 @@ parallel::ParallelPlan parallel_plan(const RunConfig& cfg, int micro_batch) {
     p.virtual_stages = pc.virtual_stages;
     p.layer_split = parallel::parse_layer_counts(pc.pp_layers);
   }
-  p.recompute = pc.recompute && (p.tensor_size() > 1 || pc.pp > 1) ? parallel::Recompute::Full
-                                                                   : parallel::Recompute::None;
+  p.recompute = pc.recompute ? parallel::Recompute::Full : parallel::Recompute::None;
   p.sequence_parallel = pc.sequence_parallel;
   p.overlap_dx = pc.overlap_dx;
   p.defer_dw = pc.overlap_dw;
@@ -114,6 +109,9 @@ void check_device_options(const RunConfig& cfg, const RunPlan& plan) {
                             g.describe(), plan.par.zero),
                 "set every parallel axis but dp to 1 and parallel.zero = 0, or train on the CPU "
                 "(hardware.device = \"cpu\") for tensor and pipeline parallelism and ZeRO");
+  if (plan.par.recompute != parallel::Recompute::None)
+    throw Error("parallel.recompute is a CPU option so far; the GPU step keeps every activation",
+                "remove parallel.recompute, or train on the CPU (hardware.device = \"cpu\")");
   if (cfg.parallel.grad_reduce != "fp32")
     throw Error("parallel.grad_reduce = \"" + cfg.parallel.grad_reduce +
                     "\" is a CPU option; on GPUs the gradients are summed in fp32",
