@@ -23,7 +23,8 @@ namespace tessera::app {
 
 void add_convert_command(CLI::App& root) {
   auto* cmd = root.add_subcommand(
-      "convert", "write a model (checkpoint, .gguf, short name) as a Hugging Face checkpoint");
+      "convert",
+      "write a model (checkpoint, .gguf, short name) as a Hugging Face checkpoint or a GGUF file");
   struct Args {
     std::string model, out, dtype = "fp32", format = "hf", tokenizer, max_shard_size = "5GB";
     bool overwrite = false;

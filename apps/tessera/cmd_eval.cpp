@@ -177,7 +177,9 @@ void add_eval_command(CLI::App& root) {
   cmd->add_option("--batch,-b", a->batch, "sequences per forward pass")->capture_default_str();
   cmd->add_option("--seq", a->seq, "tokens per sequence (0 = the model's block_size, at most 1024)")
       ->capture_default_str();
-  cmd->add_option("--batches", a->batches, "windows to score (0 = the whole shard)")
+  cmd->add_option(
+         "--batches", a->batches,
+         "batches of --batch sequences to score (with --protocol: windows; 0 = the whole shard)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print the result as JSON");
   cmd->add_option("--device", a->device, "cpu, or cuda (the current NVIDIA GPU)")

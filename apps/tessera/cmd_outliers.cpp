@@ -25,7 +25,9 @@ void add_outliers_command(CLI::App& root) {
     double ratio = 20;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--model,-m", a->model, "model directory or .safetensors")->required();
+  cmd->add_option("--model,-m", a->model,
+                  "model directory, .safetensors, .gguf file, or a pretrained model's short name")
+      ->required();
   cmd->add_option("--out,-o", a->out, "folder for outliers.json and outliers.svg")
       ->capture_default_str();
   add_calibration_options(cmd, a->cf);

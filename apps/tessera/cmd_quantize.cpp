@@ -44,8 +44,8 @@ void add_quantize_command(CLI::App& root) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model,-m", a->model,
-                  "run directory, checkpoint directory, model.safetensors, or a Hugging Face "
-                  "GPT-2 model")
+                  "run directory, checkpoint directory, model.safetensors (Hugging Face GPT-2 "
+                  "and Llama too), a .gguf file, or a pretrained model's short name")
       ->required();
   cmd->add_option("--out,-o", a->out, "directory for the quantized model.safetensors")->required();
   cmd->add_option("--method", a->method, "rtn, gptq, awq, smoothquant, w8a8 or llm-int8")

@@ -36,7 +36,7 @@ double parse_time_limit(const std::string& text) {
 }  // namespace
 
 void add_train_command(CLI::App& root) {
-  auto* cmd = root.add_subcommand("train", "train a GPT model from a run config (TOML)");
+  auto* cmd = root.add_subcommand("train", "train a GPT-2 or Llama model from a run config (TOML)");
   struct Args {
     std::string config = "configs/runs/demo.toml";
     std::vector<std::string> sets;

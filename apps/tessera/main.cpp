@@ -66,7 +66,8 @@ void check_names(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tessera: train, plan, quantize and study GPT-style language models", "tessera"};
+  CLI::App app{"tessera: train, plan, quantize and study GPT-2- and Llama-style language models",
+               "tessera"};
   app.set_version_flag("--version", [] {
     return std::string("tessera ") + TESSERA_VERSION + " (" +
            tessera::kernels::cuda::describe_devices() + ")";
