@@ -25,6 +25,52 @@ eval::LogitsFn model_logits(const quant::AnyModel& m, const model::ParamLayout& 
   return quant::logits_fn(layout, m.model.params.data(), m.act);
 }
 
+namespace {
+
+// The --reference model, which must have the evaluated model's shape.
+quant::AnyModel load_reference(const std::string& path, const model::ModelConfig& cfg) {
+  quant::AnyModel ref = quant::load_any_model(resolve_model_path(path));
+  if (!(ref.model.config == cfg))
+    throw Error(fmt::format("the reference model {} is {} but the evaluated model is {}", path,
+                            model::describe(ref.model.config), model::describe(cfg)),
+                "compare a quantized model with the model it was quantized from");
+  return ref;
+}
+
+// One protocol's perplexity, into `out` under `key` and (without --json) as a line.
+void report_perplexity(const eval::PplResult& r, const char* key, bool json, nlohmann::json& out) {
+  out[key] = {{"perplexity", r.perplexity}, {"nll", r.nll},
+              {"stderr", r.stderr_ppl},     {"ci95", {r.ppl_ci95.lo, r.ppl_ci95.hi}},
+              {"scored", r.scored},         {"protocol", r.label}};
+  if (!json)
+    std::printf("perplexity %.4f +- %.4f [95%% %.4f, %.4f]  loss %.4f  (%s; %lld tokens scored)\n",
+                r.perplexity, r.stderr_ppl, r.ppl_ci95.lo, r.ppl_ci95.hi, r.nll, r.label.c_str(),
+                static_cast<long long>(r.scored));
+}
+
+// The KL divergence from the reference, into `out` and (without --json) as a line.
+void report_kl(const eval::KlResult& kl, int ctx, bool json, nlohmann::json& out) {
+  out["kl"] = {{"mean", kl.mean},
+               {"median", kl.median},
+               {"p90", kl.p90},
+               {"p99", kl.p99},
+               {"max", kl.max},
+               {"mean_ci95", {kl.mean_ci95.lo, kl.mean_ci95.hi}},
+               {"top1_agreement", kl.top1_agreement},
+               {"top1_ci95", {kl.top1_ci95.lo, kl.top1_ci95.hi}},
+               {"positions", kl.positions}};
+  if (!json)
+    std::printf(
+        "KL(reference || model) mean %.5f [95%% %.5f, %.5f]  median %.5f  p90 %.5f  p99 %.5f  "
+        "max %.4f  top-1 agreement %.4f [95%% %.4f, %.4f]  (%lld positions, windows of %d; "
+        "intervals: bootstrap over windows)\n",
+        kl.mean, kl.mean_ci95.lo, kl.mean_ci95.hi, kl.median, kl.p90, kl.p99, kl.max,
+        kl.top1_agreement, kl.top1_ci95.lo, kl.top1_ci95.hi, static_cast<long long>(kl.positions),
+        ctx);
+}
+
+}  // namespace
+
 void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   const auto& cfg = m.model.config;
   const int ctx = a.seq > 0 ? a.seq : default_eval_window(cfg), V = cfg.vocab_size,
@@ -39,13 +85,7 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
   auto toks =
       quant::read_tokens(a.data, a.windows > 0 ? static_cast<std::size_t>(a.windows) * ctx : 0, V);
   quant::AnyModel ref;
-  if (!a.reference.empty()) {
-    ref = quant::load_any_model(resolve_model_path(a.reference));
-    if (!(ref.model.config == cfg))
-      throw Error(fmt::format("the reference model {} is {} but the evaluated model is {}",
-                              a.reference, model::describe(ref.model.config), model::describe(cfg)),
-                  "compare a quantized model with the model it was quantized from");
-  }
+  if (!a.reference.empty()) ref = load_reference(a.reference, cfg);
   quant::PackedModel pm;  // after every check of the input: it may print a note
   auto fn = model_logits(m, layout, a.kernels, pm);
   nlohmann::json out{{"model", m.description.empty() ? "fp32" : m.description}};
@@ -54,36 +94,11 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
     if (p == eval::PplProtocol::Windows && proto == "llama") continue;
     if (p == eval::PplProtocol::SecondHalf && proto == "windows") continue;
     auto r = eval::perplexity(fn, toks, ctx, V, Vp, p, a.windows, a.batch);
-    const char* key = p == eval::PplProtocol::Windows ? "windows" : "llama";
-    out[key] = {{"perplexity", r.perplexity}, {"nll", r.nll},
-                {"stderr", r.stderr_ppl},     {"ci95", {r.ppl_ci95.lo, r.ppl_ci95.hi}},
-                {"scored", r.scored},         {"protocol", r.label}};
-    if (!a.json)
-      std::printf(
-          "perplexity %.4f +- %.4f [95%% %.4f, %.4f]  loss %.4f  (%s; %lld tokens scored)\n",
-          r.perplexity, r.stderr_ppl, r.ppl_ci95.lo, r.ppl_ci95.hi, r.nll, r.label.c_str(),
-          static_cast<long long>(r.scored));
+    report_perplexity(r, p == eval::PplProtocol::Windows ? "windows" : "llama", a.json, out);
   }
   if (!a.reference.empty()) {
     auto rf = quant::logits_fn(layout, ref.model.params.data(), ref.act);
-    auto kl = eval::kl_divergence(rf, fn, toks, ctx, V, Vp, a.windows, a.batch);
-    out["kl"] = {{"mean", kl.mean},
-                 {"median", kl.median},
-                 {"p90", kl.p90},
-                 {"p99", kl.p99},
-                 {"max", kl.max},
-                 {"mean_ci95", {kl.mean_ci95.lo, kl.mean_ci95.hi}},
-                 {"top1_agreement", kl.top1_agreement},
-                 {"top1_ci95", {kl.top1_ci95.lo, kl.top1_ci95.hi}},
-                 {"positions", kl.positions}};
-    if (!a.json)
-      std::printf(
-          "KL(reference || model) mean %.5f [95%% %.5f, %.5f]  median %.5f  p90 %.5f  p99 %.5f  "
-          "max %.4f  top-1 agreement %.4f [95%% %.4f, %.4f]  (%lld positions, windows of %d; "
-          "intervals: bootstrap over windows)\n",
-          kl.mean, kl.mean_ci95.lo, kl.mean_ci95.hi, kl.median, kl.p90, kl.p99, kl.max,
-          kl.top1_agreement, kl.top1_ci95.lo, kl.top1_ci95.hi, static_cast<long long>(kl.positions),
-          ctx);
+    report_kl(eval::kl_divergence(rf, fn, toks, ctx, V, Vp, a.windows, a.batch), ctx, a.json, out);
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }
