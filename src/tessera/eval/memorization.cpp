@@ -74,6 +74,32 @@ double token_match(const std::vector<std::int32_t>& a, const std::vector<std::in
   return static_cast<double>(same) / n;
 }
 
+namespace {
+
+// One document: its last `suffix` tokens generated greedily from up to `max_prompt` tokens before
+// them, and compared with them.
+MemorizationRow score_document(const model::ParamLayout& layout, const float* params,
+                               const std::vector<std::int32_t>& doc, int suffix, int max_prompt,
+                               const SampleOptions& opt, const data::Tokenizer* words) {
+  const auto split = doc.end() - suffix;
+  const std::ptrdiff_t plen = split - doc.begin();
+  const std::ptrdiff_t keep = std::min<std::ptrdiff_t>(plen, max_prompt);
+  const std::vector<std::int32_t> prompt(split - keep, split), truth(split, doc.end());
+  MemorizationRow row;
+  row.prompt_tokens = static_cast<int>(keep);
+  row.prompt_tokens_dropped = static_cast<int>(plen - keep);
+  Rng rng(0);  // unused by greedy decoding
+  row.generated = generate(layout, params, prompt, opt, rng);
+  row.exact = row.generated == truth;
+  row.token_match = token_match(row.generated, truth);
+  row.rouge_l = rouge_l_f1(row.generated, truth);
+  if (words)
+    row.rouge_l_words = rouge_l_words(decode_ids(*words, row.generated), decode_ids(*words, truth));
+  return row;
+}
+
+}  // namespace
+
 MemorizationResult score_documents(const model::ParamLayout& layout, const float* params,
                                    const std::vector<std::vector<std::int32_t>>& docs, int suffix,
                                    kernels::GemmLibrary gemm, const data::Tokenizer* words) {
@@ -89,30 +115,15 @@ MemorizationResult score_documents(const model::ParamLayout& layout, const float
   opt.temperature = 0.0f;
   opt.top_k = 0;
   opt.gemm = gemm;
-  Rng rng(0);  // unused by greedy decoding
   for (std::size_t d = 0; d < docs.size(); ++d) {
-    const auto& doc = docs[d];
-    if (doc.size() < static_cast<std::size_t>(suffix) + 1) {
+    if (docs[d].size() < static_cast<std::size_t>(suffix) + 1) {
       ++res.skipped;
       continue;
     }
-    auto split = doc.end() - suffix;
-    std::ptrdiff_t plen = split - doc.begin();
-    std::ptrdiff_t keep = std::min<std::ptrdiff_t>(plen, res.max_prompt);
-    std::vector<std::int32_t> prompt(split - keep, split);
-    std::vector<std::int32_t> truth(split, doc.end());
-    MemorizationRow row;
+    MemorizationRow row =
+        score_document(layout, params, docs[d], suffix, res.max_prompt, opt, words);
     row.index = d;
-    row.prompt_tokens = static_cast<int>(keep);
-    row.prompt_tokens_dropped = static_cast<int>(plen - keep);
     if (row.prompt_tokens_dropped > 0) ++res.truncated;
-    row.generated = generate(layout, params, prompt, opt, rng);
-    row.exact = row.generated == truth;
-    row.token_match = token_match(row.generated, truth);
-    row.rouge_l = rouge_l_f1(row.generated, truth);
-    if (words)
-      row.rouge_l_words =
-          rouge_l_words(decode_ids(*words, row.generated), decode_ids(*words, truth));
     res.exact_rate += row.exact;
     res.mean_token_match += row.token_match;
     res.mean_rouge_l += row.rouge_l;
