@@ -449,30 +449,37 @@ double p2p_message(const PredictContext& x, Prediction& r) {
 
 // Each chunk's costs, the schedule's time with its fill and drain, and the busy time of the
 // fullest stage. Returns that stage.
+// One model chunk's costs per micro-batch: its layers, plus the embedding on the first global
+// chunk and the head on the last.
+ChunkCost chunk_cost(const PredictContext& x, const EndCosts& ends, int stg, int ch) {
+  const LayerCost& lc = x.lc;
+  const int gc = ch * x.g.pp + stg;
+  const double layers = x.chunk_layers(stg, ch);
+  ChunkCost cc;
+  cc.fwd_compute = layers * lc.fwd_compute;
+  cc.fwd_comm = layers * lc.fwd_exposed;
+  cc.bwd_compute = layers * (lc.bwd_compute + lc.recompute);
+  cc.bwd_comm = layers * (lc.bwd_exposed + lc.rec_exposed);
+  if (gc == 0) {
+    cc.fwd_compute += ends.embed_f;
+    cc.bwd_compute += ends.embed_b;
+  }
+  if (gc == x.g.pp * x.v - 1) {
+    cc.fwd_compute += ends.head_f;
+    cc.bwd_compute += ends.head_b;
+  }
+  return cc;
+}
+
 int pipeline_time(const PredictContext& x, const EndCosts& ends, double p2p, Prediction& r) {
   const auto& g = x.g;
   const int v = x.v, m = x.m;
-  const LayerCost& lc = x.lc;
   r.chunk_cost.assign(g.pp, std::vector<ChunkCost>(v));
   std::vector<double> stage_T(g.pp, 0), stage_compute(g.pp, 0);
   for (int stg = 0; stg < g.pp; ++stg)
     for (int ch = 0; ch < v; ++ch) {
+      const ChunkCost cc = r.chunk_cost[stg][ch] = chunk_cost(x, ends, stg, ch);
       const int gc = ch * g.pp + stg;
-      ChunkCost cc;
-      const double layers = x.chunk_layers(stg, ch);
-      cc.fwd_compute = layers * lc.fwd_compute;
-      cc.fwd_comm = layers * lc.fwd_exposed;
-      cc.bwd_compute = layers * (lc.bwd_compute + lc.recompute);
-      cc.bwd_comm = layers * (lc.bwd_exposed + lc.rec_exposed);
-      if (gc == 0) {
-        cc.fwd_compute += ends.embed_f;
-        cc.bwd_compute += ends.embed_b;
-      }
-      if (gc == g.pp * v - 1) {
-        cc.fwd_compute += ends.head_f;
-        cc.bwd_compute += ends.head_b;
-      }
-      r.chunk_cost[stg][ch] = cc;
       const double msgs = (gc > 0 ? 1 : 0) + (gc < g.pp * v - 1 ? 1 : 0);
       stage_T[stg] += cc.fwd_compute + cc.fwd_comm + cc.bwd_compute + cc.bwd_comm + msgs * p2p;
       stage_compute[stg] += cc.fwd_compute + cc.bwd_compute;
