@@ -12,6 +12,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/eval/generate.hpp"
 #include "tessera/model/gpt.hpp"
 #include "tessera/optim/adamw.hpp"
 
@@ -233,6 +234,32 @@ TEST_P(ModelFamilies, KvCacheDecoderTeamsAgree) {
   for (std::size_t i = 0; i < logits[0].size(); ++i) {
     ASSERT_NEAR(logits[1][i], logits[0][i], 2e-5) << "team of 2, at " << i;
     ASSERT_NEAR(logits[2][i], logits[0][i], 2e-5) << "team of 3, at " << i;
+  }
+}
+
+// Past a full context both decoding loops slide on: the KV-cache one restarts on the newest
+// half-window, the recomputing one keeps it. Down to a context of one token (a half-window of
+// zero tokens once crashed both), each returns every token asked for, each a vocabulary id.
+TEST_P(ModelFamilies, GenerationSlidesPastEveryContextSize) {
+  for (int block : {1, 2, 3}) {
+    auto cfg = config();
+    cfg.block_size = block;
+    const SeededModel m(cfg, 3, 4);
+    eval::SampleOptions so;
+    so.max_new_tokens = 7;
+    so.temperature = 0.0f;
+    Rng r1(1), r2(1);
+    const auto a = eval::generate(m.layout, m.params.data(), {5, 6, 7}, so, r1);
+    model::Decoder dec(m.layout, m.params.data(), block, kernels::GemmLibrary::OneDnn);
+    auto next = [&](const std::int32_t* ctx, int T) {
+      dec.reset();
+      return dec.prefill(ctx, T);
+    };
+    const auto b = eval::generate_recompute(cfg.vocab_size, block, {5, 6, 7}, so, r2, next);
+    for (const auto* out : {&a, &b}) {
+      ASSERT_EQ(out->size(), 7u) << "block_size " << block;
+      for (auto t : *out) EXPECT_TRUE(t >= 0 && t < cfg.vocab_size) << t;
+    }
   }
 }
 

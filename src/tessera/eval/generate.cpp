@@ -56,10 +56,11 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
     if (next == opt.stop_token) break;
     if (i + 1 == opt.max_new_tokens) break;
     if (dec.position() == dec.capacity()) {
-      // Context full: restart the cache on the most recent half-window (sliding context).
+      // Context full: restart the cache on the most recent half-window (sliding context; at
+      // least the newest token, for a context of one).
       std::vector<std::int32_t> all(prompt);
       all.insert(all.end(), out.begin(), out.end());
-      std::vector<std::int32_t> recent(all.end() - ctx / 2, all.end());
+      std::vector<std::int32_t> recent(all.end() - std::max(ctx / 2, 1), all.end());
       dec.reset();
       logits = dec.prefill(recent.data(), static_cast<int>(recent.size()));
     } else {
@@ -86,7 +87,8 @@ std::vector<std::int32_t> generate_recompute(int vocab_size, int block_size,
     out.push_back(next);
     if (on_token) on_token(next);
     if (next == opt.stop_token) break;
-    if (T == ctx) window.erase(window.begin(), window.end() - (ctx / 2 - 1));
+    if (T == ctx)  // full: keep the newest half-window, the new token included
+      window.erase(window.begin(), window.end() - std::max(ctx / 2 - 1, 0));
     window.push_back(next);
   }
   return out;
