@@ -489,7 +489,8 @@ TEST_F(Cli, TensorBoardReaderAgreesWithMetricsJsonl) {
 }
 
 // tessera plot: a PNG or SVG of one metric of several runs; a folder that is no run, a metric
-// no run has and a picture format it cannot write are each one error line.
+// no run has, a picture format it cannot write and an output folder that is not there are each
+// one error line.
 TEST_F(Cli, PlotDrawsTheCurvesOfRuns) {
   auto dir = cli::scratch("plot");
   auto other = dir / "other";
@@ -510,5 +511,8 @@ TEST_F(Cli, PlotDrawsTheCurvesOfRuns) {
                      "did you mean \"loss\"");
   expect_clean_error(cli::run("plot " + runs + " --out " + (dir / "x.gif").string()),
                      "unknown picture format");
+  // a folder that does not exist (PLplot alone would retry, then exit the process)
+  expect_clean_error(cli::run("plot " + runs + " --out " + (dir / "no" / "x.svg").string()),
+                     "cannot write");
   EXPECT_FALSE(fs::exists(dir / "x.png"));
 }

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -211,6 +214,16 @@ void draw_chart(const Chart& chart) {
   draw_legend(chart, colors);
 }
 
+// PLplot retries a file it cannot open and then exits the process: the temporary file is
+// created here first, so that a missing or read-only folder is an error line instead.
+void check_writable(const fs::path& tmp, const fs::path& out) {
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f)
+    throw Error(fmt::format("cannot write {}: {}", out.string(), std::strerror(errno)),
+                "check that its folder exists and is writable");
+  std::fclose(f);
+}
+
 }  // namespace
 
 void draw(const std::vector<Chart>& charts, const fs::path& out, const Page& page) {
@@ -222,6 +235,7 @@ void draw(const std::vector<Chart>& charts, const fs::path& out, const Page& pag
   require_device(device);
   fs::path tmp = out;
   tmp += fmt::format(".tmp.{}", ::getpid());
+  check_writable(tmp, out);
   const int columns = std::max(1, page.columns);
   const int rows = (static_cast<int>(charts.size()) + columns - 1) / columns;
   PLINT previous = 0, stream = 0;
