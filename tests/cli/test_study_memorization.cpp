@@ -4,14 +4,19 @@
 // With --model, on the tiny Llama fixture (grouped-query attention, 100 tokens, 16 positions): the
 // pretrained row and the three arms run and are written; the control trains on documents that
 // share no window with the targets.
+// SIGTERM ends the whole study, not just the arm it arrived in.
 // Bad options and input (a shard of another vocabulary, documents not divisible by the batch or
 // longer than the model's context) give one error line and exit 2 before any training.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_util.hpp"
@@ -63,6 +68,37 @@ class StudyMemorization : public ::testing::Test {
 };
 
 }  // namespace
+
+// SIGTERM (a scheduler's warning) during an arm's training ends the whole study: its training
+// stops after the step in progress, and the study exits with one error line instead of going on
+// to the next arm (it does not resume; the error says it starts afresh).
+TEST_F(StudyMemorization, StopSignalEndsTheStudy) {
+  auto out = cli::scratch("memo_signal");
+  const fs::path err = out.parent_path() / "memo_signal.err";
+  std::string a = args(out);
+  a.replace(a.find("--epochs 2"), 10, "--epochs 100000");
+  const pid_t pid = cli::spawn(a, ">/dev/null 2>'" + err.string() + "'");
+  bool training = false;  // the first arm has written a step row (up to two minutes)
+  for (int i = 0; i < 2400 && !training; ++i) {
+    training = cli::slurp(out / "standard" / "metrics.jsonl").find("\"loss\"") != std::string::npos;
+    if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGTERM);
+  int st = 0, waited = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0 && waited++ < 1200)  // up to two minutes
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (waited > 1200) kill(pid, SIGKILL), waitpid(pid, &st, 0);
+  ASSERT_TRUE(training) << cli::slurp(err);
+  ASSERT_TRUE(WIFEXITED(st)) << (waited > 1200 ? "the study did not stop within two minutes"
+                                               : "killed by the signal")
+                             << "\n"
+                             << cli::slurp(err);
+  EXPECT_EQ(WEXITSTATUS(st), 2) << cli::slurp(err);
+  EXPECT_NE(cli::slurp(err).find("error: the study stopped by SIGTERM while training standard"),
+            std::string::npos)
+      << cli::slurp(err);
+  EXPECT_FALSE(fs::exists(out / "goldfish")) << "the next arm must not start";
+}
 
 TEST_F(StudyMemorization, BothArmsRunAndWriteTheirTables) {
   auto out = cli::scratch("memo_out");

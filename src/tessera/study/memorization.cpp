@@ -225,6 +225,7 @@ MemorizationArm train_arm(const MemorizationStudyOptions& o, const ArmSpec& spec
   fs::remove_all(cfg.train.out_dir);  // a fresh run: no resume from an earlier study
   train::TrainOptions to;
   to.quiet = true;
+  to.resumable = false;
   std::unique_ptr<Progress> bar;
   if (!o.quiet) bar = std::make_unique<Progress>("train " + arm.name, steps);
   to.on_step = [&](std::int64_t step, std::int64_t, double loss) {
@@ -233,6 +234,10 @@ MemorizationArm train_arm(const MemorizationStudyOptions& o, const ArmSpec& spec
   };
   Timer t;
   const auto summary = train::run_training(cfg, to, rt);
+  if (!summary.stopped_by.empty())
+    throw Error(fmt::format("the study stopped by {} while training {} (step {} of {})",
+                            summary.stopped_by, arm.name, summary.last_step, steps),
+                "the study starts afresh when run again");
   arm.train_seconds = t.seconds();
   arm.tokens_per_s = summary.tokens_per_s;
   if (bar)

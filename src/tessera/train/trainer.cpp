@@ -297,8 +297,9 @@ void finish_run(TrainingRun& run, const StepReference& ref, const comm::Topology
              run.summary.last_checkpoint.string());
   if (!run.summary.stopped_by.empty()) {  // said even when quiet: the job did not finish
     if (run.lead)
-      log_info("stopped by {} after step {} of {}, checkpoint saved: run again with --resume",
-               run.summary.stopped_by, step, run.cfg.train.steps);
+      log_info("stopped by {} after step {} of {}{}", run.summary.stopped_by, step,
+               run.cfg.train.steps,
+               run.opt.resumable ? ", checkpoint saved: run again with --resume" : "");
     return;  // no sample: a stopped job has little time left
   }
   sample_at(run, step);

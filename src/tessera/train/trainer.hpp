@@ -41,6 +41,9 @@ struct TrainOptions {
   // each instruction of the schedule per stage, with the simulator's names. Under several ranks
   // each writes PATH with ".rank<k>" before the extension. Empty: no trace.
   std::filesystem::path trace;
+  // A stopped run's line says "run again with --resume"; off for callers that do not resume a
+  // run but stop as a whole when it stops (its summary's stopped_by says so).
+  bool resumable = true;
   // Called on rank 0 after each optimizer step (studies drawing their own progress).
   std::function<void(std::int64_t step, std::int64_t steps, double loss)> on_step;
 };

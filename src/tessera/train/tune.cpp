@@ -94,7 +94,11 @@ void measure(const RunConfig& cfg, const perf::PlanPoint& p, const TuneOptions& 
   opt.overwrite = true;
   opt.quiet = true;
   opt.check_prediction = false;  // the table puts both side by side
+  opt.resumable = false;
   const TrainSummary s = run_training(run, opt, rt);
+  if (!s.stopped_by.empty())  // a part of a measurement is none: the tuning stops here
+    throw Error(fmt::format("tune stopped by {} while measuring {}", s.stopped_by, r.plan),
+                "the candidates measured before it are kept: run tessera tune again to go on");
   std::vector<double> steps(s.step_s.begin() + 1, s.step_s.end());
   r.step_s = median(steps);
   for (double& t : steps) t = std::fabs(t - r.step_s);
