@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "model_paths.hpp"
+#include "option_checks.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/model/config.hpp"
 #include "tessera/quant/calibration.hpp"
@@ -30,8 +31,11 @@ inline void add_calibration_options(CLI::App* cmd, CalibFlags& f) {
       ->capture_default_str();
   cmd->add_option("--nsamples", f.nsamples, "calibration samples")->capture_default_str();
   cmd->add_option("--seqlen", f.seqlen, "tokens per sample (0 = min(block_size, 512))")
+      ->check(at_least(0))
       ->capture_default_str();
-  cmd->add_option("--seed", f.seed, "calibration sampling seed")->capture_default_str();
+  cmd->add_option("--seed", f.seed, "calibration sampling seed")
+      ->check(k_unsigned_number)
+      ->capture_default_str();
   cmd->add_option("--calib-data", f.data, "token shard for corpus calibration sets")
       ->capture_default_str();
   cmd->add_option("--calib-text", f.text,

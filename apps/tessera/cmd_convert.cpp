@@ -58,12 +58,7 @@ void add_convert_command(CLI::App& root) {
   cmd->callback([a, shard_opt] {
     const std::filesystem::path out = a->out;
     const bool gguf = a->format == "gguf";
-    for (const auto& target :
-         gguf ? std::vector{out}
-              : std::vector{out / "model.safetensors", out / "model.safetensors.index.json"})
-      if (std::filesystem::exists(target) && !a->overwrite)
-        throw Error(fmt::format("{} already exists", target.string()),
-                    "choose another --out, or add --overwrite");
+    refuse_existing_model(out, gguf, a->overwrite);
     const bool ggml_quant = a->dtype == "q8_0" || a->dtype == "q4_0" || a->dtype == "q4_1";
     if (ggml_quant && !gguf)
       throw Error(fmt::format("--dtype {} is a GGUF type", a->dtype), "add --format gguf");

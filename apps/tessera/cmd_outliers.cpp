@@ -33,7 +33,9 @@ void add_outliers_command(CLI::App& root) {
   add_calibration_options(cmd, a->cf);
   cmd->add_option("--ratio", a->ratio, "outlier channel: max|x| >= ratio x median channel")
       ->capture_default_str();
-  cmd->add_option("--top", a->top, "outlier channels to print")->capture_default_str();
+  cmd->add_option("--top", a->top, "outlier channels to print")
+      ->check(at_least(0))
+      ->capture_default_str();
   cmd->callback([a] {
     namespace fs = std::filesystem;
     if (!std::isfinite(a->ratio) || a->ratio <= 1)

@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "model_paths.hpp"
+#include "option_checks.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/core/paths.hpp"
@@ -191,6 +192,7 @@ void add_prepare_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--val-every", o->val_every,
                   "every N-th document goes to val.bin (0: no validation set)")
+      ->check(k_unsigned_number)
       ->capture_default_str();
   cmd->add_option("--jsonl-key", o->jsonl_key, "field of each JSONL object holding the text")
       ->capture_default_str();

@@ -39,7 +39,7 @@ void add_quantize_command(CLI::App& root) {
     std::string eval_data;
     int bits = 4, group = 128, blocksize = 128, eval_windows = 32, vocab_bits = 0;
     bool sym = false, act_order = false, static_groups = false, no_clip = false, verbose = false;
-    bool recon = false, min_offset = false;
+    bool recon = false, min_offset = false, overwrite = false;
     double damp = 0.01, alpha = 0.5, threshold = 6.0;
   };
   auto a = std::make_shared<Args>();
@@ -48,6 +48,7 @@ void add_quantize_command(CLI::App& root) {
                   "and Llama too), a .gguf file, or a pretrained model's short name")
       ->required();
   cmd->add_option("--out,-o", a->out, "directory for the quantized model.safetensors")->required();
+  cmd->add_flag("--overwrite", a->overwrite, "replace a model already in --out");
   cmd->add_option("--method", a->method, "rtn, gptq, awq, smoothquant, w8a8 or llm-int8")
       ->capture_default_str();
   cmd->add_option("--bits", a->bits, "weight bits for rtn/gptq/awq (2..8)")->capture_default_str();
@@ -80,6 +81,7 @@ void add_quantize_command(CLI::App& root) {
                   "after quantizing, compare with the original on this "
                   "token shard (perplexity by both protocols, KL)");
   cmd->add_option("--eval-windows", a->eval_windows, "windows of block_size for --eval")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_flag("--verbose,-v", a->verbose, "per-layer progress");
   cmd->add_flag("--recon", a->recon,
@@ -87,6 +89,7 @@ void add_quantize_command(CLI::App& root) {
                 "the calibration inputs of the original model, beside RTN's");
   cmd->callback([a] {
     using clock = std::chrono::steady_clock;
+    refuse_existing_model(a->out, false, a->overwrite);
     quant::QuantizeOptions qo;
     qo.method = quant::parse_method(a->method);
     qo.wq = quant::WeightQuant{a->bits, a->group, a->sym, a->min_offset};

@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "model_paths.hpp"
+#include "option_checks.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/core/process_memory.hpp"
@@ -189,7 +190,9 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--temperature,-t", a->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k,-k", a->top_k, "sample among the k most likely tokens (0 = all)")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "random seed")
+      ->check(k_unsigned_number)
+      ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "the tokenizer (default: the model's own, from its .gguf file or a "
                   "tokenizer.json beside it, else GPT-2's in data/gpt2): a .gguf file, a "

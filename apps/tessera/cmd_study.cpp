@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "model_paths.hpp"
+#include "option_checks.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/io/pretrained.hpp"
@@ -180,6 +181,7 @@ void add_calibration_options(CLI::App& cmd, StudyArgs& a) {
   cmd.add_option("--seeds", a.seeds, "calibration seeds per set")->capture_default_str();
   cmd.add_option("--nsamples", a.nsamples, "calibration samples")->capture_default_str();
   cmd.add_option("--seqlen", a.seqlen, "tokens per sample (0 = min(block_size, 256))")
+      ->check(at_least(0))
       ->capture_default_str();
   cmd.add_option("--text,--data,-d", a.texts,
                  "evaluation text NAME=PATH (a token shard .bin or a text file), repeatable "
@@ -188,11 +190,14 @@ void add_calibration_options(CLI::App& cmd, StudyArgs& a) {
       ->capture_default_str();
   cmd.add_option("--long-windows", a.long_windows,
                  "long windows per text (0 = none): fp32 and the --long methods")
+      ->check(at_least(0))
       ->capture_default_str();
   cmd.add_option("--long", a.long_methods,
                  "methods whose first run is also scored on the long windows (default "
                  "gptq,smoothquant; - for none)");
-  cmd.add_option("--ctx", a.ctx, "window length (0 = min(block_size, 512))")->capture_default_str();
+  cmd.add_option("--ctx", a.ctx, "window length (0 = min(block_size, 512))")
+      ->check(at_least(0))
+      ->capture_default_str();
   cmd.add_option("--bits", a.bits, "weight bits of gptq/awq/rtn")->capture_default_str();
   cmd.add_option("--group", a.group, "group size of gptq/awq/rtn")->capture_default_str();
   cmd.add_option("--alpha", a.alpha, "SmoothQuant migration strength")->capture_default_str();

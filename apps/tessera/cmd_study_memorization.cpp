@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "model_paths.hpp"
+#include "option_checks.hpp"
 #include "tessera/comm/runtime.hpp"
 #include "tessera/study/memorization.hpp"
 
@@ -60,6 +61,7 @@ void add_flags(CLI::App* cmd, StudyFlags& f) {
   cmd->add_option("--suffix", o.suffix, "last tokens of each document to reproduce (--model: 32)")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "documents' offset in the corpus and model initialisation")
+      ->check(k_unsigned_number)
       ->capture_default_str();
   cmd->add_option("--family", o.family, "from scratch: gpt2 or llama")->capture_default_str();
   cmd->add_option("--n-layer", o.n_layer, "from scratch: layers")->capture_default_str();

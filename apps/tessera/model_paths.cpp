@@ -1,5 +1,10 @@
 #include "model_paths.hpp"
 
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/io/checkpoint.hpp"
 #include "tessera/io/pretrained.hpp"
@@ -38,6 +43,16 @@ bool write_own_tokenizer(const fs::path& out_dir, const std::string& tokenizer_a
   const auto tok = own_tokenizer(tokenizer_arg, model_arg, model_vocab);
   if (tok) io::write_hf_tokenizer(out_dir, tok->vocab());
   return tok.has_value();
+}
+
+void refuse_existing_model(const std::filesystem::path& target, bool gguf, bool overwrite) {
+  if (overwrite) return;
+  for (const auto& file :
+       gguf ? std::vector{target}
+            : std::vector{target / "model.safetensors", target / "model.safetensors.index.json"})
+    if (std::filesystem::exists(file))
+      throw Error(fmt::format("{} already exists", file.string()),
+                  "choose another --out, or add --overwrite");
 }
 
 }  // namespace tessera::app

@@ -33,4 +33,8 @@ std::optional<data::Tokenizer> own_tokenizer(const std::string& tokenizer_arg,
 bool write_own_tokenizer(const std::filesystem::path& out_dir, const std::string& tokenizer_arg,
                          const std::string& model_arg, std::int64_t model_vocab);
 
+// Refuses (tessera::Error) to write a model where one is: `target` a GGUF file, or a folder that
+// holds model.safetensors or a sharded model's index; unless `overwrite` (--overwrite).
+void refuse_existing_model(const std::filesystem::path& target, bool gguf, bool overwrite);
+
 }  // namespace tessera::app

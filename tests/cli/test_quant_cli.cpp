@@ -178,6 +178,24 @@ TEST(QuantCli, MalformedOrMismatchedInputsGiveOneLine) {
       0);
   expect_clean_error(cli::run("quantize -m " + q.string() + out + " --method rtn --group 16"),
                      "already quantized");
+  // a model already in --out (here the source itself) is kept unless --overwrite says otherwise
+  const auto before = cli::slurp(q / "model.safetensors");
+  expect_clean_error(
+      cli::run("quantize -m " + k_fixture + " -o " + q.string() + " --method rtn --group 32"),
+      "already exists");
+  EXPECT_EQ(cli::slurp(q / "model.safetensors"), before);
+  ASSERT_EQ(cli::run("quantize -m " + k_fixture + " -o " + q.string() +
+                     " --method rtn --group 16 --overwrite")
+                .code,
+            0);
+  // numbers CLI11 alone would wrap around or take as the default
+  for (const char* opt : {"--seed -1", "--seed 18446744073709551616", "--seqlen -1"})
+    expect_clean_error(cli::run("quantize -m " + k_fixture + out +
+                                " --method gptq --calib random --nsamples 2 " + opt),
+                       std::string(opt).substr(0, std::string(opt).find(' ')));
+  expect_clean_error(
+      cli::run("quantize -m " + k_fixture + out + " --method rtn --eval x.bin --eval-windows 0"),
+      "--eval-windows");
   auto bad = dir / "bad";
   fs::create_directories(bad);
   fs::copy_file(q / "model.safetensors", bad / "model.safetensors");
