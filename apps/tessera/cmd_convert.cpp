@@ -99,6 +99,7 @@ void add_convert_command(CLI::App& root) {
                                                  : io::DType::F32;
     // The tokenizer is read (and checked) before anything is written.
     const auto tok = own_tokenizer(a->tokenizer, a->model, loaded.config.vocab_size);
+    prepare_output_dir(out, "--out");
     const auto files = io::save_model(out, layout, loaded.params.data(), dtype, max_shard);
     if (tok) io::write_hf_tokenizer(out, tok->vocab());
     const std::string weights =

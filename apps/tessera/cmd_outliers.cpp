@@ -40,6 +40,7 @@ void add_outliers_command(CLI::App& root) {
     namespace fs = std::filesystem;
     if (!std::isfinite(a->ratio) || a->ratio <= 1)
       throw Error(fmt::format("--ratio must be a number > 1, got {}", a->ratio));
+    prepare_output_dir(a->out, "--out");  // before the work, not after it
     auto path = resolve_model_path(a->model);
     auto any = quant::load_any_model(path);
     const auto& cfg = any.model.config;
@@ -50,7 +51,6 @@ void add_outliers_command(CLI::App& root) {
     auto j = rep.to_json();
     j["model"] = path.string();
     j["calibration"] = calib.describe();
-    fs::create_directories(a->out);
     write_file_atomic(fs::path(a->out) / "outliers.json", j.dump(2) + "\n");
     const int rows = static_cast<int>(cap.layers.size());
     plot::draw(quant::outlier_charts(rep, cap), fs::path(a->out) / "outliers.svg",

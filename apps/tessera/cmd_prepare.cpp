@@ -15,6 +15,7 @@
 #include "model_paths.hpp"
 #include "option_checks.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/core/paths.hpp"
 #include "tessera/core/timer.hpp"
@@ -137,7 +138,8 @@ void run_prepare(const PrepareOptions& o) {
     throw Error("--val-every 1 would put every document in the validation set",
                 "use 0 for no validation set, or N >= 2 to hold out every N-th document");
   Timer total;
-  // The tokenizer first, so that a bad --tokenizer fails before any corpus is read.
+  // The output folder and the tokenizer first, so that neither fails after the corpus is read.
+  prepare_output_dir(o.out, "--out");
   const auto tok = io::load_tokenizer(resolve_tokenizer_path(o.tokenizer));
   const auto docs = load_documents(o);
   std::size_t bytes = 0;
@@ -150,11 +152,6 @@ void run_prepare(const PrepareOptions& o) {
   const Tokenized tokenized = tokenize_documents(tok, docs);
   const Split split = split_documents(tokenized.ids, o.val_every);
 
-  std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  if (ec)
-    throw Error(fmt::format("cannot create output directory {}: {}", o.out, ec.message()),
-                "choose another --out");
   const auto out = std::filesystem::path(o.out);
   data::write_shard(out / "train.bin", split.train);
   if (o.val_every > 0) data::write_shard(out / "val.bin", split.val);

@@ -137,6 +137,7 @@ void run_calibration_study(StudyArgs a) {
   apply_presets(a);
   default_data(a);
   const auto so = study_options(a);
+  prepare_output_dir(a.out, "--out");  // before the study's hours, not after them
   auto path = resolve_model_path(a.model);
   auto any = quant::load_any_model(path);
   if (any.quantized)
@@ -148,7 +149,6 @@ void run_calibration_study(StudyArgs a) {
   res.model_name = path.string() + " (" + model::describe(any.model.config) + ")" +
                    (a.plant.empty() ? "" : ", outlier planted at " + a.plant);
   const auto md = res.markdown();
-  fs::create_directories(a.out);
   write_file_atomic(fs::path(a.out) / "study.md", md);
   write_file_atomic(fs::path(a.out) / "study.csv", res.csv());
   write_file_atomic(fs::path(a.out) / "outliers.json", res.outliers.dump(2) + "\n");

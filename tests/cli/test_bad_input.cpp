@@ -312,6 +312,14 @@ TEST_F(BadInput, SymlinkLoopsAndAFileAsOutDirAreBadInput) {
   std::ofstream(d / "file") << "not a folder";
   expect_refused_before_output(cli::run(train(d / "file", 1)), "not a directory");
   expect_refused_before_output(cli::run(train(d / "file" / "sub", 1)), "not a directory");
+  // output folders are checked before the work (prepare tokenized the whole corpus first)
+  expect_refused_before_output(cli::run("prepare --corpus text --input " + (in / "a.txt").string() +
+                                        " --out " + (d / "file").string()),
+                               "cannot create the folder");
+  expect_refused_before_output(
+      cli::run("outliers -m " + k_fixture + " --calib random -o " + (d / "file" / "o").string()),
+      "cannot create the folder");
+  expect_refused_before_output(cli::run("convert -m " + k_fixture + " -o ''"), "--out is empty");
 }
 
 // 9. A FIFO given as an input file blocked forever (here: 20 s would be a hang).

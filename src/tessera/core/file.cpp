@@ -134,6 +134,25 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
   commit_temp_file(tmp, path);
 }
 
+void prepare_output_dir(const std::filesystem::path& dir, std::string_view option) {
+  const std::string hint = fmt::format("choose another {}", option);
+  if (dir.empty()) throw Error(fmt::format("{} is empty", option), hint);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir, ec))
+    throw Error(fmt::format("cannot create the folder {} ({}): {}", dir.string(), option,
+                            ec ? ec.message() : "a file of that name is in the way"),
+                hint);
+  const auto probe = dir / fmt::format(".tessera-write-test.{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0)
+    throw Error(
+        fmt::format("cannot write into {} ({}): {}", dir.string(), option, std::strerror(errno)),
+        hint);
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

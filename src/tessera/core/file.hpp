@@ -73,6 +73,11 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
 // `path` (removing tmp if that fails) and flushes the directory entry.
 void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path);
 
+// An output folder made ready before any long work: created with its parents if missing, and
+// shown to take a new file (one is created and removed). Throws tessera::Error naming `option`
+// (such as "--out") when the path is empty, is not a folder, or cannot be written.
+void prepare_output_dir(const std::filesystem::path& dir, std::string_view option);
+
 // fsync a file or directory by path (best effort on directories).
 void fsync_path(const std::filesystem::path& path);
 

@@ -113,7 +113,7 @@ DocumentSets pick_documents(const MemorizationStudyOptions& o, bool control,
   std::vector<std::uint32_t> stream(need + 1);
   corpus.read(static_cast<std::size_t>(res.corpus_offset), need + 1, stream.data());
   DocumentSets sets;
-  fs::create_directories(o.out);
+  prepare_output_dir(o.out, "--out");
   auto take = [&](std::size_t first, Documents& docs, const fs::path& shard) {
     for (int d = 0; d < o.docs; ++d) {
       const auto begin = stream.begin() + static_cast<std::ptrdiff_t>(first + d * o.doc_tokens);
