@@ -252,6 +252,9 @@ TEST(ParallelPlan, PipelineRules) {
   p.virtual_stages = 4;  // 8 chunks, 6 layers
   p.micro_batches = 4;
   EXPECT_EQ(first_reason(m, p), "layers fewer than pp x chunks");
+  p.virtual_stages = 2147483647;  // pp x chunks beyond an int: refused, not wrapped around
+  EXPECT_EQ(first_reason(m, p), "layers fewer than pp x chunks");
+  p.virtual_stages = 4;
   p.layer_split = {0, 1, 1, 1, 1, 1, 1, 0};  // given, chunks may be empty
   EXPECT_EQ(first_reason(m, p), "");
   p.micro_batches = 3;

@@ -9,21 +9,25 @@
 
 namespace tessera::parallel {
 
-namespace {
-
-// "1, 2, 3, 4, 6, 12": the divisors of n (n >= 1), for hints.
-std::string divisors(int n) {
-  std::string out;
-  for (int d = 1; d <= n; ++d) {
+std::vector<int> divisors(int n) {
+  // d runs to sqrt(n) only, in a long (d * d never overflows); each small divisor d pairs with
+  // n / d, collected backwards for the increasing order.
+  std::vector<int> small, large;
+  for (long d = 1; d * d <= n; ++d) {
     if (n % d != 0) continue;
-    if (!out.empty()) out += ", ";
-    out += std::to_string(d);
+    small.push_back(static_cast<int>(d));
+    if (d * d != n) large.push_back(static_cast<int>(n / d));
   }
-  return out;
+  small.insert(small.end(), large.rbegin(), large.rend());
+  return small;
 }
 
+namespace {
+
+// "choose ty among the divisors of 12: 1, 2, 3, 4, 6, 12"
 std::string choose_among(const char* what, int n) {
-  return n >= 1 ? fmt::format("choose {} among the divisors of {}: {}", what, n, divisors(n))
+  return n >= 1 ? fmt::format("choose {} among the divisors of {}: {}", what, n,
+                              fmt::join(divisors(n), ", "))
                 : fmt::format("choose {} dividing {}", what, n);
 }
 
@@ -107,7 +111,8 @@ void tensor_problems(const model::ModelConfig& m, const ParallelPlan& p,
 }
 
 // The layer split of a pipeline: one count per chunk, each >= 0, adding up to the model's layers.
-std::optional<PlanProblem> split_problem(const std::vector<int>& split, int n_layer, int chunks) {
+// `chunks` (pp x virtual stages) is a long: their product must not wrap around to a small count.
+std::optional<PlanProblem> split_problem(const std::vector<int>& split, int n_layer, long chunks) {
   if (split.empty()) {
     if (n_layer >= chunks) return std::nullopt;
     return PlanProblem{"layers fewer than pp x chunks",
@@ -117,7 +122,7 @@ std::optional<PlanProblem> split_problem(const std::vector<int>& split, int n_la
                        "use fewer stages or virtual stages, a deeper model, or give "
                        "parallel.pp_layers"};
   }
-  if (static_cast<int>(split.size()) != chunks)
+  if (static_cast<long>(split.size()) != chunks)
     return PlanProblem{"layer split does not match the chunks",
                        fmt::format("parallel.pp_layers ({}) has {} entries; the pipeline has {} "
                                    "chunks (pp x virtual stages)",
@@ -185,7 +190,8 @@ void pipeline_problems(const model::ModelConfig& m, const ParallelPlan& p,
                                m.n_layer, g.pp),
                    fmt::format("use parallel.pp <= {} or a deeper model", m.n_layer)});
   else if ((g.pp > 1 || !p.layer_split.empty()) && p.virtual_stages >= 1)
-    if (auto why = split_problem(p.layer_split, m.n_layer, g.pp * p.chunks())) out.push_back(*why);
+    if (auto why = split_problem(p.layer_split, m.n_layer, long{g.pp} * p.chunks()))
+      out.push_back(*why);
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ struct ParallelPlan {
   bool operator==(const ParallelPlan&) const = default;
 };
 
+// The divisors of n (n >= 1) in increasing order; O(sqrt n), without overflow for any int.
+std::vector<int> divisors(int n);
+
 // Why a plan cannot run: `reason` is short and fixed (counted by the planner), `message` names the
 // numbers, `hint` says what to change.
 struct PlanProblem {
