@@ -72,6 +72,18 @@ TEST(TomlReader, WrongTypesSayWhatWasExpectedAndWhatWasThere) {
             std::string::npos);
   EXPECT_EQ(r.number(dev, "device", "bw", true), 900.0);  // an integer is a number
   EXPECT_EQ(r.number(dev, "device", "absent", false, 2.5), 2.5);
+  // inf and nan are TOML floats, but no number a file gives may be either
+  TomlReader odd("[device]\npeak = inf\nbw = -inf\nlat = nan\n", "c.toml", "see the docs");
+  const toml::table* odd_dev = odd.table("device", true);
+  e = error_of([&] { odd.number(odd_dev, "device", "peak", true); });
+  EXPECT_STREQ(e.what(), "'device.peak' in c.toml (line 2) must be a finite number, got float inf");
+  EXPECT_EQ(e.hint(), "see the docs");
+  EXPECT_NE(std::string(error_of([&] { odd.number(odd_dev, "device", "bw", true); }).what())
+                .find("got float -inf"),
+            std::string::npos);
+  EXPECT_NE(std::string(error_of([&] { odd.number(odd_dev, "device", "lat", true); }).what())
+                .find("must be a finite number, got float nan"),
+            std::string::npos);
   EXPECT_STREQ(error_of([&] { r.string(dev, "device", "name", true); }).what(),
                "missing key 'device.name' in c.toml");
   EXPECT_STREQ(error_of([&] { r.table("node", true); }).what(), "c.toml: [node]: section missing");

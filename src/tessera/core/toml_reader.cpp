@@ -142,8 +142,14 @@ double TomlReader::number(const toml::table* t, const std::string& section, cons
                           bool required, double def) const {
   const toml::node* n = get(t, section, key, required);
   if (!n) return def;
-  if (auto v = as_number(*n)) return *v;
-  wrong_type(dotted_key(section, key), where(n->source()), *n, "must be a number", hint_);
+  const auto v = as_number(*n);
+  if (!v) wrong_type(dotted_key(section, key), where(n->source()), *n, "must be a number", hint_);
+  // TOML writes inf and nan as floats; no quantity a file gives is either.
+  if (!std::isfinite(*v))
+    throw Error(fmt::format("'{}' in {} must be a finite number, got {}", dotted_key(section, key),
+                            where(n->source()), describe_toml(*n)),
+                hint_);
+  return *v;
 }
 
 int TomlReader::integer(const toml::table* t, const std::string& section, const std::string& key,

@@ -42,7 +42,8 @@ class TomlReader {
   const toml::table* table(const std::string& name, bool required) const;
 
   // The value of `key` in table `t` of section `section` ("" = the root), or `def` when the key
-  // is absent (or `t` is null). A missing required key or a value of another type throws.
+  // is absent (or `t` is null). A missing required key or a value of another type throws, and so
+  // does a number that is not finite (inf, nan).
   double number(const toml::table* t, const std::string& section, const std::string& key,
                 bool required, double def = 0) const;
   int integer(const toml::table* t, const std::string& section, const std::string& key,
