@@ -184,8 +184,9 @@ void add_plan_command(CLI::App& root) {
       "(--show-schedule)");
   struct Args {
     std::string model, cluster, dtype = "bf16", grid, recompute = "all";
-    int gpus = 0, seq = 0, top = 10, max_micro_batch = 16, max_chunks = 4;
+    int gpus = 0, top = 10, max_micro_batch = 16, max_chunks = 4;
     long global_batch = 0;
+    std::optional<int> seq;  // none: the model file's seq_len
     std::vector<int> zero = {0, 1, 2, 3};
     bool json = false, no_flash = false, no_overlap = false, one_d = false;
     std::string show_schedule;  // --show-schedule: draw this schedule instead of planning

@@ -56,8 +56,9 @@ void add_simulate_command(CLI::App& root) {
   struct Args {
     std::string model, cluster, dtype = "bf16", grid, schedule = "1f1b", recompute = "full", trace,
                                 compare;
-    int gpus = 0, seq = 0, micro_batch = 1, chunks = 2, zero = 0, trace_ranks = 64;
+    int gpus = 0, micro_batch = 1, chunks = 2, zero = 0, trace_ranks = 64;
     long global_batch = 0;
+    std::optional<int> seq;  // none: the model file's seq_len
     bool json = false, no_flash = false, no_overlap = false;
   };
   auto a = std::make_shared<Args>();
@@ -87,6 +88,15 @@ void add_simulate_command(CLI::App& root) {
                   "and measured time per instruction");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->callback([a] {
+    // Used with --grid only, but a value no grid can use is a mistake either way.
+    if (a->micro_batch < 1)
+      throw Error(fmt::format("--micro-batch must be >= 1 (got {})", a->micro_batch));
+    if (a->chunks < 1) throw Error(fmt::format("--chunks must be >= 1 (got {})", a->chunks));
+    if (a->zero < 0 || a->zero > 3)
+      throw Error(fmt::format("--zero: stage {} is not in 0-3", a->zero));
+    if (a->trace_ranks < 1)
+      throw Error(fmt::format("--trace-ranks must be >= 1 (got {})", a->trace_ranks),
+                  "the trace holds the first --trace-ranks stages of the first pipeline");
     Timer timer;
     auto setup = load_perf_setup(a->model, a->cluster, a->gpus, a->global_batch, a->seq, a->dtype,
                                  a->no_flash, a->no_overlap);
@@ -120,6 +130,7 @@ void add_simulate_command(CLI::App& root) {
                     "see tessera plan for configurations that can");
     }
     auto pred = perf::predict(w, p, cl, o);
+    perf::check_replay_size(pred);
     perf::TraceOptions tr;
     tr.path = a->trace;
     tr.max_ranks = a->trace_ranks;

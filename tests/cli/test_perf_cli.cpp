@@ -12,6 +12,7 @@
 
 namespace {
 
+namespace fs = std::filesystem;
 using cli::expect_clean_error;
 
 }  // namespace
@@ -38,6 +39,40 @@ TEST(PerfCli, PlanErrors) {
   expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --grid 1,2,3"), "--grid");
   expect_clean_error(cli::run("plan -m gpt-1t -c frontier -n 8 -b 8"), "no configuration");
   expect_clean_error(cli::run("plan -m gpt-22b -c frontier -n 8 -b 8 --dtype fp8"), "dtype");
+  // device counts the planner cannot enumerate (an int's last values overflowed or hung it)
+  const std::string small = "plan -m gpt2-124m -c dgx-h100 -b 64";
+  for (const char* n : {"2147483647", "2147483646", "999999999", "1048577"})
+    expect_clean_error(cli::run(small + " -n " + n), "more than the 1048576 devices (2^20)");
+  expect_clean_error(cli::run(small + " -n 0"), "--gpus must be >= 1");
+  // option values the search cannot use: refused, not searched to "no configuration fits"
+  const std::string plan = small + " -n 16";
+  expect_clean_error(cli::run(plan + " --seq -1"), "--seq must be >= 1 (got -1)");
+  expect_clean_error(cli::run(plan + " --seq 0"), "--seq must be >= 1 (got 0)");
+  for (const char* v : {"0", "-1"}) {
+    expect_clean_error(cli::run(plan + " --max-chunks " + v), "--max-chunks must be >= 1");
+    expect_clean_error(cli::run(plan + " --max-micro-batch " + v),
+                       "--max-micro-batch must be >= 1");
+  }
+  expect_clean_error(cli::run(plan + " --grid 2,2,2,1,1,1"), "needs 5 sizes (got 6)");
+  expect_clean_error(cli::run(plan + " --grid 2,2,2,2"), "needs 5 sizes (got 4)");
+  expect_clean_error(cli::run(plan + " --grid 65536,65536,1,1,1"), "more than the 1048576");
+  expect_clean_error(cli::run(plan + " --top 0"), "--top must be >= 1");
+  // a cluster file's numbers are finite, in every section
+  const auto dir = cli::scratch("plan_inf_cluster");
+  const std::string h100 = cli::slurp(TESSERA_SOURCE_DIR "/configs/clusters/dgx-h100.toml");
+  for (const auto& [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"memory_gib = 80.0", "memory_gib = inf"},
+                                                        {"half_dim = 64", "half_dim = inf"},
+                                                        {"latency_us = 4.0", "latency_us = inf"},
+                                                        {"latency_us = 6.0", "latency_us = nan"}}) {
+    std::string text = h100;
+    ASSERT_NE(text.find(from), std::string::npos) << from;
+    text.replace(text.find(from), from.size(), to);
+    const auto file = (dir / "c.toml").string();
+    std::ofstream(file) << text;
+    expect_clean_error(cli::run("plan -m gpt2-124m -c " + file + " -n 16 -b 64"),
+                       "must be a finite number");
+  }
 }
 
 // --emit-set: one line of run-config keys on stdout (the plan it is on stderr), the Nth plan's
@@ -108,6 +143,30 @@ TEST(PerfCli, SimulateWithTrace) {
   expect_clean_error(cli::run("simulate -m gpt-22b -c selene -n 64 -b 64 --grid 2,4,1,8,1 "
                               "--schedule interleaved --chunks 2 --micro-batch 3"),
                      "cannot run");
+  // option values it cannot use: one line, no trace written
+  const std::string sim = "simulate -m gpt2-124m -c dgx-h100 -b 64 ";
+  const auto refused_trace = (dir / "refused.json").string();
+  expect_clean_error(cli::run(sim + "-n 16 --trace-ranks -1 --trace " + refused_trace),
+                     "--trace-ranks must be >= 1 (got -1)");
+  expect_clean_error(cli::run(sim + "-n 16 --trace-ranks 0"), "--trace-ranks must be >= 1");
+  EXPECT_FALSE(fs::exists(refused_trace));
+  expect_clean_error(cli::run(sim + "-n 2147483647"), "more than the 1048576 devices");
+  expect_clean_error(cli::run(sim + "-n 16 --seq -1"), "--seq must be >= 1");
+  expect_clean_error(cli::run(sim + "-n 16 --micro-batch -1"), "--micro-batch must be >= 1");
+  expect_clean_error(cli::run(sim + "-n 16 --chunks 0"), "--chunks must be >= 1");
+  expect_clean_error(cli::run(sim + "-n 16 --zero 4"), "--zero: stage 4 is not in 0-3");
+  // pp x chunks beyond an int was an internal error (the product wrapped around)
+  expect_clean_error(cli::run(sim + "-n 8 --grid 2,2,2,1,1 --schedule interleaved "
+                                    "--chunks 2147483647"),
+                     "cannot run: layers fewer than pp x chunks");
+  expect_clean_error(cli::run(sim + "-n 8 --grid 2,2,2,1,1,1"), "needs 5 sizes (got 6)");
+  // a step too long to replay, or a batch whose micro-batches overflow the count (a 2^32 + 64
+  // batch was planned as 64 micro-batches at 2e9 % of peak)
+  expect_clean_error(
+      cli::run("simulate -m gpt2-124m -c dgx-h100 -n 16 --grid 4,4,1,1,1 -b 100000000"),
+      "beyond the replay's limits");
+  expect_clean_error(cli::run("plan -m gpt2-124m -c dgx-h100 -n 1 -b 4294967360"),
+                     "--global-batch must be in [1, 2147483647] sequences (got 4294967360)");
 }
 
 TEST(PerfCli, ProbeWritesALoadableClusterFile) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "../scratch_dir.hpp"
@@ -101,7 +102,10 @@ TEST(PerfCluster, BadFilesGiveClearErrors) {
   EXPECT_NE(with("memory_gib = 16.0", "memory_gib = \"lots\"").find("must be a number"),
             std::string::npos);
   EXPECT_NE(with("group = 4", "group = 3").find("group 3"), std::string::npos);
-  EXPECT_NE(with("devices = 4", "devices = 0").find("devices must be >= 1"), std::string::npos);
+  EXPECT_NE(with("devices = 4", "devices = 0").find("devices must be in [1, 1048576] (got 0)"),
+            std::string::npos);
+  EXPECT_NE(with("devices = 4", "devices = 2147483647").find("devices must be in [1, 1048576]"),
+            std::string::npos);
   EXPECT_NE(with("injection_gbps = 50.0", "injection_gbps = 0.0").find("injection_gbps"),
             std::string::npos);
   EXPECT_NE(with("devices = 4", "devices = 4\noverlap = 1.5").find("overlap must be in [0, 1]"),
@@ -110,6 +114,25 @@ TEST(PerfCluster, BadFilesGiveClearErrors) {
             std::string::npos);
   EXPECT_NE(error_of("name = [").find("TOML syntax error"), std::string::npos);
   EXPECT_THROW(load_cluster("configs/clusters/nope.toml"), tessera::Error);
+  // no number of a cluster file may be infinite or nan, whichever section it is in
+  for (const char* bad : {"inf", "-inf", "+inf", "nan"}) {
+    EXPECT_NE(with("memory_gib = 16.0", fmt::format("memory_gib = {}", bad))
+                  .find("'device.memory_gib' in bad.toml (line 6) must be a finite number"),
+              std::string::npos)
+        << bad;
+    EXPECT_NE(with("bw_gbps = 100.0", fmt::format("bw_gbps = 100.0\nlatency_us = {}", bad))
+                  .find("'node.links.latency_us'"),
+              std::string::npos)
+        << bad;
+    EXPECT_NE(
+        with("[node]", fmt::format("[gemm]\nhalf_dim = {}\n[node]", bad)).find("finite number"),
+        std::string::npos)
+        << bad;
+    EXPECT_NE(with("injection_gbps = 50.0", fmt::format("injection_gbps = {}", bad))
+                  .find("finite number"),
+              std::string::npos)
+        << bad;
+  }
 }
 
 TEST(PerfModelSpec, FilesLoadAndParameterCountsMatchTheMegatronTable) {
@@ -337,6 +360,15 @@ TEST(PerfModel, SharedCoresLetIdleStagesLendTheirCores) {
 
 TEST(PerfPlanner, EnumeratesRanksAndCountsRejections) {
   EXPECT_EQ(enumerate_grids(8).size(), 35u);  // ordered factorizations of 2^3 into 5 factors
+  // divisors in increasing order up to the largest int (a prime), without overflow
+  using tessera::parallel::divisors;
+  EXPECT_EQ(divisors(1), std::vector<int>({1}));
+  EXPECT_EQ(divisors(12), std::vector<int>({1, 2, 3, 4, 6, 12}));
+  EXPECT_EQ(divisors(49), std::vector<int>({1, 7, 49}));
+  EXPECT_EQ(divisors(2147483647), std::vector<int>({1, 2147483647}));
+  EXPECT_EQ(divisors(2147483646).size(), 192u);  // 2 x 3^2 x 7 x 11 x 31 x 151 x 331
+  // 2^20 devices at most, and the grids of the largest are enumerated at once
+  EXPECT_EQ(enumerate_grids(static_cast<int>(k_max_devices)).size(), 10626u);  // C(24, 4)
   auto m = load_model_spec(path("configs/models/gpt-22b.toml"));
   auto c = load_cluster(path("configs/clusters/frontier.toml"));
   Workload w{m.cfg, 2048, 256};
@@ -357,6 +389,33 @@ TEST(PerfPlanner, EnumeratesRanksAndCountsRejections) {
   // 22B does not fit on one 64 GB GCD
   s.devices = 1;
   EXPECT_TRUE(plan(w, c, s).best.empty());
+  // searches it cannot run are refused before any work
+  auto refused = [&](PlanSearch bad, const std::string& needle) {
+    try {
+      plan(w, c, bad);
+    } catch (const tessera::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted: " << needle;
+  };
+  PlanSearch big = s;
+  big.devices = static_cast<int>(k_max_devices) + 1;
+  refused(big, "--gpus 1048577 is more than the 1048576 devices");
+  big.devices = 2147483647;
+  refused(big, "--gpus 2147483647 is more than");
+  PlanSearch no_mb = s;
+  no_mb.max_micro_batch = 0;
+  refused(no_mb, "--max-micro-batch must be >= 1 (got 0)");
+  PlanSearch no_chunks = s;
+  no_chunks.max_chunks = -1;
+  refused(no_chunks, "--max-chunks must be >= 1 (got -1)");
+  // a huge interleaving or micro-batch limit is searched as far as the model and batch allow
+  PlanSearch wide = s;
+  wide.devices = 64;
+  wide.max_chunks = 2147483647;
+  wide.max_micro_batch = 2147483647;
+  EXPECT_FALSE(plan(w, c, wide).best.empty());
 }
 
 // The llama family in the performance model: the shipped model files load with their public

@@ -64,7 +64,9 @@ void validate(const ClusterSpec& c) {
   if (!(c.gemm_max_efficiency > 0 && c.gemm_max_efficiency <= 1))
     bad(c, fmt::format("[gemm] max_efficiency must be in (0, 1] (got {})", c.gemm_max_efficiency));
   if (!(c.gemm_half_dim >= 0)) bad(c, "[gemm] half_dim must be >= 0");
-  if (c.devices_per_node < 1) bad(c, "[node] devices must be >= 1");
+  if (c.devices_per_node < 1 || c.devices_per_node > k_max_devices)
+    bad(c, fmt::format("[node] devices must be in [1, {}] (got {})", k_max_devices,
+                       c.devices_per_node));
   if (c.devices_per_node > 1 && c.links.empty())
     bad(c, "[[node.links]] missing: a node with several devices needs at least one link level");
   int prev = 1;

@@ -10,6 +10,11 @@
 
 namespace tessera::perf {
 
+// The most devices the performance model takes, in a node or in a job (the planner, the
+// simulator, the scaling study): 2^20, far beyond any machine built. Below it the grids of any
+// device count are enumerated in seconds.
+constexpr long k_max_devices = 1L << 20;
+
 enum class DType { BF16, FP16, FP32 };
 const char* dtype_name(DType d);
 DType parse_dtype(const std::string& s);  // "bf16", "fp16", "fp32"; throws tessera::Error

@@ -11,12 +11,7 @@ namespace tessera::perf {
 using parallel::ScheduleKind;
 
 namespace {
-std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return d;
-}
+using parallel::divisors;
 
 // Every choice of one grid: ZeRO stage, micro-batch, schedule and chunks, recomputation and
 // sequence parallelism (tx alone). Each point is checked by infeasible_reason (the trainer's
@@ -29,14 +24,16 @@ void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
   const bool try_sp = s.sequence_parallel && g.tx > 1 && g.ty == 1 && g.tz == 1;
   for (int zero : s.zero_stages) {
     if (g.dp == 1 && zero > 0) continue;  // identical to stage 0
-    for (int mb = 1; mb <= s.max_micro_batch && mb <= per_dp; mb *= 2) {
+    // mb in a long: doubling past the largest int must end the loop, not wrap around
+    for (long mb = 1; mb <= s.max_micro_batch && mb <= per_dp; mb *= 2) {
       if (per_dp % mb != 0) continue;
       for (ScheduleKind k : s.schedules) {
         if (g.pp == 1 && k != ScheduleKind::OneF1B) continue;
         std::vector<int> vs = {1};
         if (k == ScheduleKind::Interleaved) {
           vs.clear();
-          for (int v = 2; v <= s.max_chunks; ++v) vs.push_back(v);
+          // More chunks than layers leaves a chunk empty, which the trainer refuses.
+          for (int v = 2; v <= std::min(s.max_chunks, w.cfg.n_layer); ++v) vs.push_back(v);
         }
         for (int v : vs) {
           if (!s.uneven_splits && w.cfg.n_layer % (g.pp * v) != 0) continue;  // not searched
@@ -45,7 +42,7 @@ void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
               PlanPoint p;
               p.grid = g;
               p.zero = zero;
-              p.micro_batch = mb;
+              p.micro_batch = static_cast<int>(mb);
               p.micro_batches = static_cast<int>(per_dp / mb);
               p.schedule = k;
               p.virtual_stages = v;
@@ -73,6 +70,21 @@ void search_grid(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
 }
 }  // namespace
 
+void check_devices(long n, const std::string& flag) {
+  if (n < 1) throw Error(fmt::format("{} must be >= 1 (got {})", flag, n));
+  if (n > k_max_devices)
+    throw Error(fmt::format("{} {} is more than the {} devices (2^20) the planner takes", flag, n,
+                            k_max_devices),
+                "no machine has more; plan a smaller job");
+}
+
+void check_global_batch(long batch, const std::string& flag) {
+  if (batch < 1 || batch > k_max_global_batch)
+    throw Error(
+        fmt::format("{} must be in [1, {}] sequences (got {})", flag, k_max_global_batch, batch),
+        batch < 1 ? "" : "the performance model counts micro-batches per step in an int");
+}
+
 std::vector<comm::GridShape> enumerate_grids(int devices) {
   std::vector<comm::GridShape> out;
   for (int tx : divisors(devices))
@@ -85,9 +97,14 @@ std::vector<comm::GridShape> enumerate_grids(int devices) {
 
 PlanResult plan(const Workload& w, const ClusterSpec& c, const PlanSearch& s,
                 const ModelOptions& o) {
-  if (s.devices < 1) throw Error("--gpus must be >= 1");
-  if (w.global_batch < 1) throw Error("--global-batch must be >= 1");
+  check_devices(s.devices, "--gpus");
+  check_global_batch(w.global_batch, "--global-batch");
   if (w.seq < 1) throw Error("--seq must be >= 1");
+  if (s.max_micro_batch < 1)
+    throw Error(fmt::format("--max-micro-batch must be >= 1 (got {})", s.max_micro_batch));
+  if (s.max_chunks < 1)
+    throw Error(fmt::format("--max-chunks must be >= 1 (got {})", s.max_chunks),
+                "1 searches no interleaved schedule");
   if (c.max_nodes > 0 && (s.devices + c.devices_per_node - 1) / c.devices_per_node > c.max_nodes)
     throw Error(
         fmt::format("{} devices need more than the {} nodes of {}", s.devices, c.max_nodes, c.name),

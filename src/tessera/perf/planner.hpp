@@ -14,6 +14,13 @@
 
 namespace tessera::perf {
 
+// The largest global batch, in sequences per step: the model counts micro-batches in an int.
+constexpr long k_max_global_batch = 2147483647;
+// Throws tessera::Error naming `flag` unless 1 <= batch <= k_max_global_batch.
+void check_global_batch(long batch, const std::string& flag);
+// Throws tessera::Error naming `flag` unless 1 <= n <= k_max_devices.
+void check_devices(long n, const std::string& flag);  // k_max_devices: cluster.hpp
+
 struct PlanSearch {
   int devices = 1;
   std::optional<comm::GridShape> grid;  // fix the grid (only the other choices are searched)

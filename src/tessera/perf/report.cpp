@@ -39,26 +39,30 @@ std::filesystem::path resolve_spec(const std::string& s, const std::string& dir,
 }
 
 comm::GridShape parse_grid(const std::string& s) {
-  comm::GridShape g;
-  int* f[] = {&g.dp, &g.pp, &g.tx, &g.ty, &g.tz};
+  constexpr const char* hint = "write the grid as dp,pp,tx,ty,tz, e.g. 8,4,1,8,1";
+  std::vector<std::string> items;
   std::stringstream in(s);
-  std::string item;
-  int i = 0;
-  while (std::getline(in, item, ',')) {
-    if (i >= 5) break;
+  for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+  if (items.size() != 5)
+    throw Error(fmt::format("bad --grid '{}': needs 5 sizes (got {})", s, items.size()), hint);
+  comm::GridShape g;
+  int* sizes[] = {&g.dp, &g.pp, &g.tx, &g.ty, &g.tz};
+  long devices = 1;  // each size is at most k_max_devices, so the product stays in a long
+  for (std::size_t i = 0; i < items.size(); ++i) {
     try {
       std::size_t pos = 0;
-      *f[i] = std::stoi(item, &pos);
-      if (pos != item.size() || *f[i] < 1) throw std::invalid_argument("");
+      *sizes[i] = std::stoi(items[i], &pos);
+      if (pos != items[i].size() || *sizes[i] < 1) throw std::invalid_argument("");
     } catch (const std::exception&) {
-      throw Error(fmt::format("bad --grid '{}': '{}' is not a positive integer", s, item),
-                  "write the grid as dp,pp,tx,ty,tz, e.g. 8,4,1,8,1");
+      throw Error(fmt::format("bad --grid '{}': '{}' is not a positive integer", s, items[i]),
+                  hint);
     }
-    ++i;
+    devices = std::min(devices * *sizes[i], k_max_devices + 1);
   }
-  if (i != 5 || std::getline(in, item))
-    throw Error(fmt::format("bad --grid '{}': needs 5 sizes", s),
-                "write the grid as dp,pp,tx,ty,tz, e.g. 8,4,1,8,1");
+  if (devices > k_max_devices)
+    throw Error(fmt::format("bad --grid '{}': more than the {} devices (2^20) the planner takes", s,
+                            k_max_devices),
+                hint);
   return g;
 }
 

@@ -168,6 +168,20 @@ std::vector<double> optimizer_steps(const Prediction& p,
 
 }  // namespace
 
+void check_replay_size(const Prediction& p) {
+  const auto& g = p.point.grid;
+  const int v =
+      p.point.schedule == parallel::ScheduleKind::Interleaved ? p.point.virtual_stages : 1;
+  const double per_stage = static_cast<double>(p.micro_batches) * v;
+  const double schedule = per_stage * g.pp, replay = per_stage * g.world_size();
+  if (schedule > k_max_schedule_slots || replay > k_max_replay_slots)
+    throw Error(fmt::format("simulating {} micro-batches x {} chunk(s) on {} ranks in {} stages "
+                            "is beyond the replay's limits ({} per stage list, {:.3g} in all)",
+                            p.micro_batches, v, g.world_size(), g.pp, k_max_schedule_slots,
+                            k_max_replay_slots),
+                "use a smaller --global-batch, or a larger --micro-batch or data-parallel size");
+}
+
 SimResult simulate(const Prediction& p, const TraceOptions& trace) {
   const auto& g = p.point.grid;
   TESSERA_CHECK(static_cast<int>(p.chunk_cost.size()) == g.pp, "prediction without chunk costs");

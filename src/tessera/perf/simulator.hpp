@@ -41,4 +41,11 @@ struct TraceOptions {
 
 SimResult simulate(const Prediction& p, const TraceOptions& trace = {});
 
+// What a replay may cost: the instruction lists held (stages x micro-batches x chunks, some
+// hundred MB at most) and the instructions replayed (ranks x micro-batches x chunks, seconds).
+constexpr long k_max_schedule_slots = 1'000'000;
+constexpr double k_max_replay_slots = 5e7;
+// Throws tessera::Error when simulating `p` would cost more, before any work.
+void check_replay_size(const Prediction& p);
+
 }  // namespace tessera::perf
