@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/perf/planner.hpp"
 #include "tessera/study/scaling.hpp"
 
 namespace tessera::app {
@@ -59,6 +60,7 @@ void add_study_scaling_command(CLI::App& study) {
     if (*max_devices < 8)
       throw Error(
           fmt::format("--max-devices {} is below 8, the smallest size simulated", *max_devices));
+    perf::check_devices(*max_devices, "--max-devices");
     o->published_devices.clear();
     for (long n = 8; n <= *max_devices; n *= 2) o->published_devices.push_back(n);
     for (const auto& g : o->grids)

@@ -126,6 +126,19 @@ TEST(PerfCli, TuneScalingAndFragmentErrors) {
       "parallel.dq");
   expect_clean_error(cli::run("study scaling --grids foo"), "unknown grid 'foo'");
   expect_clean_error(cli::run("study scaling --ranks 2,4"), "must start at 1");
+  // the published part's inputs are checked before any run is measured (or its folder made)
+  const auto out = cli::scratch("scaling_refused") / "study";
+  const std::string study =
+      "study scaling --launcher '' --ranks 1 --grids dp -o " + out.string() + " ";
+  expect_clean_error(cli::run(study + "--max-devices 16777216"),
+                     "--max-devices 16777216 is more than the 1048576 devices");
+  expect_clean_error(cli::run(study + "--clusters bogus"), "cluster file not found: bogus");
+  expect_clean_error(cli::run(study + "--model nonexist"), "nonexist");
+  expect_clean_error(cli::run(study + "--published-batch 0"), "--published-batch must be in [1,");
+  expect_clean_error(cli::run(study + "--strong-batch 0"), "--strong-batch must be >= 1");
+  expect_clean_error(cli::run(study + "--ranks 1,2,4 --strong-batch 6"),
+                     "--strong-batch 6 does not split into micro-batches of 1 on 4");
+  EXPECT_FALSE(fs::exists(out)) << "a refused study wrote " << out;
 }
 
 TEST(PerfCli, SimulateWithTrace) {

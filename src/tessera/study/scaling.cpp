@@ -156,13 +156,29 @@ void set_efficiency(std::vector<MeasuredPoint>& points) {
   }
 }
 
+// What the published clusters' part plans: the model and the clusters, read (and so checked)
+// before the measured runs.
+struct PublishedInputs {
+  perf::ModelSpec ms;
+  std::vector<perf::ClusterSpec> clusters;
+};
+
+PublishedInputs load_published(const ScalingOptions& o) {
+  perf::check_global_batch(o.published_strong_batch, "--published-batch");
+  for (long n : o.published_devices) perf::check_devices(n, "--max-devices");
+  PublishedInputs in;
+  in.ms = perf::load_model(o.published_model);
+  for (const auto& name : o.clusters)
+    in.clusters.push_back(perf::load_cluster(
+        perf::resolve_spec(name, perf::configs_dir("clusters").string(), "cluster file")));
+  return in;
+}
+
 // The planner's best plan of the published model at each size, predicted and simulated.
-std::vector<PublishedPoint> published(const ScalingOptions& o) {
-  const perf::ModelSpec ms = perf::load_model(o.published_model);
+std::vector<PublishedPoint> published(const ScalingOptions& o, const PublishedInputs& in) {
+  const perf::ModelSpec& ms = in.ms;
   std::vector<PublishedPoint> out;
-  for (const auto& name : o.clusters) {
-    const perf::ClusterSpec c = perf::load_cluster(
-        perf::resolve_spec(name, perf::configs_dir("clusters").string(), "cluster file"));
+  for (const perf::ClusterSpec& c : in.clusters) {
     for (const char* scaling : {"weak", "strong"})
       for (long n : o.published_devices) {
         const long batch = std::string(scaling) == "weak" ? o.published_batch_per_8 * n / 8
@@ -190,19 +206,35 @@ std::vector<PublishedPoint> published(const ScalingOptions& o) {
   return out;
 }
 
-}  // namespace
-
-ScalingResult run_scaling_study(const ScalingOptions& o) {
+// The measured runs' options, checked before the first run.
+void check_measured(const ScalingOptions& o) {
   if (o.ranks.empty() || o.ranks.front() != 1)
     throw Error("the scaling study's rank counts must start at 1 (the baseline)");
   if (o.steps < 2) throw Error("--steps must be >= 2 (the first step warms up)");
+  if (o.strong_batch < 1)
+    throw Error(fmt::format("--strong-batch must be >= 1 (got {})", o.strong_batch));
+  // Strong scaling splits the batch into whole micro-batches on each data-parallel rank.
+  const bool dp = std::find(o.grids.begin(), o.grids.end(), "dp") != o.grids.end();
+  for (int n : o.ranks)
+    if (const long split = long{dp ? n : 1} * o.micro_batch; o.strong_batch % split != 0)
+      throw Error(fmt::format("--strong-batch {} does not split into micro-batches of {} on {} "
+                              "data-parallel ranks",
+                              o.strong_batch, o.micro_batch, split / o.micro_batch),
+                  "use a multiple of the largest rank count");
+}
+
+}  // namespace
+
+ScalingResult run_scaling_study(const ScalingOptions& o) {
+  check_measured(o);
+  const PublishedInputs inputs = load_published(o);
   fs::create_directories(o.out);
   ScalingResult r;
   r.measured = measure(o);
   set_efficiency(r.measured);
   log_info("scaling study: planning and simulating {} on {}", o.published_model,
            fmt::join(o.clusters, ", "));
-  r.published = published(o);
+  r.published = published(o, inputs);
   return r;
 }
 
