@@ -294,6 +294,18 @@ TEST_F(BadInput, BadValidationShardStopsTheRunBeforeTraining) {
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
 }
 
+// The sample's tokenizer is read before the first step: one that is there but is no tokenizer
+// stopped the run only after its training, at the sample.
+TEST_F(BadInput, BrokenSampleTokenizerStopsTheRunBeforeTraining) {
+  auto d = cli::scratch("bad_sample_tok");
+  std::ofstream(d / "empty.gguf") << "";
+  auto out = cli::scratch("bad_sample_tok_run");
+  auto r = cli::run(
+      train(out, 2, "sample.tokens=4 'data.tokenizer=\"" + (d / "empty.gguf").string() + "\"'"));
+  expect_refused_before_output(r, "not a GGUF file");
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+}
+
 // 8. Filesystem problems are bad input (exit 2, one line, before any output), not internal bugs.
 TEST_F(BadInput, SymlinkLoopsAndAFileAsOutDirAreBadInput) {
   auto d = cli::scratch("bad_loops");

@@ -64,6 +64,10 @@ class SliceLogits {
 
 }  // namespace
 
+void check_sample_tokenizer(const RunConfig& cfg, int vocab_size) {
+  if (cfg.sample.tokens > 0) sample_tokenizer(cfg, vocab_size, false);
+}
+
 void log_sample(const RunConfig& cfg, RunModel& model, comm::Communicator& world, Rng& rng,
                 std::int64_t step, bool lead) {
   if (cfg.sample.tokens <= 0) return;

@@ -22,4 +22,9 @@ namespace tessera::train {
 void log_sample(const RunConfig& cfg, RunModel& model, comm::Communicator& world, Rng& rng,
                 std::int64_t step, bool lead);
 
+// The run's tokenizer (data.tokenizer) checked before the first step when the run samples: a
+// tokenizer that is there but cannot be read, or has more tokens than the model, is an error now
+// rather than after the training. A missing one only means no sample (log_sample says so).
+void check_sample_tokenizer(const RunConfig& cfg, int vocab_size);
+
 }  // namespace tessera::train

@@ -373,6 +373,7 @@ TrainSummary run_training(const RunConfig& cfg_in, const TrainOptions& opt_in, c
   const int ndp = model.dp->dp_size();
   // Data first: a missing shard should fail before any allocation or output.
   TrainData data = open_train_data(cfg, plan, *model.dp, mcfg.vocab_size);
+  check_sample_tokenizer(cfg, mcfg.vocab_size);
 
   // Resume or initialize, then start.
   const fs::path ckpt_dir = out / "checkpoints";
