@@ -120,6 +120,16 @@ void add_train_command(CLI::App& root) {
       fail_once(
           Error("--trace records the CPU executor's schedule; the GPU's step has no trace yet",
                 "trace the same run on the CPU"));
+    if (!opt.trace.empty()) {  // its file is written after the traced step: checked now
+      const std::filesystem::path folder = opt.trace.parent_path();
+      std::error_code ec;
+      if (std::filesystem::is_directory(opt.trace, ec))
+        fail_once(Error(fmt::format("--trace {} is a folder", opt.trace.string()),
+                        "give the trace file's name, such as trace.json"));
+      if (!folder.empty() && !std::filesystem::is_directory(folder, ec))
+        fail_once(Error(fmt::format("--trace: {} is not a folder", folder.string()),
+                        "create the folder first, or write the trace elsewhere"));
+    }
     try {
       if (!args->time_limit.empty()) opt.time_limit_s = parse_time_limit(args->time_limit);
     } catch (const Error& e) {

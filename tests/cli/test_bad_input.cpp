@@ -324,6 +324,11 @@ TEST_F(BadInput, SymlinkLoopsAndAFileAsOutDirAreBadInput) {
   std::ofstream(d / "file") << "not a folder";
   expect_refused_before_output(cli::run(train(d / "file", 1)), "not a directory");
   expect_refused_before_output(cli::run(train(d / "file" / "sub", 1)), "not a directory");
+  fs::create_directories(d / "run");
+  std::ofstream(d / "run" / "checkpoints") << "not a folder";
+  expect_refused_before_output(cli::run(train(d / "run", 1, "--resume")), "not a directory");
+  expect_refused_before_output(cli::run(train(d / "run2", 1, "--trace " + d.string())),
+                               "is a folder");
   // output folders are checked before the work (prepare tokenized the whole corpus first)
   expect_refused_before_output(cli::run("prepare --corpus text --input " + (in / "a.txt").string() +
                                         " --out " + (d / "file").string()),

@@ -26,6 +26,11 @@ void check_out_dir(const fs::path& out_dir) {
     throw Error(fmt::format("train.out_dir {} exists and is not a directory", out_dir.string()),
                 "train.out_dir is the folder of the run's checkpoints and metrics; choose "
                 "another path");
+  const auto ckpts = input_kind(out_dir / "checkpoints", "train.out_dir");
+  if (ckpts != InputKind::Directory && ckpts != InputKind::Missing)
+    throw Error(fmt::format("{} is not a directory", (out_dir / "checkpoints").string()),
+                "the run keeps its checkpoints there: move the file away or choose another "
+                "train.out_dir");
   // A missing folder must be creatable: no file on its path.
   for (fs::path p = out_dir.parent_path(); !p.empty(); p = p.parent_path()) {
     const auto k = input_kind(p, "train.out_dir");

@@ -9,7 +9,8 @@
 namespace tessera::train {
 
 // Refuses an out_dir that is not a directory (or cannot become one): a file, a symbolic-link
-// loop, a path through a file. Checked before anything is printed or written.
+// loop, a path through a file; or whose checkpoints/ is not one. Checked before anything is
+// printed or written.
 void check_out_dir(const std::filesystem::path& out_dir);
 
 // Whether `out_dir` holds a run's files (config.toml, metrics.jsonl or checkpoints/).
