@@ -11,4 +11,11 @@ std::string format_error_line(const Error& e) {
   return line;
 }
 
+std::string_view library_message(const std::exception& e) {
+  std::string_view why = e.what();
+  if (auto p = why.find("] "); why.starts_with("[json.") && p != std::string_view::npos)
+    why.remove_prefix(p + 2);
+  return why;
+}
+
 }  // namespace tessera

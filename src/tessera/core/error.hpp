@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -28,12 +29,16 @@ class InternalError : public std::logic_error {
 // One line: "error: <what> (hint: <hint>)".
 std::string format_error_line(const Error& e);
 
+// A library exception's message for an error line: without the JSON library's
+// "[json.exception.parse_error.101] " prefix, which says nothing to a user.
+std::string_view library_message(const std::exception& e);
+
 }  // namespace tessera
 
-#define TESSERA_CHECK(cond, ...)                                                             \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
-      throw ::tessera::InternalError(fmt::format("internal check failed at {}:{}: {} {}",    \
-                                                 __FILE__, __LINE__, #cond,                  \
-                                                 fmt::format("" __VA_ARGS__)));              \
+#define TESSERA_CHECK(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      throw ::tessera::InternalError(fmt::format("internal check failed at {}:{}: {} {}", \
+                                                 __FILE__, __LINE__, #cond,               \
+                                                 fmt::format("" __VA_ARGS__)));           \
   } while (0)

@@ -423,7 +423,7 @@ std::unordered_map<std::string, std::uint32_t> read_gpt2_encoder(std::string_vie
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw corrupt_gpt2_file(path, e.what());
+    throw corrupt_gpt2_file(path, std::string(library_message(e)));
   }
   if (!j.is_object() || j.empty())
     throw corrupt_gpt2_file(path, "expected a JSON object of token ids");

@@ -142,8 +142,8 @@ std::vector<std::string> jsonl_documents(const std::filesystem::path& path, std:
 std::vector<std::string> jsonl_documents_from_text(std::string_view text,
                                                    const std::filesystem::path& path,
                                                    std::string_view key) {
-  const std::string hint = fmt::format(
-      "each line must be one JSON object with a string field \"{}\" (see --jsonl-key)", key);
+  const std::string hint =
+      fmt::format("each line must be one JSON object with a string field \"{}\"", key);
   std::vector<std::string> docs;
   for_each_line(text, [&](std::string_view line, std::size_t line_no) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
@@ -151,7 +151,9 @@ std::vector<std::string> jsonl_documents_from_text(std::string_view text,
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}:{}: not valid JSON: {}", path.string(), line_no, e.what()), hint);
+      throw Error(
+          fmt::format("{}:{}: not valid JSON: {}", path.string(), line_no, library_message(e)),
+          hint);
     }
     if (!j.is_object())
       throw Error(fmt::format("{}:{}: expected a JSON object", path.string(), line_no), hint);

@@ -813,7 +813,7 @@ TrainState load_state(const fs::path& dir, const model::ParamLayout& layout, std
     return read_state(dir, layout, begin, end, adam_m, adam_v);
   } catch (const json::exception& e) {
     throw Error(fmt::format("checkpoint state index {} is damaged: {}",
-                            (dir / "state_index.json").string(), e.what()),
+                            (dir / "state_index.json").string(), library_message(e)),
                 "resume from another checkpoint");
   }
 }

@@ -201,11 +201,7 @@ nlohmann::json parse_header(const char* hbegin, std::uint64_t n,
   try {
     header = json::parse(hbegin, hbegin + n, cb);
   } catch (const json::exception& e) {
-    // Drop the library's "[json.exception.parse_error.101] " prefix.
-    std::string_view why = e.what();
-    if (auto p = why.find("] "); why.starts_with("[json.") && p != std::string_view::npos)
-      why.remove_prefix(p + 2);
-    fail_invalid(path, fmt::format("the header is not valid JSON ({})", why));
+    fail_invalid(path, fmt::format("the header is not valid JSON ({})", library_message(e)));
   }
   if (!header.is_object())
     fail_invalid(
@@ -569,7 +565,7 @@ std::string SafetensorsWriter::header(const std::vector<const Entry*>& order) co
   try {
     s = h.dump();
   } catch (const nlohmann::json::exception& ex) {
-    throw Error(fmt::format("safetensors: cannot encode the header: {}", ex.what()),
+    throw Error(fmt::format("safetensors: cannot encode the header: {}", library_message(ex)),
                 "tensor names and metadata must be valid UTF-8");
   }
   s.append((8 - s.size() % 8) % 8, ' ');

@@ -230,7 +230,7 @@ void hf_config(const std::filesystem::path& cfg_path, BpeVocab& vocab) {
   try {
     cfg = json::parse(read_file(cfg_path, "tokenizer_config.json"));
   } catch (const json::exception& e) {
-    throw Error(fmt::format("{} is not valid JSON: {}", cfg_path.string(), e.what()));
+    throw Error(fmt::format("{} is not valid JSON: {}", cfg_path.string(), library_message(e)));
   }
   if (!cfg.is_object()) return;
   if (auto bos = config_token(cfg, "bos_token"); bos && !vocab.bos)
@@ -286,7 +286,7 @@ data::BpeVocab hf_bpe_vocab_from_text(std::string_view text, const std::string& 
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(fmt::format("{} is not valid JSON: {}", file, e.what()));
+    throw Error(fmt::format("{} is not valid JSON: {}", file, library_message(e)));
   }
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw Error(fmt::format("{} has no tokenizer model", file));

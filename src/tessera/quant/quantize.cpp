@@ -617,7 +617,7 @@ AnyModel load_any_model(const fs::path& path, bool dequantize, const QuantizedSi
     return read_any_model(path, dequantize, sink);
   } catch (const json::exception& e) {
     throw Error(fmt::format("quantized model {}: damaged quantization metadata: {}", path.string(),
-                            e.what()),
+                            library_message(e)),
                 "re-create it with 'tessera quantize'");
   }
 }

@@ -55,8 +55,9 @@ std::vector<nlohmann::json> read_results(const fs::path& file, const std::string
   try {
     j = nlohmann::json::parse(read_file(file));
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{} is not a tuning results file: {}", file.string(), e.what()),
-                "delete it, or choose another --dir");
+    throw Error(
+        fmt::format("{} is not a tuning results file: {}", file.string(), library_message(e)),
+        "delete it, or choose another --dir");
   }
   if (j.value("context", std::string()) != context)
     throw Error(fmt::format("{} holds the tuning of another run ({}); this one is {}",
