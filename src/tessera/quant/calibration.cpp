@@ -152,6 +152,19 @@ std::vector<std::int32_t> text_set_tokens(const std::string& name, const fs::pat
 
 }  // namespace
 
+void check_calibration_source(const std::string& name, const CalibSources& src) {
+  const bool corpus = name == "corpus" || name == "corpus-concat";
+  if (!corpus && name != "domain" && name != "lang2" && name != "code") return;
+  const fs::path path = corpus             ? src.train_shard
+                        : name == "domain" ? find_data_path(src.domain_text)
+                        : name == "lang2"  ? find_data_path(src.lang2_text)
+                                           : find_data_path(src.code_dir);
+  if (input_kind(path, "calibration set " + name) == InputKind::Missing)
+    throw Error(fmt::format("calibration set {}: {} not found", name, path.string()),
+                corpus ? "run 'tessera prepare' or pass the shard (--calib-data)"
+                       : "pass the set's text (see the command's --help), or leave the set out");
+}
+
 CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
                           int vocab_size, const CalibSources& src) {
   if (n < 1 || seqlen < 1)

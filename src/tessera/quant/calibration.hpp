@@ -42,6 +42,10 @@ struct CalibSet {
 CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint64_t seed,
                           int vocab_size, const CalibSources& src = {});
 const std::vector<std::string>& calibration_names();
+// Throws tessera::Error when the source a set is built from (the shard, the text file, the source
+// folder) is not there: what make_calibration would find only when it builds the set, which a
+// study does after other work.
+void check_calibration_source(const std::string& name, const CalibSources& src);
 // A text's token ids by the tokenizer at `tokenizer` (no BOS added).
 std::vector<std::int32_t> tokenize_text(const std::string& body,
                                         const std::filesystem::path& tokenizer);

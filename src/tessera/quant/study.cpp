@@ -402,11 +402,13 @@ void check_options(const model::ModelConfig& cfg, const StudyOptions& opt, int c
   for (const auto& m : opt.long_methods)
     if (std::find(opt.methods.begin(), opt.methods.end(), m) == opt.methods.end())
       throw Error(fmt::format("--long method '{}' is not one of --methods", m));
-  for (const auto& c : opt.calibs)
+  for (const auto& c : opt.calibs) {
     if (std::find(calibration_names().begin(), calibration_names().end(), c) ==
         calibration_names().end())
       throw Error(fmt::format("unknown calibration set '{}'", c),
                   "use corpus, corpus-concat, random, punct, domain, lang2 or code");
+    check_calibration_source(c, opt.sources);
+  }
 }
 
 study_eval::Windows study_windows(const model::ModelConfig& cfg, const StudyOptions& opt, int ctx,
