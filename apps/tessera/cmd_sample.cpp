@@ -84,7 +84,9 @@ struct SampleArgs {
 };
 
 void check_args(const SampleArgs& a) {
-  if (a.tokens < 0) throw Error("--tokens must be >= 0");
+  if (a.tokens < 1)
+    throw Error(fmt::format("--tokens must be >= 1, got {}", a.tokens),
+                "the number of tokens to generate after the prompt");
   if (!std::isfinite(a.temperature) || a.temperature < 0)
     throw Error(fmt::format("--temperature must be a number >= 0, got {}", a.temperature),
                 "0 means greedy; 1 samples from the model's distribution");
