@@ -170,3 +170,20 @@ TEST(Checkpoint, HfConfigRopeScaling) {
   c.rope_scaling.freq_factors.assign(4, 2.0f);
   EXPECT_THROW(io::hf_config_text(c), Error);
 }
+
+// A GPT-2 config.json that names another LayerNorm epsilon or activation describes a model
+// tessera's gpt2 family is not: refused; GPT-2's own values (and their absence) load.
+TEST(Checkpoint, HfGpt2ConfigFixedSettings) {
+  const model::ModelConfig c{2, 4, 32, 16, 100};
+  auto with = [&](const char* key, const nlohmann::json& v) {
+    auto jc = nlohmann::json::parse(io::hf_config_text(c));
+    jc[key] = v;
+    return io::parse_hf_config(jc.dump(), "config.json");
+  };
+  EXPECT_EQ(with("layer_norm_epsilon", 1e-5), c);
+  EXPECT_EQ(with("activation_function", "gelu_new"), c);
+  for (const auto& bad : {nlohmann::json(-1), nlohmann::json(1e-6), nlohmann::json("x")})
+    EXPECT_THROW(with("layer_norm_epsilon", bad), Error) << bad.dump();
+  for (const auto& bad : {nlohmann::json("relu"), nlohmann::json::array({1})})
+    EXPECT_THROW(with("activation_function", bad), Error) << bad.dump();
+}

@@ -333,6 +333,25 @@ model::ModelConfig read_hf_config(const fs::path& path) {
   return parse_hf_config(read_file(path, "model config"), path.string());
 }
 
+namespace {
+
+// The settings of a GPT-2 config.json that tessera's gpt2 family fixes: LayerNorms of epsilon
+// 1e-5 and GPT-2's tanh GELU. A config that names others describes another model.
+void check_gpt2_fixed_settings(const json& j, const std::string& path) {
+  if (j.contains("layer_norm_epsilon")) {
+    const json& e = j["layer_norm_epsilon"];
+    if (!e.is_number() || std::fabs(e.get<double>() - 1e-5) > 1e-9)
+      throw Error(fmt::format("{}: layer_norm_epsilon is {}, not 1e-05", path, e.dump()),
+                  "tessera's gpt2 family has LayerNorms of epsilon 1e-5, as GPT-2 has");
+  }
+  if (j.contains("activation_function") && j["activation_function"] != "gelu_new")
+    throw Error(fmt::format("{}: activation_function is {}, not \"gelu_new\"", path,
+                            j["activation_function"].dump()),
+                "tessera's gpt2 family has GPT-2's GELU (tanh approximation, gelu_new)");
+}
+
+}  // namespace
+
 model::ModelConfig parse_hf_config(std::string_view text, const std::string& source) {
   struct {
     const std::string& s;
@@ -366,6 +385,7 @@ model::ModelConfig parse_hf_config(std::string_view text, const std::string& sou
     c.n_embd = get("n_embd", "hidden_size");
     c.block_size = get("n_positions", "n_ctx");
     c.vocab_size = get("vocab_size", nullptr);
+    check_gpt2_fixed_settings(j, path.string());
   }
   try {
     model::validate(c);
