@@ -5,15 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <regex>
 #include <sstream>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/file.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/data/shard.hpp"
 #include "tessera/eval/generate.hpp"
@@ -1412,4 +1416,61 @@ TEST(QuantCalibration, PlantedMassiveActivationIsFoundEverywhereItIs) {
     ++seen[static_cast<std::size_t>((m.layer * 3 + m.sample) * calib.seqlen + m.position)];
   }
   for (int n : seen) EXPECT_EQ(n, 1);
+}
+
+// A quantized file whose metadata contradicts itself is refused with an error naming the file:
+// a matrix declared symmetric whose zero points are not the middle code (the packed kernels and
+// the dequantized weights would disagree), a linear listed twice (the second entry won), an
+// int8_threshold that is not a positive number, sym together with min_offset.
+TEST(QuantModel, ContradictoryMetadataIsRefused) {
+  const model::ModelConfig cfg{1, 4, 32, 16, 100};
+  const model::ParamLayout lay(cfg);
+  std::vector<float> p(lay.total());
+  model::init_params(lay, p.data(), 3);
+  QuantizeOptions o;
+  o.method = Method::Rtn;
+  o.wq = WeightQuant{4, 16, false};  // asymmetric: fitted zero points
+  const fs::path dir = fs::temp_directory_path() / ("tessera_qmeta_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  save_quantized(dir / "good", quantize_model(lay, p.data(), o, nullptr));
+  ASSERT_TRUE(load_any_model(dir / "good").quantized);
+  // The file again with its quantization metadata edited (the tensors' bytes unchanged).
+  const std::string bytes = read_file(dir / "good" / "model.safetensors");
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  auto edited = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    auto h = header;
+    auto q = nlohmann::json::parse(h["__metadata__"]["quantization"].get<std::string>());
+    edit(q);
+    h["__metadata__"]["quantization"] = q.dump();
+    std::string text = h.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
+    const std::uint64_t len = text.size();
+    fs::create_directories(dir / name);
+    fs::copy_file(dir / "good" / "config.json", dir / name / "config.json");
+    std::ofstream f(dir / name / "model.safetensors", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << text << bytes.substr(8 + n);
+    return dir / name;
+  };
+  auto refused = [&](const fs::path& d, const std::string& needle) {
+    try {
+      load_any_model(d);
+      ADD_FAILURE() << d << ": expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  ASSERT_TRUE(load_any_model(edited("same", [](auto&) {})).quantized);  // the editing is sound
+  refused(edited("sym", [](auto& q) { q["linears"][0]["sym"] = true; }), "zero point");
+  refused(edited("twice", [](auto& q) { q["linears"].push_back(q["linears"][0]); }), "twice");
+  refused(edited("threshold", [](auto& q) { q["int8_threshold"] = -1; }), "int8_threshold");
+  refused(edited("both",
+                 [](auto& q) {
+                   q["linears"][0]["sym"] = true;
+                   q["linears"][0]["min_offset"] = true;
+                 }),
+          "both sym and min_offset");
+  fs::remove_all(dir);
 }

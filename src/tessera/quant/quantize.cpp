@@ -640,15 +640,23 @@ WeightQuant read_spec(const json& spec, const fs::path& file, const std::string&
   if (w.bits < 2 || w.bits > 8) throw bad_file(file, name + ": bad bit width");
   if (w.group == 0 || w.group < -1)
     throw bad_file(file, fmt::format("{}: bad group size {}", name, w.group));
+  if (w.sym && w.min_offset) throw bad_file(file, name + ": both sym and min_offset");
   return w;
 }
 
-// Every scale and zero of q finite and every code within its bits.
+// Every scale and zero of q finite, a symmetric matrix's zeros at the middle code, and every
+// code within its bits.
 void check_values(const QuantizedLinear& q, const fs::path& file, const std::string& name) {
   for (float v : q.scales)
     if (!std::isfinite(v)) throw bad_file(file, name + ".scales holds a NaN or infinity");
   for (float v : q.zeros)
     if (!std::isfinite(v)) throw bad_file(file, name + ".zeros holds a NaN or infinity");
+  const float middle = static_cast<float>((q.spec.maxq() + 1) / 2);
+  if (q.spec.sym)
+    for (float v : q.zeros)
+      if (v != middle)
+        throw bad_file(
+            file, fmt::format("{} is symmetric but has a zero point {}, not {}", name, v, middle));
   for (auto c : q.q)
     if (c > q.spec.maxq())
       throw bad_file(file, fmt::format("{}: code {} exceeds {} bits", name, c, q.spec.bits));
@@ -718,7 +726,8 @@ std::map<std::string, json> spec_list(const json& meta, const char* key, const f
   for (const auto& l : meta[key]) {
     if (!l.is_object() || !l.contains("name") || !l["name"].is_string())
       throw bad_file(file, fmt::format("bad '{}' entry", key));
-    specs[l["name"].get<std::string>()] = l;
+    if (!specs.emplace(l["name"].get<std::string>(), l).second)
+      throw bad_file(file, fmt::format("'{}' names {} twice", key, l["name"].dump()));
   }
   return specs;
 }
@@ -748,6 +757,9 @@ QuantizedHeader read_quantized_header(const io::SafetensorsFile& st, const std::
     throw bad_file(file, "unknown quantization metadata");
   const model::ModelConfig cfg = io::model_config_of(st, config);
   if (!meta.contains("linears")) throw bad_file(file, "no 'linears' list");
+  if (const json& t = meta.value("int8_threshold", json(6.0));
+      !t.is_number() || !(t.get<double>() > 0 && std::isfinite(t.get<double>())))
+    throw bad_file(file, fmt::format("int8_threshold {} is not a positive number", t.dump()));
   QuantizedHeader h{meta, cfg, model::ParamLayout(cfg), spec_list(meta, "linears", file),
                     spec_list(meta, "vocab", file)};
   // The file must hold this model before its memory is allocated.
