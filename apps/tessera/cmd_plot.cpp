@@ -39,8 +39,9 @@ plot::Series run_series(const fs::path& dir, const std::string& metric) {
     const auto names = train::metric_names(rows);
     const std::string near = closest(metric, names);
     throw Error(fmt::format("{} has no metric \"{}\"", dir.string(), metric),
-                near.empty() ? fmt::format("its metrics: {}", fmt::join(names, ", "))
-                             : fmt::format("did you mean \"{}\"?", near));
+                !near.empty()   ? fmt::format("did you mean \"{}\"?", near)
+                : names.empty() ? std::string("its metrics.jsonl holds no step rows yet")
+                                : fmt::format("its metrics: {}", fmt::join(names, ", ")));
   }
   return {run_name(dir), curve.steps, curve.values, plot::Style::Line, ""};
 }
