@@ -333,10 +333,14 @@ data::Tokenizer load_tokenizer(const std::filesystem::path& given) {
     throw Error(fmt::format("no tokenizer in {}", path.string()),
                 "expected tokenizer.json, encoder.json + vocab.bpe, or one .gguf file");
   }
-  if (!std::filesystem::is_regular_file(path, ec))
+  const InputKind kind = input_kind(path, "tokenizer");
+  if (kind == InputKind::Missing)
     throw Error(fmt::format("tokenizer not found: {}", path.string()),
                 "run scripts/setup for GPT-2's (data/gpt2), or pass a .gguf file, a "
                 "tokenizer.json, or a directory holding one");
+  if (kind != InputKind::RegularFile)  // a FIFO or a device: nothing to read it from
+    throw Error(fmt::format("tokenizer {} is not a regular file", path.string()),
+                "pass a .gguf file, a tokenizer.json, or a directory holding one");
   if (path.extension() == ".gguf")
     return data::Tokenizer::from_vocab(gguf_bpe_vocab(GgufFile::open(path)));
   return data::Tokenizer::from_vocab(hf_bpe_vocab(path));
