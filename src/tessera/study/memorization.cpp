@@ -97,7 +97,7 @@ struct DocumentSets {
 // The targets (D windows at a seeded offset), then the control's D windows right after them;
 // writes each set as a training shard (the windows back to back and the token that follows the
 // last one: a loader window needs one token beyond its last input).
-DocumentSets pick_documents(const MemorizationStudyOptions& o, bool control,
+DocumentSets pick_documents(const MemorizationStudyOptions& o, bool control, int vocab,
                             MemorizationStudyResult& res) {
   data::ShardReader corpus(o.corpus);
   const std::size_t set = static_cast<std::size_t>(o.docs) * o.doc_tokens;
@@ -112,6 +112,12 @@ DocumentSets pick_documents(const MemorizationStudyOptions& o, bool control,
   res.corpus_offset = static_cast<std::int64_t>(span ? rng.next_u64() % (span + 1) : 0);
   std::vector<std::uint32_t> stream(need + 1);
   corpus.read(static_cast<std::size_t>(res.corpus_offset), need + 1, stream.data());
+  for (std::size_t i = 0; i < stream.size(); ++i)  // before any shard of them is written
+    if (stream[i] >= static_cast<std::uint32_t>(vocab))
+      throw Error(fmt::format("{} holds token id {} at position {}, outside the model's "
+                              "vocabulary of {}",
+                              o.corpus.string(), stream[i], res.corpus_offset + i, vocab),
+                  "prepare the corpus with the model's tokenizer (tessera prepare --tokenizer)");
   DocumentSets sets;
   prepare_output_dir(o.out, "--out");
   auto take = [&](std::size_t first, Documents& docs, const fs::path& shard) {
@@ -284,7 +290,7 @@ MemorizationStudyResult run_memorization_study(const MemorizationStudyOptions& o
   MemorizationStudyResult res;
   res.options = opt;
   res.steps = static_cast<std::int64_t>(opt.epochs) * opt.docs / opt.batch;
-  const auto docs = pick_documents(opt, control, res);
+  const auto docs = pick_documents(opt, control, vocab, res);
   const auto specs = arm_specs(opt, control);
   res.model_description =
       base ? fmt::format("{} ({})", opt.model.string(), model::describe(*base))
