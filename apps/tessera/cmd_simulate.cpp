@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "option_checks.hpp"
 #include "perf_setup.hpp"
 #include "tessera/core/chrome_trace.hpp"
 #include "tessera/core/error.hpp"
@@ -72,31 +73,28 @@ void add_simulate_command(CLI::App& root) {
                   "dp,pp,tx,ty,tz (default: the planner's best configuration, whose other "
                   "choices then replace the options below)");
   cmd->add_option("--micro-batch", a->micro_batch, "sequences per micro-batch")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
-  cmd->add_option("--chunks", a->chunks, "chunks per stage (interleaved)")->capture_default_str();
-  cmd->add_option("--zero", a->zero, "ZeRO stage")->capture_default_str();
+  cmd->add_option("--chunks", a->chunks, "chunks per stage (interleaved)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--zero", a->zero, "ZeRO stage")
+      ->check(CLI::IsMember({0, 1, 2, 3}))
+      ->capture_default_str();
   cmd->add_option("--recompute", a->recompute, "none, selective or full")->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "bf16, fp16 or fp32")->capture_default_str();
   cmd->add_flag("--no-flash-attention", a->no_flash, "attention materializes the scores");
   cmd->add_flag("--no-overlap", a->no_overlap, "no overlap of tensor/data-parallel communication");
   cmd->add_option("--trace", a->trace, "write a Chrome trace (chrome://tracing, Perfetto) here");
   cmd->add_option("--trace-ranks", a->trace_ranks, "stages of the first pipeline in the trace")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--compare", a->compare,
                   "a measured trace of the same plan (tessera train --trace): print predicted "
                   "and measured time per instruction");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->callback([a] {
-    // Used with --grid only, but a value no grid can use is a mistake either way.
-    if (a->micro_batch < 1)
-      throw Error(fmt::format("--micro-batch must be >= 1 (got {})", a->micro_batch));
-    if (a->chunks < 1) throw Error(fmt::format("--chunks must be >= 1 (got {})", a->chunks));
-    if (a->zero < 0 || a->zero > 3)
-      throw Error(fmt::format("--zero: stage {} is not in 0-3", a->zero));
-    if (a->trace_ranks < 1)
-      throw Error(fmt::format("--trace-ranks must be >= 1 (got {})", a->trace_ranks),
-                  "the trace holds the first --trace-ranks stages of the first pipeline");
     Timer timer;
     auto setup = load_perf_setup(a->model, a->cluster, a->gpus, a->global_batch, a->seq, a->dtype,
                                  a->no_flash, a->no_overlap);

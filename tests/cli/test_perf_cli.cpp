@@ -160,14 +160,17 @@ TEST(PerfCli, SimulateWithTrace) {
   const std::string sim = "simulate -m gpt2-124m -c dgx-h100 -b 64 ";
   const auto refused_trace = (dir / "refused.json").string();
   expect_clean_error(cli::run(sim + "-n 16 --trace-ranks -1 --trace " + refused_trace),
-                     "--trace-ranks must be >= 1 (got -1)");
-  expect_clean_error(cli::run(sim + "-n 16 --trace-ranks 0"), "--trace-ranks must be >= 1");
+                     "--trace-ranks: must be a whole number of at least 1, got -1");
+  expect_clean_error(cli::run(sim + "-n 16 --trace-ranks 0"),
+                     "--trace-ranks: must be a whole number of at least 1");
   EXPECT_FALSE(fs::exists(refused_trace));
   expect_clean_error(cli::run(sim + "-n 2147483647"), "more than the 1048576 devices");
   expect_clean_error(cli::run(sim + "-n 16 --seq -1"), "--seq must be >= 1");
-  expect_clean_error(cli::run(sim + "-n 16 --micro-batch -1"), "--micro-batch must be >= 1");
-  expect_clean_error(cli::run(sim + "-n 16 --chunks 0"), "--chunks must be >= 1");
-  expect_clean_error(cli::run(sim + "-n 16 --zero 4"), "--zero: stage 4 is not in 0-3");
+  expect_clean_error(cli::run(sim + "-n 16 --micro-batch -1"),
+                     "--micro-batch: must be a whole number of at least 1");
+  expect_clean_error(cli::run(sim + "-n 16 --chunks 0"),
+                     "--chunks: must be a whole number of at least 1");
+  expect_clean_error(cli::run(sim + "-n 16 --zero 4"), "--zero: 4 not in {0,1,2,3}");
   // pp x chunks beyond an int was an internal error (the product wrapped around)
   expect_clean_error(cli::run(sim + "-n 8 --grid 2,2,2,1,1 --schedule interleaved "
                                     "--chunks 2147483647"),
