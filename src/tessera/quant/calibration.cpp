@@ -152,13 +152,21 @@ std::vector<std::int32_t> text_set_tokens(const std::string& name, const fs::pat
 
 }  // namespace
 
+namespace {
+
+// The file or folder a text set (domain, lang2, code) is read from.
+fs::path text_source(const std::string& name, const CalibSources& src) {
+  return find_data_path(name == "domain"  ? src.domain_text
+                        : name == "lang2" ? src.lang2_text
+                                          : src.code_dir);
+}
+
+}  // namespace
+
 void check_calibration_source(const std::string& name, const CalibSources& src) {
   const bool corpus = name == "corpus" || name == "corpus-concat";
   if (!corpus && name != "domain" && name != "lang2" && name != "code") return;
-  const fs::path path = corpus             ? src.train_shard
-                        : name == "domain" ? find_data_path(src.domain_text)
-                        : name == "lang2"  ? find_data_path(src.lang2_text)
-                                           : find_data_path(src.code_dir);
+  const fs::path path = corpus ? src.train_shard : text_source(name, src);
   if (input_kind(path, "calibration set " + name) == InputKind::Missing)
     throw Error(fmt::format("calibration set {}: {} not found", name, path.string()),
                 corpus ? "run 'tessera prepare' or pass the shard (--calib-data)"
@@ -191,9 +199,7 @@ CalibSet make_calibration(const std::string& name, int n, int seqlen, std::uint6
     const auto ids = punctuation_ids(src.tokenizer, vocab_size);
     for (std::size_t i = 0; i < count; ++i) s.tokens.push_back(ids[rng.next_u64() % ids.size()]);
   } else if (name == "domain" || name == "lang2" || name == "code") {
-    const fs::path path = find_data_path(name == "domain"  ? src.domain_text
-                                         : name == "lang2" ? src.lang2_text
-                                                           : src.code_dir);
+    const fs::path path = text_source(name, src);
     random_windows(text_set_tokens(name, path, src, vocab_size), s, n, rng, path.string());
   } else {
     throw Error(fmt::format("unknown calibration set '{}'", name),
