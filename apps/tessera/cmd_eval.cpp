@@ -50,7 +50,7 @@ CLI::App* add_memorization_command(CLI::App& eval) {
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "the tokenizer (default: the model's own, from its .gguf file or a "
-                  "tokenizer.json beside it, else GPT-2's in data/gpt2)");
+                  "tokenizer.json or tokenizer.gguf beside it, else GPT-2's in data/gpt2)");
   cmd->add_option("--max-docs", a->max_docs, "score only the first N documents (0 = all)")
       ->capture_default_str();
   cmd->callback([a] {

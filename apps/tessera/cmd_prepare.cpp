@@ -146,8 +146,10 @@ void run_prepare(const PrepareOptions& o) {
   for (const auto& d : docs) bytes += d.size();
   log_info("prepare: {} documents ({:.2f} MB of text) from {} corpus", docs.size(), bytes / 1e6,
            o.corpus);
-  log_info("prepare: tokenizer {} ({} tokens, {} pre-tokenizer{})", o.tokenizer, tok.vocab_size(),
-           data::pre_tokenizer_name(tok.pre_tokenizer()),
+  log_info("prepare: tokenizer {} ({} tokens, {}{})", o.tokenizer, tok.vocab_size(),
+           tok.kind() == data::TokenizerKind::SentencePiece
+               ? std::string("SentencePiece")
+               : fmt::format("{} pre-tokenizer", data::pre_tokenizer_name(tok.pre_tokenizer())),
            tok.add_bos() ? fmt::format(", BOS {} before each document", *tok.bos_id()) : "");
   const Tokenized tokenized = tokenize_documents(tok, docs);
   const Split split = split_documents(tokenized.ids, o.val_every);
@@ -162,8 +164,9 @@ void run_prepare(const PrepareOptions& o) {
   const double tok_s = tokenized.seconds;
   std::printf("documents: %zu (train %zu, val %zu)\n", docs.size(), split.train_docs,
               split.val_docs);
-  std::printf("tokens:    %zu (train %zu, val %zu), each document ends with <|endoftext|> (%u)\n",
-              n_tokens, split.train.size(), split.val.size(), tok.eot_id());
+  std::printf("tokens:    %zu (train %zu, val %zu), each document ends with %s (%u)\n", n_tokens,
+              split.train.size(), split.val.size(), tok.token_bytes(tok.eot_id()).c_str(),
+              tok.eot_id());
   std::printf("wrote:     %s%s\n", (out / "train.bin").string().c_str(),
               o.val_every > 0 ? (" " + (out / "val.bin").string()).c_str() : "");
   std::printf("time:      %.2f s (tokenizing %.2f s, %.2f M tokens/s on %d threads)\n",

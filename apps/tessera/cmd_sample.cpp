@@ -195,10 +195,11 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--seed", a->seed, "random seed")
       ->check(k_unsigned_number)
       ->capture_default_str();
-  cmd->add_option("--tokenizer", a->tokenizer,
-                  "the tokenizer (default: the model's own, from its .gguf file or a "
-                  "tokenizer.json beside it, else GPT-2's in data/gpt2): a .gguf file, a "
-                  "tokenizer.json, a directory holding one, or a pretrained model's short name");
+  cmd->add_option(
+      "--tokenizer", a->tokenizer,
+      "the tokenizer (default: the model's own, from its .gguf file or a "
+      "tokenizer.json or tokenizer.gguf beside it, else GPT-2's in data/gpt2): a .gguf file, a "
+      "tokenizer.json, a directory holding one, or a pretrained model's short name");
   cmd->add_flag("--ids", a->ids, "print token ids instead of text");
   cmd->add_flag("--stop-at-eot", a->stop_at_eot,
                 "stop at the end-of-text token (<|endoftext|>, or the model's end of sequence)");

@@ -24,7 +24,8 @@ fs::path resolve_tokenizer_path(const std::string& tokenizer_arg, const std::str
   const fs::path m = resolve_model_path(model_arg);
   if (m.extension() == ".gguf") return m;
   const fs::path dir = input_kind(m, "model") == InputKind::Directory ? m : m.parent_path();
-  if (fs::exists(dir / "tokenizer.json")) return dir / "tokenizer.json";
+  for (const char* file : {"tokenizer.json", "tokenizer.gguf"})  // io::write_tokenizer_beside's
+    if (fs::exists(dir / file)) return dir / file;
   return k_gpt2_tokenizer;
 }
 
@@ -41,7 +42,7 @@ std::optional<data::Tokenizer> own_tokenizer(const std::string& tokenizer_arg,
 bool write_own_tokenizer(const fs::path& out_dir, const std::string& tokenizer_arg,
                          const std::string& model_arg, std::int64_t model_vocab) {
   const auto tok = own_tokenizer(tokenizer_arg, model_arg, model_vocab);
-  if (tok) io::write_hf_tokenizer(out_dir, tok->vocab());
+  if (tok) io::write_tokenizer_beside(out_dir, tok->vocab());
   return tok.has_value();
 }
 

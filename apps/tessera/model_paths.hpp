@@ -28,7 +28,8 @@ std::optional<data::Tokenizer> own_tokenizer(const std::string& tokenizer_arg,
                                              const std::string& model_arg,
                                              std::int64_t model_vocab);
 // Writes the model's own tokenizer (or the one --tokenizer names) into `out_dir` as
-// tokenizer.json + tokenizer_config.json, so that the directory is a complete model; models
+// tokenizer.json + tokenizer_config.json (SentencePiece: tokenizer.gguf), so that the directory
+// is a complete model; models
 // with GPT-2's default tokenizer get none (as before). Returns whether one was written.
 bool write_own_tokenizer(const std::filesystem::path& out_dir, const std::string& tokenizer_arg,
                          const std::string& model_arg, std::int64_t model_vocab);

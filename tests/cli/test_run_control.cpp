@@ -230,3 +230,18 @@ TEST_F(RunControl, CheckpointsCarryTheRunsOwnTokenizer) {
   ASSERT_EQ(cli::run(train(gpt2, 1, "model.vocab_size=50257")).code, 0);
   EXPECT_FALSE(fs::exists(checkpoint_of(gpt2, 1) / "tokenizer.json"));
 }
+
+// A SentencePiece tokenizer (Llama 2's kind), which tessera writes to GGUF only, goes beside the
+// checkpoint as tokenizer.gguf, and the checkpoint samples with it.
+TEST_F(RunControl, CheckpointsCarryASentencePieceTokenizer) {
+  const auto out = cli::scratch("spm_tokenizer");
+  const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/tokenizer_spm.gguf";
+  auto r = cli::run(train(out, 1, "model.vocab_size=268 'data.tokenizer=\"" + tok + "\"'"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_TRUE(fs::exists(*latest / "tokenizer.gguf"));
+  EXPECT_FALSE(fs::exists(*latest / "tokenizer.json"));
+  auto s = cli::run("sample --model " + out.string() + " --prompt ab --tokens 3 --temperature 0");
+  EXPECT_EQ(s.code, 0) << s.err;
+}

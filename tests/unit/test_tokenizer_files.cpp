@@ -19,6 +19,7 @@
 
 #include "../scratch_dir.hpp"
 #include "expect_error.hpp"
+#include "llama_cpp_vectors.hpp"
 #include "tessera/core/file.hpp"
 #include "tessera/data/bpe.hpp"
 #include "tessera/data/corpus.hpp"
@@ -32,6 +33,7 @@ using tessera::io::GgufFile;
 using tessera::io::GgufValue;
 using tessera::io::GgufWriter;
 using tessera::test::expect_error;
+using tessera::test::expect_matches_llama_cpp;
 using Ids = std::vector<std::uint32_t>;
 namespace fs = std::filesystem;
 
@@ -73,31 +75,6 @@ void expect_matches_fixture(const Tokenizer& tok, const fs::path& fixture) {
   }
   EXPECT_EQ(differ, 0u);
   EXPECT_EQ(total, j["brown_tokens"].get<std::size_t>());
-}
-
-// llama.cpp's vectors: texts separated by "\n__ggml_vocab_test__\n", one line of ids each.
-void expect_matches_llama_cpp(const Tokenizer& tok, const fs::path& gguf) {
-  const std::string inp = read(gguf.string() + ".inp");
-  const std::string out = read(gguf.string() + ".out");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> texts;
-  for (std::size_t pos = 0; pos < inp.size();) {
-    std::size_t end = inp.find(sep, pos);
-    if (end == std::string::npos) end = inp.size();
-    texts.push_back(inp.substr(pos, end - pos));
-    pos = end + sep.size();
-  }
-  std::vector<Ids> want;
-  for (std::size_t pos = 0; pos < out.size();) {
-    std::size_t end = out.find('\n', pos);
-    if (end == std::string::npos) end = out.size();
-    want.push_back(tessera::data::parse_token_ids(out.substr(pos, end - pos)));
-    pos = end + 1;
-  }
-  ASSERT_EQ(texts.size(), want.size());
-  ASSERT_GT(texts.size(), 40u);
-  for (std::size_t i = 0; i < texts.size(); ++i)
-    EXPECT_EQ(tok.encode(texts[i], false), want[i]) << "text " << i << ": " << texts[i];
 }
 
 // A small byte-level vocabulary: the 256 bytes (id = byte), then "ab", "abc", "<|end|>".
@@ -247,9 +224,9 @@ TEST(TokenizerFiles, BadGgufTokenizersAreOneClearError) {
   };
   fails(small_gguf({}, {"tokenizer.ggml.model"}), "carries no tokenizer");
   fails(small_gguf([](GgufWriter& w) {
-          w.set_metadata("tokenizer.ggml.model", GgufValue::string("llama"));
+          w.set_metadata("tokenizer.ggml.model", GgufValue::string("bert"));
         }),
-        "tokenizer.ggml.model 'llama' is not supported");
+        "tokenizer.ggml.model 'bert' is not supported");
   fails(small_gguf([](GgufWriter& w) {
           w.set_metadata("tokenizer.ggml.pre", GgufValue::string("deepseek-coder"));
         }),

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -187,10 +188,19 @@ struct Tokenizer::Impl {
   std::string source;
   bool add_bos = false;
   BpeVocab vocab;
+  // SentencePiece: id_of holds every token by its spelling (the last of equal ones, as
+  // llama.cpp); each token's score; the token of a byte without one; a space before the text.
+  TokenizerKind kind = TokenizerKind::ByteLevelBpe;
+  std::vector<float> scores;
+  std::optional<std::uint32_t> unk;
+  bool add_space_prefix = false;
 
   using Bad = std::function<Error(const std::string&)>;
+  void index_specials(const BpeVocab& vocab, const Bad& bad);
   void index_tokens(BpeVocab& vocab, const Bad& bad);
+  void index_pieces(BpeVocab& vocab, const Bad& bad);
   void index_merges(const BpeVocab& vocab, const Bad& bad);
+  void encode_pieces(std::string_view text, bool prefix, std::vector<std::uint32_t>& out) const;
 
   struct CacheShard {
     std::mutex mu;
@@ -344,9 +354,14 @@ struct Tokenizer::Impl {
     shard.map.emplace(std::string(piece), std::move(ids));
   }
 
-  // Pre-tokenizes `text` (no special tokens) and encodes every piece.
-  void encode_ordinary(std::string_view text, std::vector<std::uint32_t>& out) const {
-    split(text, 0, out);
+  // Encodes `text` (no special tokens): byte-level BPE pre-tokenizes it and encodes every piece;
+  // SentencePiece encodes it whole, after a space where `first` (at the start of the text or
+  // after a special token) and the vocabulary adds one.
+  void encode_ordinary(std::string_view text, bool first, std::vector<std::uint32_t>& out) const {
+    if (kind == TokenizerKind::SentencePiece)
+      encode_pieces(text, first && add_space_prefix, out);
+    else
+      split(text, 0, out);
   }
 
   // Cuts `text` with stage `stage`'s regex into its matches and the stretches between them
@@ -503,36 +518,168 @@ Tokenizer Tokenizer::load_gpt2(const std::filesystem::path& dir) {
   return from_vocab(gpt2_vocab_from_text(encoder_json, merges, enc_path, bpe_path));
 }
 
-// Checks and indexes the tokens: bytes_of, id_of (ordinary tokens), byte_id, the specials.
-void Tokenizer::Impl::index_tokens(BpeVocab& vocab, const Bad& bad) {
+// Checks the ids the vocabulary names and indexes its special tokens (by their text).
+void Tokenizer::Impl::index_specials(const BpeVocab& vocab, const Bad& bad) {
   if (vocab.tokens.empty()) throw bad("it has no tokens");
   if (vocab.tokens.size() > std::numeric_limits<std::uint32_t>::max())
     throw bad(fmt::format("{} tokens is more than ids can number", vocab.tokens.size()));
   const auto n = static_cast<std::uint32_t>(vocab.tokens.size());
+  for (std::optional<std::uint32_t> id : {vocab.bos, vocab.eos, vocab.unk})
+    if (id && *id >= n) throw bad(fmt::format("token id {} is past the {} tokens", *id, n));
   std::vector<char> special(n, 0);
   for (std::uint32_t id : vocab.special_ids) {
     if (id >= n) throw bad(fmt::format("special token id {} is past the {} tokens", id, n));
     if (vocab.tokens[id].empty()) throw bad(fmt::format("special token {} is empty", id));
-    special[id] = 1;
+    if (special[id]++) continue;
+    const auto k = static_cast<std::uint32_t>(specials.size());
+    specials.push_back({vocab.tokens[id], id});
+    specials_by_first[static_cast<unsigned char>(vocab.tokens[id][0])].push_back(k);
   }
-  for (std::optional<std::uint32_t> id : {vocab.bos, vocab.eos})
-    if (id && *id >= n) throw bad(fmt::format("token id {} is past the {} tokens", *id, n));
+}
+
+// Byte-level BPE: bytes_of, id_of (ordinary tokens by their bytes), byte_id.
+void Tokenizer::Impl::index_tokens(BpeVocab& vocab, const Bad& bad) {
+  const auto n = static_cast<std::uint32_t>(vocab.tokens.size());
+  std::vector<char> special(n, 0);
+  for (std::uint32_t id : vocab.special_ids) special[id] = 1;
   bytes_of = std::move(vocab.tokens);
-  for (std::uint32_t id = 0; id < n; ++id) {
-    if (special[id]) {
-      const auto k = static_cast<std::uint32_t>(specials.size());
-      specials.push_back({bytes_of[id], id});
-      specials_by_first[static_cast<unsigned char>(bytes_of[id][0])].push_back(k);
-    } else if (!bytes_of[id].empty()) {
+  for (std::uint32_t id = 0; id < n; ++id)
+    if (!special[id] && !bytes_of[id].empty())
       id_of.emplace(bytes_of[id], id);  // the lowest id of equal tokens wins
-    }
-  }
   for (int b = 0; b < 256; ++b) {
     auto it = id_of.find(std::string(1, static_cast<char>(b)));
     byte_id[b] = it == id_of.end() ? k_no_token : it->second;
     missing_bytes += it == id_of.end();
   }
   if (missing_bytes == 256) throw bad("no byte has a token");
+}
+
+namespace {
+
+constexpr std::string_view k_spm_space = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+// A byte token's byte: "<0x41>" -> 0x41 (two hex digits, either case); nullopt otherwise.
+std::optional<unsigned char> byte_token_value(std::string_view spelled) {
+  if (spelled.size() != 6 || !spelled.starts_with("<0x") || spelled[5] != '>') return std::nullopt;
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(spelled.data() + 3, spelled.data() + 5, value, 16);
+  if (ec != std::errc() || end != spelled.data() + 5) return std::nullopt;
+  return static_cast<unsigned char>(value);
+}
+
+// A normal SentencePiece token's text: U+2581 back to spaces.
+std::string spm_text(std::string_view spelled) {
+  std::string out;
+  out.reserve(spelled.size());
+  for (std::size_t i = 0; i < spelled.size();) {
+    if (spelled.substr(i).starts_with(k_spm_space)) {
+      out += ' ';
+      i += k_spm_space.size();
+    } else {
+      out += spelled[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// SentencePiece: bytes_of (what each token decodes to), id_of (every token by its spelling),
+// scores, byte_id (a byte's <0xXX> token, else a token spelled as that one byte, as llama.cpp).
+void Tokenizer::Impl::index_pieces(BpeVocab& vocab, const Bad& bad) {
+  const std::size_t n = vocab.tokens.size();
+  if (vocab.scores.size() != n || vocab.types.size() != n)
+    throw bad(fmt::format("{} scores and {} token types for {} tokens", vocab.scores.size(),
+                          vocab.types.size(), n));
+  bytes_of.resize(n);
+  for (std::size_t id = 0; id < n; ++id) {
+    const std::string& spelled = vocab.tokens[id];
+    if (!std::isfinite(vocab.scores[id]))
+      throw bad(fmt::format("token {} has the score {}", id, vocab.scores[id]));
+    if (vocab.types[id] == TokenType::Byte) {
+      const auto byte = byte_token_value(spelled);
+      if (!byte) throw bad(fmt::format("byte token {} is not spelled <0xXX>", id));
+      bytes_of[id] = std::string(1, static_cast<char>(*byte));
+    } else {
+      bytes_of[id] = vocab.types[id] == TokenType::Normal ? spm_text(spelled) : spelled;
+    }
+    if (!spelled.empty()) id_of.insert_or_assign(spelled, static_cast<std::uint32_t>(id));
+  }
+  scores = vocab.scores;
+  for (int b = 0; b < 256; ++b) {
+    auto it = id_of.find(fmt::format("<0x{:02X}>", b));
+    if (it == id_of.end()) it = id_of.find(std::string(1, static_cast<char>(b)));
+    byte_id[b] = it == id_of.end() ? k_no_token : it->second;
+    missing_bytes += it == id_of.end();
+  }
+  if (missing_bytes == 256 && !vocab.unk) throw bad("no byte has a token and none is unknown");
+}
+
+// One SentencePiece encoding (see bpe.hpp): `text` with U+2581 for its spaces, cut into UTF-8
+// characters (a byte that starts none is one alone), merged pair by pair, the pair of the
+// highest score first and of equal ones the leftmost, as long as a pair spells a token.
+void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
+                                    std::vector<std::uint32_t>& out) const {
+  std::string s(prefix ? k_spm_space : "");
+  s.reserve(text.size() + 3);
+  for (char c : text) s += c == ' ' ? k_spm_space : std::string_view(&c, 1);
+  struct Sym {
+    std::size_t start, len;
+    std::int64_t prev, next;
+  };
+  std::vector<Sym> sym;
+  for (std::size_t i = 0; i < s.size();) {
+    static constexpr std::array<std::uint8_t, 16> k_len{1, 1, 1, 1, 1, 1, 1, 1,
+                                                        1, 1, 1, 1, 2, 2, 3, 4};
+    const std::size_t len =
+        std::min<std::size_t>(k_len[static_cast<unsigned char>(s[i]) >> 4], s.size() - i);
+    const auto k = static_cast<std::int64_t>(sym.size());
+    sym.push_back({i, len, k - 1, i + len < s.size() ? k + 1 : -1});
+    i += len;
+  }
+  struct Pair {
+    float score;
+    std::int64_t left, right;
+    std::size_t len;
+  };
+  auto after = [](const Pair& a, const Pair& b) {  // a merges after b
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(after)> queue(after);
+  auto consider = [&](std::int64_t l, std::int64_t r) {
+    if (l < 0 || r < 0) return;
+    const std::string_view piece(s.data() + sym[l].start, sym[l].len + sym[r].len);
+    if (auto it = id_of.find(piece); it != id_of.end())
+      queue.push({scores[it->second], l, r, piece.size()});
+  };
+  for (std::size_t k = 1; k < sym.size(); ++k)
+    consider(static_cast<std::int64_t>(k) - 1, static_cast<std::int64_t>(k));
+  while (!queue.empty()) {
+    const Pair p = queue.top();
+    queue.pop();
+    Sym &l = sym[p.left], &r = sym[p.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != p.len) continue;  // one side merged since
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = p.left;
+    consider(l.prev, p.left);
+    consider(p.left, l.next);
+  }
+  for (std::int64_t k = sym.empty() ? -1 : 0; k >= 0; k = sym[k].next) {
+    const std::string_view piece(s.data() + sym[k].start, sym[k].len);
+    if (auto it = id_of.find(piece); it != id_of.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    for (char c : piece) {
+      const std::uint32_t id = byte_id[static_cast<unsigned char>(c)];
+      if (id != k_no_token)
+        out.push_back(id);
+      else if (unk)
+        out.push_back(*unk);
+    }
+  }
 }
 
 // Ranks the merges: (left id, right id) -> rank and merged id. Later duplicates win, as in the
@@ -550,17 +697,28 @@ void Tokenizer::Impl::index_merges(const BpeVocab& vocab, const Bad& bad) {
 
 Tokenizer Tokenizer::from_vocab(BpeVocab vocab) {
   const std::string source = vocab.source;
-  auto bad = [source](const std::string& why) {
-    return Error(fmt::format("{} is not a usable byte-level BPE tokenizer: {}", source, why));
+  const bool spm = vocab.kind == TokenizerKind::SentencePiece;
+  auto bad = [source, spm](const std::string& why) {
+    return Error(fmt::format("{} is not a usable {} tokenizer: {}", source,
+                             spm ? "SentencePiece" : "byte-level BPE", why));
   };
   auto impl = std::make_unique<Impl>();
   impl->vocab = vocab;  // as given, for writing it out again (vocab())
+  impl->kind = vocab.kind;
   impl->pre = vocab.pre;
   impl->ignore_merges = vocab.ignore_merges;
   impl->bos = vocab.bos;
   impl->eos = vocab.eos;
+  impl->unk = vocab.unk;
   impl->add_bos = vocab.add_bos && vocab.bos.has_value();
-  impl->index_tokens(vocab, bad);
+  impl->add_space_prefix = spm && vocab.add_space_prefix;
+  impl->index_specials(vocab, bad);
+  if (spm) {
+    if (!vocab.merges.empty()) throw bad("SentencePiece merges by score, not by a merges list");
+    impl->index_pieces(vocab, bad);
+  } else {
+    impl->index_tokens(vocab, bad);
+  }
   impl->index_merges(vocab, bad);
   const Special* eot = nullptr;
   for (const Special& sp : impl->specials)
@@ -581,8 +739,14 @@ std::vector<std::uint32_t> Tokenizer::encode(std::string_view text, bool allow_s
 
 void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>& out,
                               bool allow_special) const {
+  bool first = true;  // at the start, or after a special token
+  auto ordinary = [&](std::string_view part) {
+    if (part.empty()) return;
+    impl_->encode_ordinary(part, first, out);
+    first = false;
+  };
   if (!allow_special) {
-    impl_->encode_ordinary(text, out);
+    ordinary(text);
     return;
   }
   std::size_t pos = 0;
@@ -590,11 +754,12 @@ void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>&
     const Special* sp = nullptr;
     std::size_t hit = impl_->find_special(text, pos, sp);
     if (hit == std::string_view::npos) {
-      impl_->encode_ordinary(text.substr(pos), out);
+      ordinary(text.substr(pos));
       return;
     }
-    impl_->encode_ordinary(text.substr(pos, hit - pos), out);
+    ordinary(text.substr(pos, hit - pos));
     out.push_back(sp->id);
+    first = true;
     pos = hit + sp->text.size();
   }
 }
@@ -647,6 +812,9 @@ std::vector<std::int32_t> Tokenizer::prompt(std::string_view text) const {
 }
 PreTokenizer Tokenizer::pre_tokenizer() const {
   return impl_->pre;
+}
+TokenizerKind Tokenizer::kind() const {
+  return impl_->kind;
 }
 std::size_t Tokenizer::vocab_size() const {
   return impl_->bytes_of.size();

@@ -1,6 +1,7 @@
 // Byte-level BPE: GPT-2's (id-for-id compatible with OpenAI's encoder) and the other byte-level
 // BPE vocabularies models ship with (SmolLM2, Llama 3; read from GGUF or tokenizer.json files by
-// io/tokenizer_files.hpp).
+// io/tokenizer_files.hpp); and SentencePiece vocabularies as GGUF files carry them (Llama 2,
+// Gemma: tokenizer.ggml.model "llama"), encoded as llama.cpp encodes them (see below).
 //
 // Encoding follows the reference encoders: text -> special tokens split out -> pre-tokenizer
 // (one or more regex splits, PCRE2 with UTF + UCP, JIT) -> each piece as bytes -> BPE merges by
@@ -8,6 +9,13 @@
 // allow_special the text is first split on them (leftmost, then longest) and every occurrence
 // becomes its id; without, they are encoded as plain text (several ordinary tokens), exactly like
 // the reference encoders.
+//
+// SentencePiece: the text (special tokens split out as above) has a space put before it where the
+// vocabulary says so (add_space_prefix: at its start and after each special token), every space
+// written as U+2581, and is cut into UTF-8 characters; then, as long as two neighbours together
+// spell a token, the pair whose token scores highest (the leftmost of equal scores) becomes one.
+// What is left and is not a token is written as its bytes' tokens (<0x41>), or the unknown token
+// where a byte has none. Decoding writes U+2581 back as a space and byte tokens as their byte.
 //
 // Invalid UTF-8 never fails: the regex is compiled with PCRE2_MATCH_INVALID_UTF, and bytes that no
 // match covers (the invalid sequences) are encoded as their own pieces through the same byte-level
@@ -45,12 +53,37 @@ std::string_view pre_tokenizer_name(PreTokenizer pre);
 // syntax, which is also Hugging Face's for these).
 std::vector<std::string_view> pre_tokenizer_regexes(PreTokenizer pre);
 
-// Everything a byte-level BPE tokenizer is made of, as the file formats hold it.
+// How ordinary text becomes tokens (GGUF's tokenizer.ggml.model).
+enum class TokenizerKind {
+  ByteLevelBpe,   // "gpt2": GPT-2, SmolLM2, Llama 3
+  SentencePiece,  // "llama": Llama 2, Mistral, Gemma
+};
+
+// GGUF's token types (tokenizer.ggml.token_type), which SentencePiece vocabularies keep.
+enum class TokenType : std::int32_t {
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6,  // spelled <0xXX>: the byte XX
+};
+
+// Everything a tokenizer is made of, as the file formats hold it.
 struct BpeVocab {
-  std::string source;               // for messages: "GGUF file m.gguf", "tokenizer.json x"
-  std::vector<std::string> tokens;  // id -> raw bytes (vocab,)
+  std::string source;  // for messages: "GGUF file m.gguf", "tokenizer.json x"
+  TokenizerKind kind = TokenizerKind::ByteLevelBpe;
+  // id -> raw bytes (vocab,); SentencePiece: the token as the file spells it (U+2581 for a
+  // space, <0x0A> for a byte token)
+  std::vector<std::string> tokens;
   std::vector<std::pair<std::string, std::string>> merges;  // raw bytes, in rank order
   std::vector<std::uint32_t> special_ids;  // matched whole in the text (control tokens)
+  // SentencePiece only: each token's score (the higher merges first) and type, (vocab,) each;
+  // the token for a byte or piece that has none; a space before the text.
+  std::vector<float> scores;
+  std::vector<TokenType> types;
+  std::optional<std::uint32_t> unk;
+  bool add_space_prefix = false;
   PreTokenizer pre = PreTokenizer::Gpt2;
   bool ignore_merges = false;        // a piece that is itself a token is that token (Llama 3)
   std::optional<std::uint32_t> bos;  // beginning of sequence
@@ -72,7 +105,8 @@ class Tokenizer {
   static Tokenizer load_gpt2(const std::filesystem::path& dir);
   // Builds a tokenizer from its parts. Throws tessera::Error naming vocab.source when they do not
   // make one: no tokens for bytes at all, a merge whose parts or result are not tokens, an id out
-  // of range. Tokens with the same bytes: the first (lowest id) is the one encoding produces.
+  // of range, scores or types not one per token. Byte-level tokens with the same bytes: the
+  // first (lowest id) is the one encoding produces; SentencePiece's, the last (as llama.cpp).
   static Tokenizer from_vocab(BpeVocab vocab);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -89,7 +123,8 @@ class Tokenizer {
   // Same, appending to `out` (n_tokens,) instead of returning a new vector.
   void encode_append(std::string_view text, std::vector<std::uint32_t>& out,
                      bool allow_special = true) const;
-  // ids (n_tokens,) -> bytes. An id >= vocab_size() throws tessera::Error.
+  // ids (n_tokens,) -> bytes. An id >= vocab_size() throws tessera::Error. (A SentencePiece
+  // vocabulary that puts a space before the text gets it back: decode(encode(x)) == " " + x.)
   std::string decode(std::span<const std::uint32_t> ids) const;
   // The raw bytes of one token (id < vocab_size(), else tessera::Error).
   std::string token_bytes(std::uint32_t id) const;
@@ -103,9 +138,10 @@ class Tokenizer {
   // The tokens a model generates after, from a prompt: bos_id() first where add_bos(), then the
   // text's tokens; with neither, an end of text (eot_id()), after which a new document starts.
   std::vector<std::int32_t> prompt(std::string_view text) const;
-  PreTokenizer pre_tokenizer() const;
+  PreTokenizer pre_tokenizer() const;  // byte-level BPE only
+  TokenizerKind kind() const;
   std::size_t vocab_size() const;    // 50257 for GPT-2
-  std::size_t merges_count() const;  // 50000 for GPT-2
+  std::size_t merges_count() const;  // 50000 for GPT-2; 0 for SentencePiece
   // How many of the 256 bytes have no token (0 for GPT-2 and Llama 3; 21 for SmolLM2, whose
   // vocabulary lacks bytes such as 0x04 and 0xF5..0xFF). Encoding leaves such bytes out, as
   // Hugging Face's tokenizers and llama.cpp do, so decode(encode(x)) == x holds for every x only

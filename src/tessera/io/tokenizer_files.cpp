@@ -16,6 +16,7 @@ namespace {
 
 using data::BpeVocab;
 using data::PreTokenizer;
+using data::TokenType;
 using nlohmann::json;
 
 constexpr std::string_view k_supported_pre = "gpt-2, smollm, llama-bpe";
@@ -238,6 +239,56 @@ void hf_config(const std::filesystem::path& cfg_path, BpeVocab& vocab) {
   if (auto eos = config_token(cfg, "eos_token")) vocab.eos = find_token(vocab, *eos);
 }
 
+// A SentencePiece vocabulary (tokenizer.ggml.model "llama"): the tokens as spelled, their scores
+// and types; where the file leaves them out, llama.cpp's defaults (scores 0, every token normal,
+// <unk> 0, <s> 1, </s> 2, BOS added, a space before the text).
+BpeVocab gguf_spm_vocab(const GgufFile& f) {
+  const std::string file = f.path().string();
+  BpeVocab vocab;
+  vocab.source = fmt::format("GGUF file {}", file);
+  vocab.kind = data::TokenizerKind::SentencePiece;
+  vocab.tokens = f.get_strings("tokenizer.ggml.tokens");
+  const std::size_t n = vocab.tokens.size();
+  auto sized = [&](std::string_view key, std::size_t got) {
+    if (got != n)
+      throw Error(fmt::format("{}: {} has {} entries for {} tokens", file, key, got, n));
+  };
+  vocab.scores.assign(n, 0.0f);
+  if (f.find_metadata("tokenizer.ggml.scores")) {
+    const auto scores = f.get_floats("tokenizer.ggml.scores");
+    sized("tokenizer.ggml.scores", scores.size());
+    std::copy(scores.begin(), scores.end(), vocab.scores.begin());
+  }
+  vocab.types.assign(n, TokenType::Normal);
+  if (f.find_metadata("tokenizer.ggml.token_type")) {
+    const auto types = f.get_ints("tokenizer.ggml.token_type");
+    sized("tokenizer.ggml.token_type", types.size());
+    for (std::size_t id = 0; id < n; ++id) {
+      if (types[id] < 1 || types[id] > 6)
+        throw Error(fmt::format("{}: token {} has type {} (tokenizer.ggml.token_type: 1 to 6)",
+                                file, id, types[id]));
+      vocab.types[id] = static_cast<TokenType>(types[id]);
+    }
+  }
+  for (std::size_t id = 0; id < n; ++id) {
+    const TokenType t = vocab.types[id];
+    if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) &&
+        !vocab.tokens[id].empty())
+      vocab.special_ids.push_back(static_cast<std::uint32_t>(id));
+  }
+  auto id_or = [&](std::string_view key, std::uint32_t fallback) -> std::optional<std::uint32_t> {
+    if (auto id = gguf_token_id(f, key)) return id;
+    return fallback < n ? std::optional(fallback) : std::nullopt;
+  };
+  vocab.unk = id_or("tokenizer.ggml.unknown_token_id", 0);
+  vocab.bos = id_or("tokenizer.ggml.bos_token_id", 1);
+  vocab.eos = id_or("tokenizer.ggml.eos_token_id", 2);
+  auto flag = [&](std::string_view key) { return f.find_metadata(key) ? f.get_bool(key) : true; };
+  vocab.add_bos = flag("tokenizer.ggml.add_bos_token");
+  vocab.add_space_prefix = flag("tokenizer.ggml.add_space_prefix");
+  return vocab;
+}
+
 }  // namespace
 
 data::BpeVocab gguf_bpe_vocab(const GgufFile& f) {
@@ -246,10 +297,11 @@ data::BpeVocab gguf_bpe_vocab(const GgufFile& f) {
     throw Error(fmt::format("{} carries no tokenizer (no tokenizer.ggml.model)", file),
                 "pass the tokenizer with --tokenizer");
   const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model == "llama") return gguf_spm_vocab(f);
   if (model != "gpt2")
     throw Error(fmt::format("{}: tokenizer.ggml.model '{}' is not supported", file, model),
-                "tessera runs byte-level BPE tokenizers (model 'gpt2'), not SentencePiece "
-                "('llama') or WordPiece ('bert')");
+                "tessera runs byte-level BPE ('gpt2') and SentencePiece ('llama') tokenizers, "
+                "not WordPiece ('bert'), Unigram ('t5') or others");
   BpeVocab vocab;
   vocab.source = fmt::format("GGUF file {}", file);
   const std::string pre_name = f.find_metadata("tokenizer.ggml.pre")
@@ -346,7 +398,31 @@ data::Tokenizer load_tokenizer(const std::filesystem::path& given) {
   return data::Tokenizer::from_vocab(hf_bpe_vocab(path));
 }
 
+namespace {
+
+// The metadata gguf_spm_vocab reads, all of it written.
+void set_gguf_spm_tokenizer(GgufWriter& w, const data::BpeVocab& vocab) {
+  std::vector<std::int32_t> types;
+  types.reserve(vocab.types.size());
+  for (TokenType t : vocab.types) types.push_back(static_cast<std::int32_t>(t));
+  w.set_metadata("tokenizer.ggml.model", GgufValue::string("llama"));
+  w.set_metadata("tokenizer.ggml.tokens", GgufValue::array_string(vocab.tokens));
+  w.set_metadata("tokenizer.ggml.scores", GgufValue::array_f32(vocab.scores));
+  w.set_metadata("tokenizer.ggml.token_type", GgufValue::array_i32(types));
+  if (vocab.unk) w.set_metadata("tokenizer.ggml.unknown_token_id", GgufValue::u32(*vocab.unk));
+  if (vocab.bos) w.set_metadata("tokenizer.ggml.bos_token_id", GgufValue::u32(*vocab.bos));
+  if (vocab.eos) w.set_metadata("tokenizer.ggml.eos_token_id", GgufValue::u32(*vocab.eos));
+  w.set_metadata("tokenizer.ggml.add_bos_token", GgufValue::boolean(vocab.add_bos));
+  w.set_metadata("tokenizer.ggml.add_space_prefix", GgufValue::boolean(vocab.add_space_prefix));
+}
+
+}  // namespace
+
 void set_gguf_tokenizer(GgufWriter& w, const data::BpeVocab& vocab) {
+  if (vocab.kind == data::TokenizerKind::SentencePiece) {
+    set_gguf_spm_tokenizer(w, vocab);
+    return;
+  }
   const char* pre = vocab.pre == PreTokenizer::Digits   ? "smollm"
                     : vocab.pre == PreTokenizer::Llama3 ? "llama-bpe"
                                                         : "gpt-2";
@@ -460,7 +536,28 @@ json hf_model_json(const data::BpeVocab& vocab) {
 
 }  // namespace
 
+void require_hf_writable(const data::BpeVocab& vocab) {
+  if (vocab.kind == data::TokenizerKind::SentencePiece)
+    throw Error(fmt::format("{} is a SentencePiece tokenizer, which tessera does not write as a "
+                            "Hugging Face tokenizer.json",
+                            vocab.source),
+                "write the model as GGUF (--format gguf), which keeps it");
+}
+
+std::string write_tokenizer_beside(const std::filesystem::path& dir, const data::BpeVocab& vocab) {
+  if (vocab.kind != data::TokenizerKind::SentencePiece) {
+    write_hf_tokenizer(dir, vocab);
+    return "tokenizer.json";
+  }
+  GgufWriter w;
+  w.set_metadata("general.architecture", GgufValue::string("llama"));
+  set_gguf_tokenizer(w, vocab);
+  w.write(dir / "tokenizer.gguf");
+  return "tokenizer.gguf";
+}
+
 void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab) {
+  require_hf_writable(vocab);
   json added = json::array();
   for (auto id : vocab.special_ids)
     added.push_back({{"id", id},

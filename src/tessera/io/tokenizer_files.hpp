@@ -1,12 +1,16 @@
 // Tokenizers as models ship them: the GGUF file's tokenizer.ggml.* metadata, Hugging Face's
 // tokenizer.json, or GPT-2's encoder.json + vocab.bpe. docs/models.md lists what is supported.
 //
-// All three are byte-level BPE (data::Tokenizer). What each format says, and how it is read:
+// What each format says, and how it is read (data::Tokenizer):
 //   GGUF         tokenizer.ggml.model "gpt2" (byte-level BPE); .pre names the pre-tokenizer
 //                ("gpt-2", "smollm", "llama-bpe"); .tokens spelled in the byte-level alphabet,
 //                except control (type 3) and user-defined (type 4) tokens, which are raw text
 //                and become special tokens; .merges "left right"; .bos_token_id,
 //                .eos_token_id; .add_bos_token (absent: true for Llama 3, as in llama.cpp).
+//                Or tokenizer.ggml.model "llama" (SentencePiece): .tokens as spelled, .scores,
+//                .token_type (control, user-defined and unknown tokens become special tokens),
+//                .unknown_token_id, .bos_token_id, .eos_token_id, .add_bos_token and
+//                .add_space_prefix (absent: llama.cpp's defaults, 0, 1, 2, true and true).
 //   tokenizer.json  model BPE (vocab, merges as "left right" or [left, right], ignore_merges);
 //                the pre_tokenizer ByteLevel, Sequence[Digits, ByteLevel] or Llama 3's
 //                Sequence[Split, ByteLevel]; added_tokens become special tokens; a
@@ -27,7 +31,7 @@
 namespace tessera::io {
 
 // The tokenizer a GGUF file carries. Throws tessera::Error if it has none, or one tessera cannot
-// run (e.g. SentencePiece, tokenizer.ggml.model "llama").
+// run (e.g. WordPiece, tokenizer.ggml.model "bert").
 data::BpeVocab gguf_bpe_vocab(const GgufFile& file);
 
 // A Hugging Face tokenizer.json (and tokenizer_config.json beside it, if there is one).
@@ -49,8 +53,15 @@ void set_gguf_tokenizer(GgufWriter& writer, const data::BpeVocab& vocab);
 // added_tokens, a TemplateProcessing post-processor adding the BOS when the model wants one, else
 // ByteLevel's, and the ByteLevel decoder) and DIR/tokenizer_config.json (bos_token, eos_token),
 // both written atomically. Hugging Face's tokenizers and tessera read them back as `vocab`.
-// Throws tessera::Error when two tokens have the same bytes (a JSON vocab cannot hold both).
+// Throws tessera::Error when two tokens have the same bytes (a JSON vocab cannot hold both), and
+// for a SentencePiece vocabulary (require_hf_writable: tessera writes those to GGUF only).
 void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab);
+void require_hf_writable(const data::BpeVocab& vocab);
+
+// The tokenizer a model saved in DIR carries, in the file load_tokenizer(DIR) finds:
+// tokenizer.json and tokenizer_config.json (write_hf_tokenizer) for byte-level BPE, tokenizer.gguf
+// (a GGUF file of the tokenizer's metadata alone) for SentencePiece. Returns the file's name.
+std::string write_tokenizer_beside(const std::filesystem::path& dir, const data::BpeVocab& vocab);
 
 // Throws tessera::Error unless every id of `tok` is a row of a model with `model_vocab` tokens
 // (the tokenizer given with --tokenizer belongs to another model).

@@ -140,16 +140,16 @@ void initialize_params(RunModel& model, const RunConfig& cfg) {
 }
 
 // A run whose tokenizer is not GPT-2's default (a pretrained model's, or a tokenizer.json) saves
-// it beside the model as tokenizer.json, so that its checkpoints sample and evaluate with it
-// and load into Hugging Face as complete models. A tokenizer that cannot be read leaves the
-// checkpoint without one.
+// it beside the model (tokenizer.json; SentencePiece: tokenizer.gguf), so that its checkpoints
+// sample and evaluate with it and load into Hugging Face as complete models. A tokenizer that
+// cannot be read leaves the checkpoint without one.
 void write_run_tokenizer(const RunConfig& cfg, const fs::path& checkpoint_dir) {
   std::error_code ec;
   const fs::path path = find_data_path(io::resolve_pretrained(cfg.data.tokenizer));
   const fs::path gpt2 = find_data_path("data/gpt2");
   if (!fs::exists(path, ec) || fs::equivalent(path, gpt2, ec)) return;
   try {
-    io::write_hf_tokenizer(checkpoint_dir, io::load_tokenizer(path).vocab());
+    io::write_tokenizer_beside(checkpoint_dir, io::load_tokenizer(path).vocab());
   } catch (const Error& e) {
     log_info("note: the checkpoint has no tokenizer.json ({})", e.what());
   }
