@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference token ids for tessera's byte-level BPE tokenizers, from Hugging Face `tokenizers`.
+"""Reference token ids for tessera's tokenizers, from Hugging Face `tokenizers` or llama.cpp.
 
 For a GGUF file's tokenizer (SmolLM2's, Llama 3's) this builds the Hugging Face tokenizer the
 model was released with (its BPE model from the GGUF vocabulary and merges, and the
@@ -9,10 +9,18 @@ C++ test compares tessera's ids with: the stress text's ids in full, and per Bro
 token count and a hash of its ids. With --tessera it also runs `tessera tokenize` on the stress
 text and on each Brown document and reports the first difference.
 
+With --llama-tokenize BIN the reference is llama.cpp's tokenizer instead (its `llama-tokenize`
+tool, built from the llama-cpp-python source archive scripts/setup pins; no BOS, special tokens
+parsed, its default), for the SentencePiece vocabularies (Gemma's) that this script cannot rebuild in
+Hugging Face's library; then no Python package is needed.
+
 Usage (.venv-oracle from scripts/setup --with-oracle; the models from --with-models):
   .venv-oracle/bin/python tools/make_tokenizer_fixture.py \
       --gguf data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf \
       --out tests/fixtures/tokenizers/smollm2.json --tessera build/tessera
+  python3 tools/make_tokenizer_fixture.py --gguf data/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf \
+      --llama-tokenize LLAMA_CPP_BUILD/bin/llama-tokenize \
+      --out tests/fixtures/tokenizers/gemma3.json --tessera build/tessera
 """
 
 import argparse
@@ -22,9 +30,6 @@ import re
 import subprocess
 import sys
 import tempfile
-
-from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -51,6 +56,8 @@ def field_scalar(reader, key):
 
 def hf_tokenizer_from_gguf(path):
     """The Hugging Face tokenizer a GGUF file's tokenizer.ggml.* describes."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     r = GGUFReader(path)
     assert field_scalar(r, "tokenizer.ggml.model") == "gpt2", "byte-level BPE only"
     pre = field_scalar(r, "tokenizer.ggml.pre") or "gpt-2"
@@ -122,16 +129,40 @@ def id_hash(ids):  # the same polynomial hash as the C++ tests
     return h
 
 
-def tessera_ids(binary, model, text):
+def run_on_text(command, text):
+    """The ids a tokenizer command prints for `text` (given as a file, appended to command)."""
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode("utf-8"))
         name = f.name
     try:
-        out = subprocess.run([binary, "tokenize", "--tokenizer", model, name], check=True,
-                             capture_output=True).stdout
+        out = subprocess.run(command + [name], check=True, capture_output=True).stdout
     finally:
         os.unlink(name)
-    return [int(x) for x in out.split()]
+    return [int(x) for x in out.decode().strip().strip("[]").replace(",", " ").split()]
+
+
+def tessera_ids(binary, model, text):
+    return run_on_text([binary, "tokenize", "--tokenizer", model], text)
+
+
+class LlamaCppTokenizer:
+    """llama.cpp's tokenizer of a GGUF file, through its llama-tokenize tool."""
+
+    def __init__(self, binary, gguf):
+        self.command = [binary, "-m", gguf, "--ids", "--log-disable", "--no-bos", "-f"]
+        self.version = "llama.cpp (llama-cpp-python 0.3.36) llama-tokenize"
+
+    def ids(self, text):
+        return run_on_text(self.command, text)
+
+
+class HfTokenizer:
+    def __init__(self, gguf):
+        self.tok, self.pre = hf_tokenizer_from_gguf(gguf)
+        self.version = "Hugging Face tokenizers " + __import__("tokenizers").__version__
+
+    def ids(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
 
 
 def first_difference(a, b):
@@ -148,22 +179,27 @@ def main():
     ap.add_argument("--stress", default="tests/fixtures/tokenizers/stress.txt")
     ap.add_argument("--out", help="fixture JSON to write")
     ap.add_argument("--tessera", help="tessera binary to compare with")
+    ap.add_argument("--llama-tokenize", help="llama.cpp's llama-tokenize: the reference instead")
     a = ap.parse_args()
 
-    tok, pre = hf_tokenizer_from_gguf(a.gguf)
+    if a.llama_tokenize:
+        ref, pre = LlamaCppTokenizer(a.llama_tokenize, a.gguf), "sentencepiece"
+    else:
+        ref = HfTokenizer(a.gguf)
+        pre = ref.pre
     with open(a.stress, encoding="utf-8", newline="") as fh:
         stress = fh.read()
-    stress_ids = tok.encode(stress, add_special_tokens=False).ids
+    stress_ids = ref.ids(stress)
     docs = brown_documents(a.brown)
-    enc = tok.encode_batch([d for _, d in docs], add_special_tokens=False)
-    brown = [{"name": n, "tokens": len(e.ids), "hash": id_hash(e.ids)}
-             for (n, _), e in zip(docs, enc)]
+    enc = [ref.ids(d) for _, d in docs]
+    brown = [{"name": n, "tokens": len(ids), "hash": id_hash(ids)}
+             for (n, _), ids in zip(docs, enc)]
     total = sum(b["tokens"] for b in brown)
     print(f"{os.path.basename(a.gguf)} ({pre}): stress text {len(stress_ids)} tokens, "
           f"Brown {len(docs)} documents {total} tokens")
     if a.out:
         fixture = {
-            "reference": "Hugging Face tokenizers " + __import__("tokenizers").__version__,
+            "reference": ref.version,
             "gguf": os.path.basename(a.gguf), "pre": pre,
             "stress_ids": stress_ids, "brown_tokens": total, "brown": brown,
         }
@@ -179,9 +215,9 @@ def main():
             bad += 1
             print(f"stress text differs at token {d}: tessera {got[d:d + 8]} "
                   f"reference {stress_ids[d:d + 8]}")
-        for (name, text), e in zip(docs, enc):
+        for (name, text), ids in zip(docs, enc):
             got = tessera_ids(a.tessera, a.gguf, text)
-            d = first_difference(got, e.ids)
+            d = first_difference(got, ids)
             if d is not None:
                 bad += 1
                 print(f"Brown {name} differs at token {d}")

@@ -181,6 +181,22 @@ TEST(TokenizerFiles, Llama3MatchesHuggingFaceAndLlamaCpp) {
   expect_matches_fixture(tok, k_fixtures / "llama3.json");
 }
 
+// Gemma 3's SentencePiece vocabulary (262,144 tokens, no space before the text), against
+// llama.cpp's ids (its llama-tokenize tool) on the Brown corpus and the stress text.
+TEST(TokenizerFiles, Gemma3MatchesLlamaCpp) {
+  const fs::path gguf = k_data / "models/gemma3-270m/gemma-3-270m-q4_k_m.gguf";
+  if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " missing (scripts/setup --with-models)";
+  const Tokenizer tok = tessera::io::load_tokenizer(gguf);
+  EXPECT_EQ(tok.kind(), tessera::data::TokenizerKind::SentencePiece);
+  EXPECT_EQ(tok.vocab_size(), 262144u);
+  EXPECT_EQ(tok.bos_id(), 2u);  // <bos>
+  EXPECT_EQ(tok.eot_id(), 1u);  // <eos>
+  EXPECT_TRUE(tok.add_bos());
+  const std::string stress = read(k_fixtures / "stress.txt");
+  EXPECT_EQ(tok.decode(tok.encode(stress, false)), stress);
+  expect_matches_fixture(tok, k_fixtures / "gemma3.json");
+}
+
 TEST(TokenizerFiles, Gpt2FromGgufEqualsEncoderJson) {
   const auto gguf = k_vocab / "ggml-vocab-gpt-2.gguf";
   if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " missing (scripts/setup --with-models)";
