@@ -158,6 +158,13 @@ struct Special {
   std::uint32_t id;
 };
 
+// One piece of a SentencePiece encoding: bytes [start, start + len) of the escaped text (len 0
+// once merged into its left neighbour), in a list of the pieces still there.
+struct SpmSymbol {
+  std::size_t start, len;
+  std::int64_t prev, next;  // -1: none
+};
+
 }  // namespace
 
 std::string_view pre_tokenizer_name(PreTokenizer pre) {
@@ -201,6 +208,7 @@ struct Tokenizer::Impl {
   void index_pieces(BpeVocab& vocab, const Bad& bad);
   void index_merges(const BpeVocab& vocab, const Bad& bad);
   void encode_pieces(std::string_view text, bool prefix, std::vector<std::uint32_t>& out) const;
+  void merge_pieces(const std::string& s, std::vector<SpmSymbol>& sym) const;
 
   struct CacheShard {
     std::mutex mu;
@@ -615,28 +623,37 @@ void Tokenizer::Impl::index_pieces(BpeVocab& vocab, const Bad& bad) {
   if (missing_bytes == 256 && !vocab.unk) throw bad("no byte has a token and none is unknown");
 }
 
-// One SentencePiece encoding (see bpe.hpp): `text` with U+2581 for its spaces, cut into UTF-8
-// characters (a byte that starts none is one alone), merged pair by pair, the pair of the
-// highest score first and of equal ones the leftmost, as long as a pair spells a token.
-void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
-                                    std::vector<std::uint32_t>& out) const {
+namespace {
+
+// `text` as SentencePiece sees it: U+2581 for every space, and one before it where `prefix`.
+std::string spm_escape(std::string_view text, bool prefix) {
   std::string s(prefix ? k_spm_space : "");
   s.reserve(text.size() + 3);
   for (char c : text) s += c == ' ' ? k_spm_space : std::string_view(&c, 1);
-  struct Sym {
-    std::size_t start, len;
-    std::int64_t prev, next;
-  };
-  std::vector<Sym> sym;
+  return s;
+}
+
+// The UTF-8 characters of `s` as a list of symbols (a byte that starts none is one alone, and
+// a character cut short by the end is what is left of it), as llama.cpp cuts them.
+std::vector<SpmSymbol> utf8_symbols(const std::string& s) {
+  static constexpr std::array<std::uint8_t, 16> k_len{1, 1, 1, 1, 1, 1, 1, 1,
+                                                      1, 1, 1, 1, 2, 2, 3, 4};
+  std::vector<SpmSymbol> sym;
   for (std::size_t i = 0; i < s.size();) {
-    static constexpr std::array<std::uint8_t, 16> k_len{1, 1, 1, 1, 1, 1, 1, 1,
-                                                        1, 1, 1, 1, 2, 2, 3, 4};
     const std::size_t len =
         std::min<std::size_t>(k_len[static_cast<unsigned char>(s[i]) >> 4], s.size() - i);
     const auto k = static_cast<std::int64_t>(sym.size());
     sym.push_back({i, len, k - 1, i + len < s.size() ? k + 1 : -1});
     i += len;
   }
+  return sym;
+}
+
+}  // namespace
+
+// Merges neighbours of `sym` (over the escaped text `s`) while a pair spells a token: the pair of
+// the highest score first, and of equal scores the leftmost.
+void Tokenizer::Impl::merge_pieces(const std::string& s, std::vector<SpmSymbol>& sym) const {
   struct Pair {
     float score;
     std::int64_t left, right;
@@ -657,7 +674,7 @@ void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
   while (!queue.empty()) {
     const Pair p = queue.top();
     queue.pop();
-    Sym &l = sym[p.left], &r = sym[p.right];
+    SpmSymbol &l = sym[p.left], &r = sym[p.right];
     if (l.len == 0 || r.len == 0 || l.len + r.len != p.len) continue;  // one side merged since
     l.len += r.len;
     r.len = 0;
@@ -666,6 +683,15 @@ void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
     consider(l.prev, p.left);
     consider(p.left, l.next);
   }
+}
+
+// One SentencePiece encoding (see bpe.hpp): the escaped text's characters merged, then each
+// piece's token, or its bytes' tokens (the unknown token for a byte without one).
+void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
+                                    std::vector<std::uint32_t>& out) const {
+  const std::string s = spm_escape(text, prefix);
+  std::vector<SpmSymbol> sym = utf8_symbols(s);
+  merge_pieces(s, sym);
   for (std::int64_t k = sym.empty() ? -1 : 0; k >= 0; k = sym[k].next) {
     const std::string_view piece(s.data() + sym[k].start, sym[k].len);
     if (auto it = id_of.find(piece); it != id_of.end()) {

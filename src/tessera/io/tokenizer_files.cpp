@@ -239,14 +239,10 @@ void hf_config(const std::filesystem::path& cfg_path, BpeVocab& vocab) {
   if (auto eos = config_token(cfg, "eos_token")) vocab.eos = find_token(vocab, *eos);
 }
 
-// A SentencePiece vocabulary (tokenizer.ggml.model "llama"): the tokens as spelled, their scores
-// and types; where the file leaves them out, llama.cpp's defaults (scores 0, every token normal,
-// <unk> 0, <s> 1, </s> 2, BOS added, a space before the text).
-BpeVocab gguf_spm_vocab(const GgufFile& f) {
+// A SentencePiece vocabulary's tokens, scores (absent: 0) and types (absent: all normal); the
+// control, user-defined and unknown tokens are its special tokens.
+void gguf_spm_pieces(const GgufFile& f, BpeVocab& vocab) {
   const std::string file = f.path().string();
-  BpeVocab vocab;
-  vocab.source = fmt::format("GGUF file {}", file);
-  vocab.kind = data::TokenizerKind::SentencePiece;
   vocab.tokens = f.get_strings("tokenizer.ggml.tokens");
   const std::size_t n = vocab.tokens.size();
   auto sized = [&](std::string_view key, std::size_t got) {
@@ -276,6 +272,16 @@ BpeVocab gguf_spm_vocab(const GgufFile& f) {
         !vocab.tokens[id].empty())
       vocab.special_ids.push_back(static_cast<std::uint32_t>(id));
   }
+}
+
+// A SentencePiece vocabulary (tokenizer.ggml.model "llama"): its pieces, and where the file leaves
+// them out llama.cpp's defaults (<unk> 0, <s> 1, </s> 2, BOS added, a space before the text).
+BpeVocab gguf_spm_vocab(const GgufFile& f) {
+  BpeVocab vocab;
+  vocab.source = fmt::format("GGUF file {}", f.path().string());
+  vocab.kind = data::TokenizerKind::SentencePiece;
+  gguf_spm_pieces(f, vocab);
+  const std::size_t n = vocab.tokens.size();
   auto id_or = [&](std::string_view key, std::uint32_t fallback) -> std::optional<std::uint32_t> {
     if (auto id = gguf_token_id(f, key)) return id;
     return fallback < n ? std::optional(fallback) : std::nullopt;
