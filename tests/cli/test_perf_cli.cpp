@@ -126,6 +126,15 @@ TEST(PerfCli, TuneScalingAndFragmentErrors) {
       "parallel.dq");
   expect_clean_error(cli::run("study scaling --grids foo"), "unknown grid 'foo'");
   expect_clean_error(cli::run("study scaling --ranks 2,4"), "must start at 1");
+  // A grid the study's small model cannot take, said before the first run (nothing is written).
+  const auto early = cli::scratch("scaling_early") / "study";
+  expect_clean_error(
+      cli::run("study scaling --grids dp,pipeline --ranks 1,2,16 --strong-batch 16 -o " +
+               early.string()),
+      "the pipeline grid on 16 ranks (weak scaling) cannot run: model.n_layer=8");
+  expect_clean_error(cli::run("study scaling --grids tensor --ranks 1,3 -o " + early.string()),
+                     "not divisible by tx=3");
+  EXPECT_FALSE(fs::exists(early));
   // the published part's inputs are checked before any run is measured (or its folder made)
   const auto out = cli::scratch("scaling_refused") / "study";
   const std::string study =

@@ -19,6 +19,7 @@
 #include "tessera/plot/plot.hpp"
 #include "tessera/train/metrics_file.hpp"
 #include "tessera/train/run_config.hpp"
+#include "tessera/train/run_setup.hpp"
 
 namespace tessera::study {
 
@@ -44,7 +45,7 @@ void run_job(const ScalingOptions& o, int ranks, const std::string& command, con
 }
 
 // The study's run config: the small model, the data, no validation, samples or checkpoints.
-fs::path write_run_config(const ScalingOptions& o) {
+train::RunConfig study_run_config(const ScalingOptions& o) {
   train::RunConfig cfg;
   cfg.model.n_layer = o.n_layer;
   cfg.model.n_head = o.n_head;
@@ -60,20 +61,51 @@ fs::path write_run_config(const ScalingOptions& o) {
   cfg.sample.tokens = 0;
   cfg.source = "tessera study scaling";
   train::validate(cfg);
-  const fs::path file = o.out / "run.toml";
-  write_file_atomic(file, train::to_toml(cfg));
-  return file;
+  return cfg;
 }
 
-// The grid keys of `grid` at `ranks` ranks with `global_batch` sequences per step.
-std::string grid_keys(const ScalingOptions& o, const std::string& grid, int ranks,
-                      long global_batch) {
-  const int dp = grid == "dp" ? ranks : 1;
-  const long accum = global_batch / (static_cast<long>(dp) * o.micro_batch);
-  return fmt::format(
-      "parallel.dp={} parallel.tx={} parallel.pp={} train.global_batch={} "
-      "train.grad_accum={}",
-      dp, grid == "tensor" ? ranks : 1, grid == "pipeline" ? ranks : 1, global_batch, accum);
+// The grid keys (--set overrides) of a measured point: its grid at its rank count with its
+// global batch (the 1-rank baseline as dp).
+std::vector<std::string> grid_keys(const ScalingOptions& o, const MeasuredPoint& p) {
+  const std::string grid = p.grid == "any" ? "dp" : p.grid;
+  const int dp = grid == "dp" ? p.ranks : 1;
+  const long accum = p.global_batch / (static_cast<long>(dp) * o.micro_batch);
+  return {fmt::format("parallel.dp={}", dp),
+          fmt::format("parallel.tx={}", grid == "tensor" ? p.ranks : 1),
+          fmt::format("parallel.pp={}", grid == "pipeline" ? p.ranks : 1),
+          fmt::format("train.global_batch={}", p.global_batch),
+          fmt::format("train.grad_accum={}", accum)};
+}
+
+// The measured points: the 1-rank runs, then each grid at each larger rank count.
+std::vector<MeasuredPoint> measured_points(const ScalingOptions& o) {
+  std::vector<MeasuredPoint> points;
+  for (const char* scaling : {"weak", "strong"})
+    for (const auto& grid : o.grids)
+      for (int n : o.ranks)
+        if (n > 1 || grid == o.grids.front())
+          points.push_back(
+              {scaling, n == 1 ? "any" : grid, n,
+               std::string(scaling) == "weak" ? long{o.micro_batch} * n : long{o.strong_batch}});
+  return points;
+}
+
+// Every run's config and plan checked as `train` checks them, before the first run: a grid the
+// study's model or batch cannot take (a pipeline deeper than the model, a tensor split that does
+// not divide its width) is said now, not after the runs before it.
+void check_runs(const ScalingOptions& o, const std::vector<MeasuredPoint>& points) {
+  const std::string base = train::to_toml(study_run_config(o));
+  for (const auto& p : points) {
+    try {
+      const auto cfg = train::parse_run_config(base, "tessera study scaling", grid_keys(o, p));
+      (void)train::plan_run(cfg, train::model_config(cfg.model), p.ranks);
+    } catch (const Error& e) {
+      throw Error(fmt::format("scaling study: the {} grid on {} ranks ({} scaling) cannot run: {}",
+                              p.grid, p.ranks, p.scaling, e.what()),
+                  fmt::format("leave {} out of --ranks or {} out of --grids (in train's terms: {})",
+                              p.ranks, p.grid, e.hint()));
+    }
+  }
 }
 
 // The median of the steps after the first, and the prediction, of a finished run.
@@ -99,19 +131,12 @@ bool finished(const fs::path& dir) {
                      [](const auto& row) { return row.value("event", "") == "summary"; });
 }
 
-// Every measured point: the 1-rank runs, then each grid at each larger rank count; a run already
+// Runs every measured point (measured_points) and reads its step time; a run already
 // finished in o.out is read, not run again.
-std::vector<MeasuredPoint> measure(const ScalingOptions& o) {
-  const fs::path run_toml = write_run_config(o);
+std::vector<MeasuredPoint> measure(const ScalingOptions& o, std::vector<MeasuredPoint> points) {
+  const fs::path run_toml = o.out / "run.toml";
+  write_file_atomic(run_toml, train::to_toml(study_run_config(o)));
   fs::create_directories(o.out / "logs");
-  std::vector<MeasuredPoint> points;
-  for (const char* scaling : {"weak", "strong"})
-    for (const auto& grid : o.grids)
-      for (int n : o.ranks)
-        if (n > 1 || grid == o.grids.front())
-          points.push_back(
-              {scaling, n == 1 ? "any" : grid, n,
-               std::string(scaling) == "weak" ? long{o.micro_batch} * n : long{o.strong_batch}});
   Progress bar("scaling study: runs", static_cast<std::int64_t>(points.size()));
   std::map<int, fs::path> clusters;
   for (std::size_t i = 0; i < points.size(); ++i) {
@@ -131,9 +156,8 @@ std::vector<MeasuredPoint> measure(const ScalingOptions& o) {
       run_job(
           o, p.ranks,
           fmt::format("train {} --quiet --overwrite --set {} train.out_dir={} hardware.cluster={}",
-                      quoted(run_toml),
-                      grid_keys(o, p.grid == "any" ? "dp" : p.grid, p.ranks, p.global_batch),
-                      quoted(dir), quoted(clusters[p.ranks])),
+                      quoted(run_toml), fmt::join(grid_keys(o, p), " "), quoted(dir),
+                      quoted(clusters[p.ranks])),
           o.out / "logs" / (name + ".log"));
     read_run(dir, p);
     bar.update(static_cast<std::int64_t>(i + 1), name);
@@ -227,10 +251,12 @@ void check_measured(const ScalingOptions& o) {
 
 ScalingResult run_scaling_study(const ScalingOptions& o) {
   check_measured(o);
+  std::vector<MeasuredPoint> points = measured_points(o);
+  check_runs(o, points);
   const PublishedInputs inputs = load_published(o);
   fs::create_directories(o.out);
   ScalingResult r;
-  r.measured = measure(o);
+  r.measured = measure(o, std::move(points));
   set_efficiency(r.measured);
   log_info("scaling study: planning and simulating {} on {}", o.published_model,
            fmt::join(o.clusters, ", "));
