@@ -236,7 +236,7 @@ TEST_F(RunControl, CheckpointsCarryTheRunsOwnTokenizer) {
 TEST_F(RunControl, CheckpointsCarryASentencePieceTokenizer) {
   const auto out = cli::scratch("spm_tokenizer");
   const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/tokenizer_spm.gguf";
-  auto r = cli::run(train(out, 1, "model.vocab_size=268 'data.tokenizer=\"" + tok + "\"'"));
+  auto r = cli::run(train(out, 1, "model.vocab_size=142 'data.tokenizer=\"" + tok + "\"'"));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
   ASSERT_TRUE(latest.has_value());
