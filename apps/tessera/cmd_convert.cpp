@@ -101,17 +101,13 @@ void add_convert_command(CLI::App& root) {
     const auto tok = own_tokenizer(a->tokenizer, a->model, loaded.config.vocab_size);
     prepare_output_dir(out, "--out");
     const auto files = io::save_model(out, layout, loaded.params.data(), dtype, max_shard);
-    const std::string tok_file = tok ? io::write_tokenizer_beside(out, tok->vocab()) : "";
+    if (tok) io::write_hf_tokenizer(out, tok->vocab());
     const std::string weights =
         files.size() == 1 ? files[0]
                           : fmt::format("{} files {} ... {} with model.safetensors.index.json",
                                         files.size(), files.front(), files.back());
     log_info("wrote {} ({}): config.json, {} ({}){}", out.string(), model::describe(loaded.config),
-             weights, a->dtype, tok ? ", " + tok_file : "");
-    if (tok_file == "tokenizer.gguf")
-      log_info(
-          "note: its SentencePiece tokenizer is in tokenizer.gguf, which tessera reads; "
-          "Hugging Face's loaders look for tokenizer.json");
+             weights, a->dtype, tok ? ", tokenizer.json" : "");
   });
 }
 

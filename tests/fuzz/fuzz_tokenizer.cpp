@@ -38,7 +38,7 @@ tessera::data::Tokenizer small_sentencepiece() {
   v.unk = 0;
   v.bos = 1;
   v.eos = 2;
-  v.add_space_prefix = true;
+  v.space_prefix = tessera::data::SpacePrefix::EveryPart;
   return tessera::data::Tokenizer::from_vocab(std::move(v));
 }
 

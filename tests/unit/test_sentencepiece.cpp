@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "../scratch_dir.hpp"
 #include "expect_error.hpp"
 #include "llama_cpp_vectors.hpp"
@@ -163,8 +165,77 @@ TEST(SentencePiece, RoundTripsThroughGgufAndBesideAModel) {
   tessera::test::ScratchDir scratch("spm_");
   EXPECT_EQ(tessera::io::write_tokenizer_beside(scratch.path(), tok.vocab()), "tokenizer.gguf");
   EXPECT_EQ(tessera::io::load_tokenizer(scratch.path()).encode(text), tok.encode(text));
-  expect_error([&] { tessera::io::write_hf_tokenizer(scratch.path(), tok.vocab()); },
-               "does not write as a Hugging Face tokenizer.json");
+  // As a Hugging Face tokenizer.json: the merges its scores imply, merged by rank when read back.
+  const fs::path hf = scratch.path() / "hf";
+  fs::create_directories(hf);
+  tessera::io::write_hf_tokenizer(hf, tok.vocab());
+  const Tokenizer from_json = tessera::io::load_tokenizer(hf);
+  EXPECT_EQ(from_json.kind(), TokenizerKind::SentencePiece);
+  EXPECT_EQ(from_json.vocab().merges.size(), 4u);  // "\u2581a", "bc", "aa", "ab": by score
+  EXPECT_EQ(from_json.vocab().merges.front().first, "\u2581");
+  EXPECT_EQ(from_json.encode(text), tok.encode(text));
+  EXPECT_EQ(from_json.eos_id(), k_sep);
+  // and, with them, beside a model as a tokenizer.json (which holds its merges exactly)
+  EXPECT_EQ(tessera::io::write_tokenizer_beside(hf, from_json.vocab()), "tokenizer.json");
+}
+
+namespace {
+
+// The small vocabulary's tokenizer.json as tessera writes it, edited by `edit`, read back.
+Tokenizer small_json(const std::function<void(nlohmann::json&)>& edit) {
+  tessera::test::ScratchDir scratch("spm_json_");
+  tessera::io::write_hf_tokenizer(scratch.path(), spm_tokenizer(spm_gguf(small_pieces())).vocab());
+  auto j = nlohmann::json::parse(read(scratch.path() / "tokenizer.json"));
+  edit(j);
+  return Tokenizer::from_vocab(tessera::io::hf_bpe_vocab_from_text(j.dump(), "small.json"));
+}
+
+}  // namespace
+
+// The forms Hugging Face's converters write a SentencePiece vocabulary's space prefix in, and
+// what tessera refuses of the rest.
+TEST(SentencePiece, TokenizerJsonForms) {
+  using nlohmann::json;
+  const Ids every{k_space_a, k_eos, k_space, k_b};  // a space after the special token too
+  EXPECT_EQ(small_json([](json&) {}).encode("a</s>b"), every);
+  const json metaspace{{"type", "Metaspace"}, {"replacement", "\u2581"}, {"split", false}};
+  auto with_metaspace = [&](const char* scheme) {
+    return small_json([&](json& j) {
+      j["normalizer"] = nullptr;
+      j["pre_tokenizer"] = metaspace;
+      j["pre_tokenizer"]["prepend_scheme"] = scheme;
+    });
+  };
+  EXPECT_EQ(with_metaspace("always").encode("a</s>b"), every);
+  EXPECT_EQ(with_metaspace("first").encode("a</s>b"), (Ids{k_space_a, k_eos, k_b}));
+  EXPECT_EQ(with_metaspace("first").encode("</s>b"), (Ids{k_eos, k_b}));
+  EXPECT_EQ(with_metaspace("never").encode("ab"), (Ids{k_ab}));
+  const Tokenizer replace_only = small_json([](json& j) {
+    j["normalizer"]["normalizers"].erase(0);  // Prepend
+  });
+  EXPECT_EQ(replace_only.encode("ab a"), (Ids{k_ab, k_space_a}));
+  auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
+    expect_error([&] { (void)small_json(edit); }, needle);
+  };
+  refused(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "ByteLevel"}};
+      },
+      "a pre_tokenizer beside the normalizer is not supported with byte_fallback");
+  refused(
+      [&](json& j) {
+        j["normalizer"] = nullptr;
+        j["pre_tokenizer"] = metaspace;
+        j["pre_tokenizer"]["split"] = true;
+      },
+      "the pre_tokenizer");
+  refused([](json& j) { j["model"]["vocab"].erase("<0x41>"); }, "no token has id");
+  refused(
+      [](json& j) {
+        j["model"]["merges"].push_back({"a", "zz"});
+      },
+      "merge 4 joins pieces that are not tokens");
+  refused([](json& j) { j["model"]["unk_token"] = "<nope>"; }, "unk_token '<nope>' is not a token");
 }
 
 TEST(SentencePiece, BadVocabulariesAreRefused) {
@@ -218,4 +289,12 @@ TEST(SentencePiece, Llama2MatchesLlamaCpp) {
   const std::string stress = read(k_fixtures / "stress.txt");
   EXPECT_EQ(tok.decode(tok.encode(stress, false)), " " + stress);
   tessera::test::expect_matches_llama_cpp(tok, gguf);
+  // Written as a tokenizer.json (61,249 merges, those Hugging Face's converter lists) and read
+  // back, merged by rank: the same ids.
+  tessera::test::ScratchDir scratch("spm_llama2_");
+  tessera::io::write_hf_tokenizer(scratch.path(), tok.vocab());
+  const Tokenizer back = tessera::io::load_tokenizer(scratch.path());
+  EXPECT_EQ(back.vocab().merges.size(), 61249u);
+  tessera::test::expect_matches_llama_cpp(back, gguf);
+  EXPECT_EQ(back.encode(stress), tok.encode(stress));
 }

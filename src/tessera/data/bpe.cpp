@@ -200,7 +200,7 @@ struct Tokenizer::Impl {
   TokenizerKind kind = TokenizerKind::ByteLevelBpe;
   std::vector<float> scores;
   std::optional<std::uint32_t> unk;
-  bool add_space_prefix = false;
+  SpacePrefix space_prefix = SpacePrefix::None;
 
   using Bad = std::function<Error(const std::string&)>;
   void index_specials(const BpeVocab& vocab, const Bad& bad);
@@ -363,11 +363,16 @@ struct Tokenizer::Impl {
   }
 
   // Encodes `text` (no special tokens): byte-level BPE pre-tokenizes it and encodes every piece;
-  // SentencePiece encodes it whole, after a space where `first` (at the start of the text or
-  // after a special token) and the vocabulary adds one.
-  void encode_ordinary(std::string_view text, bool first, std::vector<std::uint32_t>& out) const {
+  // SentencePiece encodes it whole, after a space where the vocabulary puts one (`start`: the
+  // text is at the start of what is encoded; `first`: there or after a special token).
+  void encode_ordinary(std::string_view text, bool start, bool first,
+                       std::vector<std::uint32_t>& out) const {
     if (kind == TokenizerKind::SentencePiece)
-      encode_pieces(text, first && add_space_prefix, out);
+      encode_pieces(text,
+                    space_prefix == SpacePrefix::EveryPart
+                        ? first
+                        : start && space_prefix == SpacePrefix::Start,
+                    out);
     else
       split(text, 0, out);
   }
@@ -566,7 +571,8 @@ namespace {
 
 constexpr std::string_view k_spm_space = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
-// A byte token's byte: "<0x41>" -> 0x41 (two hex digits, either case); nullopt otherwise.
+}  // namespace
+
 std::optional<unsigned char> byte_token_value(std::string_view spelled) {
   if (spelled.size() != 6 || !spelled.starts_with("<0x") || spelled[5] != '>') return std::nullopt;
   unsigned value = 0;
@@ -574,6 +580,8 @@ std::optional<unsigned char> byte_token_value(std::string_view spelled) {
   if (ec != std::errc() || end != spelled.data() + 5) return std::nullopt;
   return static_cast<unsigned char>(value);
 }
+
+namespace {
 
 // A normal SentencePiece token's text: U+2581 back to spaces.
 std::string spm_text(std::string_view spelled) {
@@ -652,10 +660,11 @@ std::vector<SpmSymbol> utf8_symbols(const std::string& s) {
 }  // namespace
 
 // Merges neighbours of `sym` (over the escaped text `s`) while a pair spells a token: the pair of
-// the highest score first, and of equal scores the leftmost.
+// the highest score first, and of equal scores the leftmost. A vocabulary with a merges list (a
+// tokenizer.json's) merges only the pairs it lists, the lowest rank first, as Hugging Face's BPE.
 void Tokenizer::Impl::merge_pieces(const std::string& s, std::vector<SpmSymbol>& sym) const {
   struct Pair {
-    float score;
+    double score;  // the token's score, or minus the merge's rank
     std::int64_t left, right;
     std::size_t len;
   };
@@ -663,11 +672,19 @@ void Tokenizer::Impl::merge_pieces(const std::string& s, std::vector<SpmSymbol>&
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   };
   std::priority_queue<Pair, std::vector<Pair>, decltype(after)> queue(after);
+  auto text = [&](std::int64_t k) { return std::string_view(s.data() + sym[k].start, sym[k].len); };
   auto consider = [&](std::int64_t l, std::int64_t r) {
     if (l < 0 || r < 0) return;
-    const std::string_view piece(s.data() + sym[l].start, sym[l].len + sym[r].len);
-    if (auto it = id_of.find(piece); it != id_of.end())
-      queue.push({scores[it->second], l, r, piece.size()});
+    const std::size_t len = sym[l].len + sym[r].len;
+    if (merges.empty()) {
+      if (auto it = id_of.find(std::string_view(s.data() + sym[l].start, len)); it != id_of.end())
+        queue.push({scores[it->second], l, r, len});
+      return;
+    }
+    const auto a = id_of.find(text(l)), b = id_of.find(text(r));
+    if (a == id_of.end() || b == id_of.end()) return;
+    if (const Merge* m = find_merge(a->second, b->second))
+      queue.push({-static_cast<double>(m->rank), l, r, len});
   };
   for (std::size_t k = 1; k < sym.size(); ++k)
     consider(static_cast<std::int64_t>(k) - 1, static_cast<std::int64_t>(k));
@@ -737,10 +754,9 @@ Tokenizer Tokenizer::from_vocab(BpeVocab vocab) {
   impl->eos = vocab.eos;
   impl->unk = vocab.unk;
   impl->add_bos = vocab.add_bos && vocab.bos.has_value();
-  impl->add_space_prefix = spm && vocab.add_space_prefix;
+  impl->space_prefix = spm ? vocab.space_prefix : SpacePrefix::None;
   impl->index_specials(vocab, bad);
   if (spm) {
-    if (!vocab.merges.empty()) throw bad("SentencePiece merges by score, not by a merges list");
     impl->index_pieces(vocab, bad);
   } else {
     impl->index_tokens(vocab, bad);
@@ -768,7 +784,7 @@ void Tokenizer::encode_append(std::string_view text, std::vector<std::uint32_t>&
   bool first = true;  // at the start, or after a special token
   auto ordinary = [&](std::string_view part) {
     if (part.empty()) return;
-    impl_->encode_ordinary(part, first, out);
+    impl_->encode_ordinary(part, part.data() == text.data(), first, out);
     first = false;
   };
   if (!allow_special) {

@@ -11,7 +11,7 @@
 // the reference encoders.
 //
 // SentencePiece: the text (special tokens split out as above) has a space put before it where the
-// vocabulary says so (add_space_prefix: at its start and after each special token), every space
+// vocabulary says so (SpacePrefix: at its start, and after each special token too), every space
 // written as U+2581, and is cut into UTF-8 characters; then, as long as two neighbours together
 // spell a token, the pair whose token scores highest (the leftmost of equal scores) becomes one.
 // What is left and is not a token is written as its bytes' tokens (<0x41>), or the unknown token
@@ -69,6 +69,14 @@ enum class TokenType : std::int32_t {
   Byte = 6,  // spelled <0xXX>: the byte XX
 };
 
+// Where a SentencePiece vocabulary puts a space before the text.
+enum class SpacePrefix {
+  None,
+  Start,      // before the text only (Hugging Face's Metaspace, prepend_scheme "first")
+  EveryPart,  // before the text and after each special token (llama.cpp's add_space_prefix,
+              // Hugging Face's Prepend normalizer)
+};
+
 // Everything a tokenizer is made of, as the file formats hold it.
 struct BpeVocab {
   std::string source;  // for messages: "GGUF file m.gguf", "tokenizer.json x"
@@ -83,7 +91,7 @@ struct BpeVocab {
   std::vector<float> scores;
   std::vector<TokenType> types;
   std::optional<std::uint32_t> unk;
-  bool add_space_prefix = false;
+  SpacePrefix space_prefix = SpacePrefix::None;
   PreTokenizer pre = PreTokenizer::Gpt2;
   bool ignore_merges = false;        // a piece that is itself a token is that token (Llama 3)
   std::optional<std::uint32_t> bos;  // beginning of sequence
@@ -162,6 +170,10 @@ class Tokenizer {
 std::optional<std::string> byte_level_decode(std::string_view spelled);
 // The spelling of raw bytes (UTF-8 of the stand-ins).
 std::string byte_level_encode(std::string_view bytes);
+
+// A SentencePiece byte token's byte: "<0x41>" -> 0x41 (two hex digits, either case); nullopt for
+// any other spelling.
+std::optional<unsigned char> byte_token_value(std::string_view spelled);
 
 // Token ids written as text (what `tessera tokenize --decode` reads): decimal ids separated by
 // spaces, tabs, newlines, commas or brackets ("[464, 3290]" or "464 3290"). Throws

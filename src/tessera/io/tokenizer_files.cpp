@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -148,8 +149,9 @@ std::pair<std::string, std::string> hf_merge(const json& m, std::size_t rank,
   return out;
 }
 
-// model.vocab and added_tokens -> vocab.tokens and vocab.special_ids.
-void hf_tokens(const json& j, BpeVocab& vocab, const std::string& file) {
+// model.vocab and added_tokens -> vocab.tokens and vocab.special_ids; the vocab's keys are
+// spelled in the byte-level alphabet, or (`byte_level` false: SentencePiece) as they are.
+void hf_tokens(const json& j, BpeVocab& vocab, const std::string& file, bool byte_level = true) {
   const json& model = j["model"];
   if (!model.contains("vocab") || !model["vocab"].is_object() || model["vocab"].empty())
     throw Error(fmt::format("{}: model.vocab is not an object of token ids", file));
@@ -171,10 +173,11 @@ void hf_tokens(const json& j, BpeVocab& vocab, const std::string& file) {
     seen[id] = 1;
   };
   for (const auto& [spelled, id] : model["vocab"].items()) {
-    auto bytes = data::byte_level_decode(spelled);
+    auto bytes = byte_level ? data::byte_level_decode(spelled)
+                            : (spelled.empty() ? std::nullopt : std::optional(spelled));
     if (!id.is_number_unsigned() || !bytes)
-      throw Error(fmt::format("{}: model.vocab entry '{}' is not a byte-level token with an id",
-                              file, spelled.substr(0, 60)));
+      throw Error(fmt::format("{}: model.vocab entry '{}' is not a {} token with an id", file,
+                              spelled.substr(0, 60), byte_level ? "byte-level" : "non-empty"));
     place(id.get<std::uint64_t>(), std::move(*bytes), false);
   }
   if (have_added) {
@@ -291,7 +294,117 @@ BpeVocab gguf_spm_vocab(const GgufFile& f) {
   vocab.eos = id_or("tokenizer.ggml.eos_token_id", 2);
   auto flag = [&](std::string_view key) { return f.find_metadata(key) ? f.get_bool(key) : true; };
   vocab.add_bos = flag("tokenizer.ggml.add_bos_token");
-  vocab.add_space_prefix = flag("tokenizer.ggml.add_space_prefix");
+  vocab.space_prefix = flag("tokenizer.ggml.add_space_prefix") ? data::SpacePrefix::EveryPart
+                                                               : data::SpacePrefix::None;
+  return vocab;
+}
+
+// Where a SentencePiece-style tokenizer.json puts a space before the text: its normalizer
+// (Prepend "▁" then Replace " " by "▁": before every part; the Replace alone: nowhere) or its
+// Metaspace pre-tokenizer (prepend_scheme always, first or never; split false).
+data::SpacePrefix hf_spm_prefix(const json& j, const std::string& file) {
+  const json none;
+  const json& norm = j.contains("normalizer") ? j["normalizer"] : none;
+  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : none;
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("{}: {} is not supported with byte_fallback", file, what),
+                 "tessera reads SentencePiece-style tokenizer.json files: the normalizer "
+                 "Prepend(\u2581) + Replace(' ', \u2581), or a Metaspace pre-tokenizer");
+  };
+  auto type_of = [&](const json& x) { return json_string(x, "type", file); };
+  auto replace = [&](const json& x) {
+    return type_of(x) == "Replace" && x.contains("pattern") &&
+           json_string(x["pattern"], "String", file) == " " &&
+           json_string(x, "content", file) == "\u2581";
+  };
+  if (!norm.is_null()) {
+    if (!pre.is_null()) throw bad("a pre_tokenizer beside the normalizer");
+    const bool seq = type_of(norm) == "Sequence" && norm.contains("normalizers") &&
+                     norm["normalizers"].is_array();
+    const json steps = seq ? norm["normalizers"] : json::array({norm});
+    if (steps.size() == 2 && type_of(steps[0]) == "Prepend" &&
+        json_string(steps[0], "prepend", file) == "\u2581" && replace(steps[1]))
+      return data::SpacePrefix::EveryPart;
+    if (steps.size() == 1 && replace(steps[0])) return data::SpacePrefix::None;
+    throw bad(fmt::format("the normalizer {}", norm.dump().substr(0, 200)));
+  }
+  if (type_of(pre) != "Metaspace" || json_string(pre, "replacement", file) != "\u2581" ||
+      json_bool(pre, "split", true, file))
+    throw bad(fmt::format("the pre_tokenizer {}", pre.dump().substr(0, 200)));
+  const std::string scheme = json_string(pre, "prepend_scheme", file);
+  if (scheme == "always" || (scheme.empty() && json_bool(pre, "add_prefix_space", true, file)))
+    return data::SpacePrefix::EveryPart;
+  if (scheme == "first") return data::SpacePrefix::Start;
+  if (scheme == "never" || scheme.empty()) return data::SpacePrefix::None;
+  throw bad(fmt::format("prepend_scheme '{}'", scheme));
+}
+
+// The merges of a SentencePiece-style tokenizer.json ("left right" or [left, right], spelled as
+// the vocabulary spells them), and each token's score for GGUF (minus the rank of the first
+// merge that makes it; 0 for the tokens no merge makes). A merge that joins a byte token is
+// refused: tessera's encoder, like llama.cpp's, falls back to bytes after merging, not before.
+void hf_spm_merges(const json& merges, BpeVocab& vocab, const std::string& file) {
+  std::unordered_map<std::string, std::uint32_t> id_of;
+  for (std::uint32_t id = 0; id < vocab.tokens.size(); ++id) id_of.emplace(vocab.tokens[id], id);
+  vocab.scores.assign(vocab.tokens.size(), 0.0f);
+  std::vector<char> made(vocab.tokens.size(), 0);
+  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+    const json& m = merges[rank];
+    std::pair<std::string, std::string> lr;
+    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      lr = {m[0].get<std::string>(), m[1].get<std::string>()};
+    } else if (const std::size_t sp =
+                   m.is_string() ? m.get_ref<const std::string&>().find(' ') : std::string::npos;
+               sp != std::string::npos &&
+               m.get_ref<const std::string&>().find(' ', sp + 1) == std::string::npos) {
+      const std::string& text = m.get_ref<const std::string&>();
+      lr = {text.substr(0, sp), text.substr(sp + 1)};
+    } else {
+      throw Error(fmt::format("{}: merge {} is not \"left right\" or [left, right]", file, rank));
+    }
+    const auto l = id_of.find(lr.first), r = id_of.find(lr.second);
+    const auto t = id_of.find(lr.first + lr.second);
+    if (l == id_of.end() || r == id_of.end() || t == id_of.end())
+      throw Error(fmt::format("{}: merge {} joins pieces that are not tokens", file, rank));
+    if (vocab.types[l->second] == TokenType::Byte || vocab.types[r->second] == TokenType::Byte)
+      throw Error(
+          fmt::format("{}: merge {} joins a byte token, which tessera does not run", file, rank));
+    if (!made[t->second]++) vocab.scores[t->second] = -static_cast<float>(rank);
+    vocab.merges.push_back(std::move(lr));
+  }
+}
+
+// A SentencePiece-style tokenizer.json (model BPE with byte_fallback: Llama 2, Mistral, Gemma as
+// Hugging Face ships them): the tokens as spelled, byte tokens <0xXX> for every byte, the merges,
+// the unknown token, the space prefix, the added tokens as special tokens.
+BpeVocab hf_spm_vocab(const json& j, const std::string& file) {
+  const json& model = j["model"];
+  BpeVocab vocab;
+  vocab.source = fmt::format("tokenizer.json {}", file);
+  vocab.kind = data::TokenizerKind::SentencePiece;
+  vocab.space_prefix = hf_spm_prefix(j, file);
+  hf_tokens(j, vocab, file, false);
+  vocab.types.assign(vocab.tokens.size(), TokenType::Normal);
+  int bytes = 0;
+  for (std::size_t id = 0; id < vocab.tokens.size(); ++id)
+    if (data::byte_token_value(vocab.tokens[id])) {
+      vocab.types[id] = TokenType::Byte;
+      ++bytes;
+    }
+  for (std::uint32_t id : vocab.special_ids) vocab.types[id] = TokenType::Control;
+  if (bytes < 256)
+    throw Error(fmt::format("{}: byte_fallback with {} of the 256 byte tokens <0xXX>", file, bytes),
+                "tessera falls back to bytes only where every byte has its token");
+  if (const std::string unk = json_string(model, "unk_token", file); !unk.empty()) {
+    for (std::uint32_t id = 0; id < vocab.tokens.size() && !vocab.unk; ++id)
+      if (vocab.tokens[id] == unk) vocab.unk = id;
+    if (!vocab.unk) throw Error(fmt::format("{}: unk_token '{}' is not a token", file, unk));
+    vocab.types[*vocab.unk] = TokenType::Unknown;
+  }
+  if (!model.contains("merges") || !model["merges"].is_array())
+    throw Error(fmt::format("{}: model.merges is not a list", file));
+  hf_spm_merges(model["merges"], vocab, file);
+  hf_bos(j, vocab);
   return vocab;
 }
 
@@ -351,8 +464,10 @@ data::BpeVocab hf_bpe_vocab_from_text(std::string_view text, const std::string& 
   const json& model = j["model"];
   const json type = model.contains("type") ? model["type"] : json("BPE");
   if (type != "BPE")
-    throw Error(fmt::format("{}: model type {} is not supported", file, type.dump()),
-                "tessera runs byte-level BPE tokenizers");
+    throw Error(
+        fmt::format("{}: model type {} is not supported", file, type.dump()),
+        "tessera runs BPE tokenizers: byte-level, or SentencePiece-style with byte_fallback");
+  if (json_bool(model, "byte_fallback", false, file)) return hf_spm_vocab(j, file);
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     throw Error(fmt::format("{}: a normalizer is not supported", file),
                 "byte-level BPE tokenizers (GPT-2, SmolLM2, Llama 3) have none");
@@ -419,7 +534,9 @@ void set_gguf_spm_tokenizer(GgufWriter& w, const data::BpeVocab& vocab) {
   if (vocab.bos) w.set_metadata("tokenizer.ggml.bos_token_id", GgufValue::u32(*vocab.bos));
   if (vocab.eos) w.set_metadata("tokenizer.ggml.eos_token_id", GgufValue::u32(*vocab.eos));
   w.set_metadata("tokenizer.ggml.add_bos_token", GgufValue::boolean(vocab.add_bos));
-  w.set_metadata("tokenizer.ggml.add_space_prefix", GgufValue::boolean(vocab.add_space_prefix));
+  // (llama.cpp's prefix is also after special tokens: a Start prefix becomes EveryPart)
+  w.set_metadata("tokenizer.ggml.add_space_prefix",
+                 GgufValue::boolean(vocab.space_prefix != data::SpacePrefix::None));
 }
 
 }  // namespace
@@ -494,8 +611,11 @@ json hf_pre_json(PreTokenizer pre) {
   return json();
 }
 
-// Adds the BOS to every sequence (and pair) when the model wants one; else ByteLevel's offsets.
+// Adds the BOS to every sequence (and pair) when the model wants one; else ByteLevel's offsets
+// (nothing for SentencePiece).
 json hf_post_processor(const data::BpeVocab& vocab) {
+  if ((!vocab.add_bos || !vocab.bos) && vocab.kind == data::TokenizerKind::SentencePiece)
+    return json();
   if (!vocab.add_bos || !vocab.bos)
     return json{{"type", "ByteLevel"},
                 {"add_prefix_space", true},
@@ -540,18 +660,93 @@ json hf_model_json(const data::BpeVocab& vocab) {
               {"merges", std::move(merges)}};
 }
 
-}  // namespace
-
-void require_hf_writable(const data::BpeVocab& vocab) {
-  if (vocab.kind == data::TokenizerKind::SentencePiece)
-    throw Error(fmt::format("{} is a SentencePiece tokenizer, which tessera does not write as a "
-                            "Hugging Face tokenizer.json",
-                            vocab.source),
-                "write the model as GGUF (--format gguf), which keeps it");
+// A SentencePiece vocabulary's space prefix as Hugging Face's converters write it: the
+// normalizer Prepend + Replace (before every part) or the Replace alone, or (before the text
+// only) a Metaspace pre-tokenizer with prepend_scheme "first".
+json hf_spm_normalizer(data::SpacePrefix prefix) {
+  const json replace{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  if (prefix == data::SpacePrefix::Start) return json();
+  json steps = json::array();
+  if (prefix == data::SpacePrefix::EveryPart)
+    steps.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+  steps.push_back(replace);
+  return json{{"type", "Sequence"}, {"normalizers", std::move(steps)}};
+}
+json hf_spm_pre_tokenizer(data::SpacePrefix prefix) {
+  if (prefix != data::SpacePrefix::Start) return json();
+  return json{{"type", "Metaspace"},
+              {"replacement", "\u2581"},
+              {"prepend_scheme", "first"},
+              {"split", false}};
+}
+// Byte tokens to bytes, U+2581 to spaces, the space put before the text taken off.
+json hf_spm_decoder(data::SpacePrefix prefix) {
+  json steps = json::array(
+      {json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}},
+       json{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}}});
+  if (prefix != data::SpacePrefix::None)
+    steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  return json{{"type", "Sequence"}, {"decoders", std::move(steps)}};
 }
 
+// The merges a SentencePiece vocabulary implies, as Hugging Face's converters list them: every
+// split of a token (at a character) into two tokens; the tokens by descending score (ties in id
+// order), a token's splits by descending scores of their left, then right part.
+std::vector<std::pair<std::string, std::string>> spm_merges(const data::BpeVocab& vocab) {
+  std::unordered_map<std::string, float> score_of;
+  for (std::size_t id = 0; id < vocab.tokens.size(); ++id)
+    score_of.insert_or_assign(vocab.tokens[id], vocab.scores[id]);
+  struct Split {
+    float score, left, right;
+    std::string l, r;
+  };
+  std::vector<Split> all;
+  for (std::size_t id = 0; id < vocab.tokens.size(); ++id) {
+    const std::string& t = vocab.tokens[id];
+    std::vector<Split> local;
+    for (std::size_t k = 1; k < t.size(); ++k) {
+      if ((static_cast<unsigned char>(t[k]) & 0xC0) == 0x80) continue;  // inside a character
+      const auto l = score_of.find(t.substr(0, k)), r = score_of.find(t.substr(k));
+      if (l != score_of.end() && r != score_of.end())
+        local.push_back({vocab.scores[id], l->second, r->second, l->first, r->first});
+    }
+    std::stable_sort(local.begin(), local.end(), [](const Split& a, const Split& b) {
+      return a.left != b.left ? a.left > b.left : a.right > b.right;
+    });
+    all.insert(all.end(), local.begin(), local.end());
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Split& a, const Split& b) { return a.score > b.score; });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(all.size());
+  for (auto& s : all) out.emplace_back(std::move(s.l), std::move(s.r));
+  return out;
+}
+
+// model: BPE with byte fallback over the tokens as spelled; its merges (those read from a
+// tokenizer.json, or those the scores imply).
+json hf_spm_model_json(const data::BpeVocab& vocab) {
+  json v = json::object();
+  for (std::size_t id = 0; id < vocab.tokens.size(); ++id) v[vocab.tokens[id]] = id;
+  json merges = json::array();
+  for (const auto& [l, r] : vocab.merges.empty() ? spm_merges(vocab) : vocab.merges)
+    merges.push_back({l, r});
+  return json{{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", vocab.unk ? json(vocab.tokens[*vocab.unk]) : json()},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", true},
+              {"byte_fallback", true},
+              {"ignore_merges", false},
+              {"vocab", std::move(v)},
+              {"merges", std::move(merges)}};
+}
+
+}  // namespace
+
 std::string write_tokenizer_beside(const std::filesystem::path& dir, const data::BpeVocab& vocab) {
-  if (vocab.kind != data::TokenizerKind::SentencePiece) {
+  if (vocab.kind != data::TokenizerKind::SentencePiece || !vocab.merges.empty()) {
     write_hf_tokenizer(dir, vocab);
     return "tokenizer.json";
   }
@@ -563,7 +758,7 @@ std::string write_tokenizer_beside(const std::filesystem::path& dir, const data:
 }
 
 void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab) {
-  require_hf_writable(vocab);
+  const bool spm = vocab.kind == data::TokenizerKind::SentencePiece;
   json added = json::array();
   for (auto id : vocab.special_ids)
     added.push_back({{"id", id},
@@ -573,19 +768,20 @@ void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& 
                      {"rstrip", false},
                      {"normalized", false},
                      {"special", true}});
-  json tok{{"version", "1.0"},
-           {"truncation", nullptr},
-           {"padding", nullptr},
-           {"added_tokens", std::move(added)},
-           {"normalizer", nullptr},
-           {"pre_tokenizer", hf_pre_json(vocab.pre)},
-           {"post_processor", hf_post_processor(vocab)},
-           {"decoder",
-            {{"type", "ByteLevel"},
-             {"add_prefix_space", true},
-             {"trim_offsets", true},
-             {"use_regex", true}}},
-           {"model", hf_model_json(vocab)}};
+  json tok{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", std::move(added)},
+      {"normalizer", spm ? hf_spm_normalizer(vocab.space_prefix) : json()},
+      {"pre_tokenizer", spm ? hf_spm_pre_tokenizer(vocab.space_prefix) : hf_pre_json(vocab.pre)},
+      {"post_processor", hf_post_processor(vocab)},
+      {"decoder", spm ? hf_spm_decoder(vocab.space_prefix)
+                      : json{{"type", "ByteLevel"},
+                             {"add_prefix_space", true},
+                             {"trim_offsets", true},
+                             {"use_regex", true}}},
+      {"model", spm ? hf_spm_model_json(vocab) : hf_model_json(vocab)}};
   json cfg{{"tokenizer_class", "PreTrainedTokenizerFast"},
            {"add_bos_token", vocab.add_bos},
            {"clean_up_tokenization_spaces", false}};

@@ -16,7 +16,10 @@
 //                Sequence[Split, ByteLevel]; added_tokens become special tokens; a
 //                TemplateProcessing post-processor that starts with a special token makes it
 //                the BOS added to every sequence; tokenizer_config.json next to it, when present,
-//                names bos_token and eos_token.
+//                names bos_token and eos_token. Or, with byte_fallback (SentencePiece as Hugging
+//                Face converts it: Llama 2, Mistral, Gemma), the tokens as spelled, all 256 byte
+//                tokens <0xXX>, merges by rank, unk_token, and the space prefix as the normalizer
+//                Prepend + Replace or Replace alone, or a Metaspace pre-tokenizer (split false).
 // Every problem is a tessera::Error naming the file and the key or field.
 #pragma once
 
@@ -53,14 +56,17 @@ void set_gguf_tokenizer(GgufWriter& writer, const data::BpeVocab& vocab);
 // added_tokens, a TemplateProcessing post-processor adding the BOS when the model wants one, else
 // ByteLevel's, and the ByteLevel decoder) and DIR/tokenizer_config.json (bos_token, eos_token),
 // both written atomically. Hugging Face's tokenizers and tessera read them back as `vocab`.
-// Throws tessera::Error when two tokens have the same bytes (a JSON vocab cannot hold both), and
-// for a SentencePiece vocabulary (require_hf_writable: tessera writes those to GGUF only).
+// Throws tessera::Error when two tokens have the same bytes (a JSON vocab cannot hold both). A
+// SentencePiece vocabulary is written as Hugging Face's converters write Llama's and Gemma's:
+// model BPE with byte_fallback, its merges (from a tokenizer.json, or every split of a token into
+// two, by the tokens' scores), the space prefix as a normalizer or a Metaspace pre-tokenizer.
 void write_hf_tokenizer(const std::filesystem::path& dir, const data::BpeVocab& vocab);
-void require_hf_writable(const data::BpeVocab& vocab);
 
-// The tokenizer a model saved in DIR carries, in the file load_tokenizer(DIR) finds:
-// tokenizer.json and tokenizer_config.json (write_hf_tokenizer) for byte-level BPE, tokenizer.gguf
-// (a GGUF file of the tokenizer's metadata alone) for SentencePiece. Returns the file's name.
+// The tokenizer a model saved in DIR carries, in the file load_tokenizer(DIR) finds, in the form
+// that holds it exactly: tokenizer.json and tokenizer_config.json (write_hf_tokenizer) for
+// byte-level BPE and for SentencePiece read from a tokenizer.json; tokenizer.gguf (a GGUF file of
+// the tokenizer's metadata alone) for SentencePiece read from GGUF, whose merges go by score
+// (a tokenizer.json's by rank). Returns the file's name.
 std::string write_tokenizer_beside(const std::filesystem::path& dir, const data::BpeVocab& vocab);
 
 // Throws tessera::Error unless every id of `tok` is a row of a model with `model_vocab` tokens
