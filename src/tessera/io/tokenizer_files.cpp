@@ -34,12 +34,27 @@ std::optional<PreTokenizer> pre_from_gguf_name(std::string_view name) {
 }
 
 // "left right" (each side spelled in the byte-level alphabet) -> raw bytes.
-bool split_merge(std::string_view merge, std::pair<std::string, std::string>& out) {
+using Sides = std::pair<std::string, std::string>;
+
+// A merge's two sides as written: "left right" (one space), or a tokenizer.json's [left, right].
+std::optional<Sides> merge_text_sides(std::string_view merge) {
   const std::size_t sp = merge.find(' ');
   if (sp == std::string_view::npos || merge.find(' ', sp + 1) != std::string_view::npos)
-    return false;
-  auto left = data::byte_level_decode(merge.substr(0, sp));
-  auto right = data::byte_level_decode(merge.substr(sp + 1));
+    return std::nullopt;
+  return Sides{std::string(merge.substr(0, sp)), std::string(merge.substr(sp + 1))};
+}
+std::optional<Sides> merge_sides(const json& m) {
+  if (m.is_string()) return merge_text_sides(m.get_ref<const std::string&>());
+  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+    return Sides{m[0].get<std::string>(), m[1].get<std::string>()};
+  return std::nullopt;
+}
+
+// Sides spelled in the byte-level alphabet -> raw bytes.
+bool byte_level_sides(const std::optional<Sides>& sides, Sides& out) {
+  if (!sides) return false;
+  auto left = data::byte_level_decode(sides->first);
+  auto right = data::byte_level_decode(sides->second);
   if (!left || !right) return false;
   out = {std::move(*left), std::move(*right)};
   return true;
@@ -131,19 +146,9 @@ PreTokenizer hf_pre(const json& pre, const std::string& file) {
   throw bad("not one of the known forms");
 }
 
-std::pair<std::string, std::string> hf_merge(const json& m, std::size_t rank,
-                                             const std::string& file) {
-  std::pair<std::string, std::string> out;
-  bool ok = false;
-  if (m.is_string()) {
-    ok = split_merge(m.get<std::string>(), out);
-  } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-    auto left = data::byte_level_decode(m[0].get<std::string>());
-    auto right = data::byte_level_decode(m[1].get<std::string>());
-    ok = left && right;
-    if (ok) out = {std::move(*left), std::move(*right)};
-  }
-  if (!ok)
+Sides hf_merge(const json& m, std::size_t rank, const std::string& file) {
+  Sides out;
+  if (!byte_level_sides(merge_sides(m), out))
     throw Error(
         fmt::format("{}: merge {} is not \"left right\" in the byte-level alphabet", file, rank));
   return out;
@@ -350,18 +355,10 @@ void hf_spm_merges(const json& merges, BpeVocab& vocab, const std::string& file)
   std::vector<char> made(vocab.tokens.size(), 0);
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const json& m = merges[rank];
-    std::pair<std::string, std::string> lr;
-    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      lr = {m[0].get<std::string>(), m[1].get<std::string>()};
-    } else if (const std::size_t sp =
-                   m.is_string() ? m.get_ref<const std::string&>().find(' ') : std::string::npos;
-               sp != std::string::npos &&
-               m.get_ref<const std::string&>().find(' ', sp + 1) == std::string::npos) {
-      const std::string& text = m.get_ref<const std::string&>();
-      lr = {text.substr(0, sp), text.substr(sp + 1)};
-    } else {
+    std::optional<Sides> sides = merge_sides(m);
+    if (!sides)
       throw Error(fmt::format("{}: merge {} is not \"left right\" or [left, right]", file, rank));
-    }
+    Sides& lr = *sides;
     const auto l = id_of.find(lr.first), r = id_of.find(lr.second);
     const auto t = id_of.find(lr.first + lr.second);
     if (l == id_of.end() || r == id_of.end() || t == id_of.end())
@@ -438,7 +435,7 @@ data::BpeVocab gguf_bpe_vocab(const GgufFile& f) {
   vocab.merges.reserve(merges.size());
   for (std::size_t i = 0; i < merges.size(); ++i) {
     vocab.merges.emplace_back();
-    if (!split_merge(merges[i], vocab.merges.back()))
+    if (!byte_level_sides(merge_text_sides(merges[i]), vocab.merges.back()))
       throw Error(
           fmt::format("{}: tokenizer.ggml.merges[{}] is not \"left right\" in the "
                       "byte-level alphabet",
