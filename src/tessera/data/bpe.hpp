@@ -84,7 +84,9 @@ struct BpeVocab {
   // id -> raw bytes (vocab,); SentencePiece: the token as the file spells it (U+2581 for a
   // space, <0x0A> for a byte token)
   std::vector<std::string> tokens;
-  std::vector<std::pair<std::string, std::string>> merges;  // raw bytes, in rank order
+  // in rank order: raw bytes; SentencePiece: spelled, only from a tokenizer.json (whose pairs
+  // then merge by rank, not by score)
+  std::vector<std::pair<std::string, std::string>> merges;
   std::vector<std::uint32_t> special_ids;  // matched whole in the text (control tokens)
   // SentencePiece only: each token's score (the higher merges first) and type, (vocab,) each;
   // the token for a byte or piece that has none; a space before the text.
