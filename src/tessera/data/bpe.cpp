@@ -159,10 +159,13 @@ struct Special {
 };
 
 // One piece of a SentencePiece encoding: bytes [start, start + len) of the escaped text (len 0
-// once merged into its left neighbour), in a list of the pieces still there.
+// once merged into its left neighbour), in a list of the pieces still there; its token once known
+// (a merge's result, or looked up where merges go by rank), else k_none.
 struct SpmSymbol {
+  static constexpr std::uint32_t k_none = 0xFFFFFFFFu;
   std::size_t start, len;
   std::int64_t prev, next;  // -1: none
+  std::uint32_t id = k_none;
 };
 
 }  // namespace
@@ -196,9 +199,8 @@ struct Tokenizer::Impl {
   bool add_bos = false;
   BpeVocab vocab;
   // SentencePiece: id_of holds every token by its spelling (the last of equal ones, as
-  // llama.cpp); each token's score; the token of a byte without one; a space before the text.
+  // llama.cpp), vocab.scores their scores; the token of a byte without one; a space first.
   TokenizerKind kind = TokenizerKind::ByteLevelBpe;
-  std::vector<float> scores;
   std::optional<std::uint32_t> unk;
   SpacePrefix space_prefix = SpacePrefix::None;
 
@@ -621,7 +623,6 @@ void Tokenizer::Impl::index_pieces(BpeVocab& vocab, const Bad& bad) {
     }
     if (!spelled.empty()) id_of.insert_or_assign(spelled, static_cast<std::uint32_t>(id));
   }
-  scores = vocab.scores;
   for (int b = 0; b < 256; ++b) {
     auto it = id_of.find(fmt::format("<0x{:02X}>", b));
     if (it == id_of.end()) it = id_of.find(std::string(1, static_cast<char>(b)));
@@ -666,26 +667,28 @@ void Tokenizer::Impl::merge_pieces(const std::string& s, std::vector<SpmSymbol>&
   struct Pair {
     double score;  // the token's score, or minus the merge's rank
     std::int64_t left, right;
-    std::size_t len;
+    std::uint32_t len;  // bytes of the two (a piece of one text; 32 bytes a pair, for the heap)
+    std::uint32_t id;   // the token the two make
   };
   auto after = [](const Pair& a, const Pair& b) {  // a merges after b
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   };
   std::priority_queue<Pair, std::vector<Pair>, decltype(after)> queue(after);
-  auto text = [&](std::int64_t k) { return std::string_view(s.data() + sym[k].start, sym[k].len); };
   auto consider = [&](std::int64_t l, std::int64_t r) {
     if (l < 0 || r < 0) return;
-    const std::size_t len = sym[l].len + sym[r].len;
+    const auto len = static_cast<std::uint32_t>(sym[l].len + sym[r].len);
     if (merges.empty()) {
       if (auto it = id_of.find(std::string_view(s.data() + sym[l].start, len)); it != id_of.end())
-        queue.push({scores[it->second], l, r, len});
-      return;
+        queue.push({vocab.scores[it->second], l, r, len, it->second});
+    } else if (sym[l].id != SpmSymbol::k_none && sym[r].id != SpmSymbol::k_none) {
+      if (const Merge* m = find_merge(sym[l].id, sym[r].id))
+        queue.push({-static_cast<double>(m->rank), l, r, len, m->merged});
     }
-    const auto a = id_of.find(text(l)), b = id_of.find(text(r));
-    if (a == id_of.end() || b == id_of.end()) return;
-    if (const Merge* m = find_merge(a->second, b->second))
-      queue.push({-static_cast<double>(m->rank), l, r, len});
   };
+  if (!merges.empty())  // pairs go by the tokens of their two sides: each character's, once
+    for (auto& x : sym)
+      if (auto it = id_of.find(std::string_view(s.data() + x.start, x.len)); it != id_of.end())
+        x.id = it->second;
   for (std::size_t k = 1; k < sym.size(); ++k)
     consider(static_cast<std::int64_t>(k) - 1, static_cast<std::int64_t>(k));
   while (!queue.empty()) {
@@ -694,6 +697,7 @@ void Tokenizer::Impl::merge_pieces(const std::string& s, std::vector<SpmSymbol>&
     SpmSymbol &l = sym[p.left], &r = sym[p.right];
     if (l.len == 0 || r.len == 0 || l.len + r.len != p.len) continue;  // one side merged since
     l.len += r.len;
+    l.id = p.id;
     r.len = 0;
     l.next = r.next;
     if (r.next >= 0) sym[r.next].prev = p.left;
@@ -711,6 +715,10 @@ void Tokenizer::Impl::encode_pieces(std::string_view text, bool prefix,
   merge_pieces(s, sym);
   for (std::int64_t k = sym.empty() ? -1 : 0; k >= 0; k = sym[k].next) {
     const std::string_view piece(s.data() + sym[k].start, sym[k].len);
+    if (sym[k].id != SpmSymbol::k_none) {
+      out.push_back(sym[k].id);
+      continue;
+    }
     if (auto it = id_of.find(piece); it != id_of.end()) {
       out.push_back(it->second);
       continue;
