@@ -88,6 +88,23 @@ class RunControl : public ::testing::Test {
     tessera::data::write_shard(data_ / "train.bin", language(64 * 200 + 1, {}));
     tessera::data::write_shard(data_ / "val.bin", language(64 * 8 + 1, {}));
   }
+  // A run trained with a model's own tokenizer (a small GGUF vocabulary of the fuzz seeds, with
+  // `vocab` tokens) saves it beside each checkpoint as `file`, so the checkpoint samples without
+  // --tokenizer (GPT-2's default would not fit its vocabulary).
+  static void expect_checkpoints_carry(const std::string& name, const std::string& seed, int vocab,
+                                       const std::string& file) {
+    const auto out = cli::scratch(name);
+    const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/" + seed;
+    auto r = cli::run(
+        train(out, 1, fmt::format("model.vocab_size={} 'data.tokenizer=\"{}\"'", vocab, tok)));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
+    ASSERT_TRUE(latest.has_value());
+    for (const char* f : {"tokenizer.json", "tokenizer.gguf"})
+      EXPECT_EQ(fs::exists(*latest / f), file == f) << f;
+    auto s = cli::run("sample --model " + out.string() + " --prompt ab --tokens 3 --temperature 0");
+    EXPECT_EQ(s.code, 0) << s.err;
+  }
   static std::string train(const fs::path& out, int steps, const std::string& extra = "",
                            const fs::path& shard = {}) {
     return fmt::format(
@@ -212,36 +229,13 @@ TEST_F(RunControl, RepeatedSpikesGiveUpAfterTheRetries) {
   EXPECT_NE(none.err.find("no checkpoint to roll back to"), std::string::npos) << none.err;
 }
 
-// A run trained with a model's own tokenizer (here a small SmolLM-style GGUF vocabulary) saves
-// it beside each checkpoint as tokenizer.json, so the checkpoint samples without --tokenizer
-// (GPT-2's default would not fit its vocabulary of 259).
+// Byte-level BPE (SmolLM-style) as tokenizer.json; SentencePiece read from GGUF (Llama 2's kind)
+// as tokenizer.gguf, the form that keeps its merges by score.
 TEST_F(RunControl, CheckpointsCarryTheRunsOwnTokenizer) {
-  const auto out = cli::scratch("own_tokenizer");
-  const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/tokenizer_smollm.gguf";
-  auto r = cli::run(train(out, 2, "model.vocab_size=259 'data.tokenizer=\"" + tok + "\"'"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
-  ASSERT_TRUE(latest.has_value());
-  EXPECT_TRUE(fs::exists(*latest / "tokenizer.json"));
-  auto s = cli::run("sample --model " + out.string() + " --prompt ab --tokens 3 --temperature 0");
-  EXPECT_EQ(s.code, 0) << s.err;
+  expect_checkpoints_carry("own_tokenizer", "tokenizer_smollm.gguf", 259, "tokenizer.json");
+  expect_checkpoints_carry("spm_tokenizer", "tokenizer_spm.gguf", 142, "tokenizer.gguf");
   // GPT-2's own tokenizer is not copied into every checkpoint.
   const auto gpt2 = cli::scratch("gpt2_tokenizer");
   ASSERT_EQ(cli::run(train(gpt2, 1, "model.vocab_size=50257")).code, 0);
   EXPECT_FALSE(fs::exists(checkpoint_of(gpt2, 1) / "tokenizer.json"));
-}
-
-// A SentencePiece tokenizer (Llama 2's kind), which tessera writes to GGUF only, goes beside the
-// checkpoint as tokenizer.gguf, and the checkpoint samples with it.
-TEST_F(RunControl, CheckpointsCarryASentencePieceTokenizer) {
-  const auto out = cli::scratch("spm_tokenizer");
-  const std::string tok = TESSERA_SOURCE_DIR "/tests/fuzz/corpus/gguf/tokenizer_spm.gguf";
-  auto r = cli::run(train(out, 1, "model.vocab_size=142 'data.tokenizer=\"" + tok + "\"'"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto latest = tessera::io::latest_checkpoint(out / "checkpoints");
-  ASSERT_TRUE(latest.has_value());
-  EXPECT_TRUE(fs::exists(*latest / "tokenizer.gguf"));
-  EXPECT_FALSE(fs::exists(*latest / "tokenizer.json"));
-  auto s = cli::run("sample --model " + out.string() + " --prompt ab --tokens 3 --temperature 0");
-  EXPECT_EQ(s.code, 0) << s.err;
 }
