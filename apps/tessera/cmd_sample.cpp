@@ -94,7 +94,7 @@ void check_args(const SampleArgs& a) {
   if (a.precision == "bf16" && a.device != "cuda")
     throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
   if (a.kv_cache != "f32" && a.device != "cpu")
-    throw Error("--kv-cache is the CPU decoder's (the GPU recomputes the context per token)",
+    throw Error("--kv-cache is the CPU decoder's (the GPU's cache is in --precision)",
                 "leave it out with --device cuda");
 }
 
@@ -135,24 +135,17 @@ eval::SampleOptions sample_options(const SampleArgs& a, const data::Tokenizer& t
 
 using Emit = std::function<void(std::int32_t)>;
 
-// On the current NVIDIA GPU: each token recomputes the context. `start` is set once the weights
-// are on the device (the prompt's time counts from there).
+// On the current NVIDIA GPU: the device's KV-cache decoder, the model sized for the context the
+// call reaches. `start` is set once the weights are on the device (the prompt's time counts from
+// there).
 void generate_on_gpu(const model::ModelConfig& cfg, const float* params, bool bf16,
                      const std::vector<std::int32_t>& prompt, const eval::SampleOptions& so,
                      Rng& rng, const Emit& emit, std::chrono::steady_clock::time_point& start) {
   model::DeviceGpt dev(cfg, bf16 ? model::DevicePrecision::Bf16 : model::DevicePrecision::Fp32, 1,
-                       cfg.block_size);
+                       eval::decode_capacity(cfg.block_size, prompt.size(), so));
   dev.upload_params(params);
-  std::vector<float> row(cfg.padded_vocab());
   start = std::chrono::steady_clock::now();
-  eval::generate_recompute(
-      cfg.vocab_size, cfg.block_size, prompt, so, rng,
-      [&](const std::int32_t* context, int T) {
-        dev.forward(context, nullptr, 1, T, false, 0.0f);
-        dev.download_logits_row(T - 1, row.data());
-        return row.data();
-      },
-      emit);
+  eval::generate(dev, prompt, so, rng, emit);
 }
 
 // Whether the CPU samples without the KV cache: the files the packed kernels do not take and that
@@ -204,8 +197,7 @@ void add_sample_command(CLI::App& root) {
   cmd->add_flag("--stop-at-eot", a->stop_at_eot,
                 "stop at the end-of-text token (<|endoftext|>, or the model's end of sequence)");
   cmd->add_option("--device", a->device,
-                  "cpu (KV-cache decoding), or cuda: the current NVIDIA GPU (each token recomputes "
-                  "the context)")
+                  "cpu or cuda (the current NVIDIA GPU); both decode with a KV cache")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--precision", a->precision, "with --device cuda: fp32 or bf16")

@@ -372,8 +372,8 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
 
 // tessera sample --kv-cache f16 decodes with keys and values stored as fp16 (the library tests
 // bound its logits against the fp32 cache's): the fp32 model and a packed W4 file sample with it
-// and say so in the timing line; an unknown type, and the option with --device cuda (which keeps
-// no cache), are one-line errors.
+// and say so in the timing line; an unknown type, and the option with --device cuda (whose cache
+// is in the model's --precision), are one-line errors.
 TEST_F(Cli, SampleWithAnFp16KvCache) {
   auto q = (cli::scratch("kv_f16") / "q").string();
   ASSERT_EQ(

@@ -6,6 +6,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_device.hpp"
 
 namespace tessera::eval {
 
@@ -32,25 +33,28 @@ std::int32_t pick_token(const float* logits, int V, float temperature, int top_k
   return idx[k - 1];
 }
 
-std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float* params,
-                                   const std::vector<std::int32_t>& prompt,
-                                   const SampleOptions& opt, Rng& rng,
-                                   const std::function<void(std::int32_t)>& on_token) {
-  const auto& cfg = layout.config();
-  if (prompt.empty()) throw Error("the prompt is empty", "give at least one token");
-  int ctx = cfg.block_size;
-  std::vector<std::int32_t> out;
+int decode_capacity(int block_size, std::size_t prompt_tokens, const SampleOptions& opt) {
+  const auto reach = static_cast<std::int64_t>(std::min<std::size_t>(prompt_tokens, block_size)) +
+                     std::max(opt.max_new_tokens, 1);
+  return static_cast<int>(std::min<std::int64_t>(block_size, reach));
+}
+
+namespace {
+
+// The sampling loop over an incremental decoder (the CPU's Decoder or the GPU's DeviceDecoder,
+// which share prefill / step / position / capacity / reset), its cache empty.
+template <class Dec>
+std::vector<std::int32_t> decode_loop(Dec& dec, int vocab_size, int ctx,
+                                      const std::vector<std::int32_t>& prompt,
+                                      const SampleOptions& opt, Rng& rng,
+                                      const std::function<void(std::int32_t)>& on_token) {
   // Keep the last block_size tokens of the prompt (older context cannot be attended to).
   std::vector<std::int32_t> window(prompt.end() - std::min<std::ptrdiff_t>(prompt.size(), ctx),
                                    prompt.end());
-  // The cache holds what this call can reach (the window and the generated tokens), at most the
-  // model's context: a long context's cache would be mostly untouched memory.
-  const auto reach = static_cast<std::int64_t>(window.size()) + std::max(opt.max_new_tokens, 1);
-  model::Decoder dec(layout, params, static_cast<int>(std::min<std::int64_t>(ctx, reach)), opt.gemm,
-                     opt.kernels, opt.kv_cache);
+  std::vector<std::int32_t> out;
   const float* logits = dec.prefill(window.data(), static_cast<int>(window.size()));
   for (int i = 0; i < opt.max_new_tokens; ++i) {
-    std::int32_t next = pick_token(logits, cfg.vocab_size, opt.temperature, opt.top_k, rng);
+    std::int32_t next = pick_token(logits, vocab_size, opt.temperature, opt.top_k, rng);
     out.push_back(next);
     if (on_token) on_token(next);
     if (next == opt.stop_token) break;
@@ -68,6 +72,28 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float* params,
+                                   const std::vector<std::int32_t>& prompt,
+                                   const SampleOptions& opt, Rng& rng,
+                                   const std::function<void(std::int32_t)>& on_token) {
+  const auto& cfg = layout.config();
+  if (prompt.empty()) throw Error("the prompt is empty", "give at least one token");
+  model::Decoder dec(layout, params, decode_capacity(cfg.block_size, prompt.size(), opt), opt.gemm,
+                     opt.kernels, opt.kv_cache);
+  return decode_loop(dec, cfg.vocab_size, cfg.block_size, prompt, opt, rng, on_token);
+}
+
+std::vector<std::int32_t> generate(model::DeviceGpt& model, const std::vector<std::int32_t>& prompt,
+                                   const SampleOptions& opt, Rng& rng,
+                                   const std::function<void(std::int32_t)>& on_token) {
+  const auto& cfg = model.layout().config();
+  if (prompt.empty()) throw Error("the prompt is empty", "give at least one token");
+  model::DeviceDecoder dec(model, decode_capacity(cfg.block_size, prompt.size(), opt));
+  return decode_loop(dec, cfg.vocab_size, cfg.block_size, prompt, opt, rng, on_token);
 }
 
 std::vector<std::int32_t> generate_recompute(int vocab_size, int block_size,

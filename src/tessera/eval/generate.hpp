@@ -9,6 +9,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_device.hpp"
 #include "tessera/model/layout.hpp"
 
 namespace tessera::eval {
@@ -33,9 +34,20 @@ std::vector<std::int32_t> generate(const model::ParamLayout& layout, const float
                                    const SampleOptions& opt, Rng& rng,
                                    const std::function<void(std::int32_t)>& on_token = {});
 
+// The same on the GPU: the device decoder (model/gpt_device.hpp) over `model`, whose parameters
+// are uploaded and whose T is at least decode_capacity(block size, prompt.size(), opt).
+// opt.gemm, opt.kernels and opt.kv_cache are the CPU decoder's and are not used here.
+std::vector<std::int32_t> generate(model::DeviceGpt& model, const std::vector<std::int32_t>& prompt,
+                                   const SampleOptions& opt, Rng& rng,
+                                   const std::function<void(std::int32_t)>& on_token = {});
+
+// The KV cache's positions generate() needs: the prompt's last block_size tokens and the new
+// ones, at most the model's context (a long context's cache would be mostly untouched memory).
+int decode_capacity(int block_size, std::size_t prompt_tokens, const SampleOptions& opt);
+
 // Generation where each token recomputes the whole context: next_logits(context, T) returns the
 // logits (V real entries) that follow the T tokens of `context`. For models without an
-// incremental decoder (simulated activation quantization, the GPU model). Same choices as
+// incremental decoder (simulated activation quantization). Same choices as
 // generate(): the context is the last block_size tokens; when it is full the model continues on
 // the most recent half window. O(context) forward per token: for sampling, not serving.
 using NextLogitsFn = std::function<const float*(const std::int32_t* context, int T)>;

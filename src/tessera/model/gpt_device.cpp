@@ -165,19 +165,41 @@ void rmsnorm_backward(float* dinp, bf16* dinp_copy, float* dw, const bf16* dout,
                       const float* w, const float* rstd, std::int64_t N, int C, void* st) {
   cu::rmsnorm_backward_bf16(dinp, dinp_copy, dw, dout, inp, w, rstd, N, C, st);
 }
+// The rows of qkv are positions pos0, pos0 + 1, ... (pos0: null for 0, or in device memory; the
+// forward only: decoding never goes back).
 void rope(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq, bool back,
-          void* st) {
+          void* st, const int* pos0 = nullptr) {
   if (back)
     cu::rope_backward(qkv, B, T, NH, KV, hs, inv_freq, st);
   else
-    cu::rope_forward(qkv, B, T, NH, KV, hs, inv_freq, st);
+    cu::rope_forward(qkv, B, T, NH, KV, hs, inv_freq, st, pos0);
 }
 void rope(bf16* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq, bool back,
-          void* st) {
+          void* st, const int* pos0 = nullptr) {
   if (back)
     cu::rope_backward_bf16(qkv, B, T, NH, KV, hs, inv_freq, st);
   else
-    cu::rope_forward_bf16(qkv, B, T, NH, KV, hs, inv_freq, st);
+    cu::rope_forward_bf16(qkv, B, T, NH, KV, hs, inv_freq, st, pos0);
+}
+
+// A KV cache of one layer (positions in device memory): append T rows of qkv's keys and values at
+// *pos; one query row's attention over positions 0 .. *pos.
+void kv_cache_append(float* kc, float* vc, const float* qkv, int T, int NH, int KV, int hs,
+                     const int* pos, void* st) {
+  cu::kv_cache_append(kc, vc, qkv, T, NH, KV, hs, pos, st);
+}
+void kv_cache_append(bf16* kc, bf16* vc, const bf16* qkv, int T, int NH, int KV, int hs,
+                     const int* pos, void* st) {
+  cu::kv_cache_append_bf16(kc, vc, qkv, T, NH, KV, hs, pos, st);
+}
+void decode_attention(float* out, const float* qkv, const float* kc, const float* vc,
+                      const int* pos, int capacity, int NH, int KV, int hs, float* scratch,
+                      void* st) {
+  cu::decode_attention(out, qkv, kc, vc, pos, capacity, NH, KV, hs, scratch, st);
+}
+void decode_attention(bf16* out, const bf16* qkv, const bf16* kc, const bf16* vc, const int* pos,
+                      int capacity, int NH, int KV, int hs, float* scratch, void* st) {
+  cu::decode_attention_bf16(out, qkv, kc, vc, pos, capacity, NH, KV, hs, scratch, st);
 }
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F, void* st) {
   cu::swiglu_forward(out, inp, N, F, st);
@@ -366,11 +388,48 @@ class DeviceOps {
     model::rope(dqkv, B, T, NH, KV, hs, inv_freq, true, st_);
   }
 
- private:
+ protected:
   cu::DeviceProfiler* profiler_;
   void* st_;
   float* attn_ws_;
   cu::CudnnAttention* cudnn_;
+};
+
+// The buffers of decoding with a KV cache (DeviceDecoder): every layer's keys and values
+// (capacity positions each), the attention's scratch, and the tokens and position of the rows fed.
+template <class A>
+struct DecodeState {
+  A* keys;         // (L, capacity, KV hs)
+  A* values;       // (L, capacity, KV hs)
+  float* scratch;  // the attention's partial sums (decode_attention_scratch_bytes)
+  const std::int32_t* tokens;
+  const int* pos;  // the first row's position in device memory; null: a prompt at position 0
+  int capacity;
+};
+
+// The op table for decoding: the rows are positions pos, pos + 1, ...; a block's keys and values
+// go into its layer's cache, and the attention reads the cache. A prompt (at position 0) runs the
+// training forward's causal attention over its own rows; a token after it, the attention of its
+// one row over the cache. Positions are read from device memory, so a step can be a CUDA graph.
+template <class Act>
+class DecodeOps : public DeviceOps<Act> {
+ public:
+  using A = Act;
+  DecodeOps(const DeviceOps<A>& base, const DecodeState<A>& d, std::size_t layer_offset)
+      : DeviceOps<A>(base), d_(d), k_(d.keys + layer_offset), v_(d.values + layer_offset) {}
+  void rope_forward(A* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq) {
+    model::rope(qkv, B, T, NH, KV, hs, inv_freq, false, this->st_, d_.pos);
+  }
+  void attention_forward(A* out, float* lse, const A* qkv, int B, int T, int NH, int KV, int hs) {
+    kv_cache_append(k_, v_, qkv, T, NH, KV, hs, d_.pos, this->st_);
+    if (!d_.pos) return DeviceOps<A>::attention_forward(out, lse, qkv, B, T, NH, KV, hs);
+    TESSERA_CHECK(B == 1 && T == 1, "decoding after the prompt takes one token at a time");
+    decode_attention(out, qkv, k_, v_, d_.pos, d_.capacity, NH, KV, hs, d_.scratch, this->st_);
+  }
+
+ private:
+  DecodeState<A> d_;
+  A *k_, *v_;
 };
 
 }  // namespace
@@ -453,15 +512,24 @@ struct DeviceGpt::Impl {
             at<float>(s.ln2_mean), at<float>(s.ln2_rstd), at<A>(s.fch),          at<A>(s.fch_gelu),
             at<float>(s.res3)};
   }
+  // The op table on the model's stream with its profiler, or on another stream without one.
   template <class A>
-  DeviceOps<A> ops() const {
-    return DeviceOps<A>(profiler.get(), st, at<float>(off.attn_ws), cudnn.get());
+  DeviceOps<A> ops(void* stream = nullptr) const {
+    return stream ? DeviceOps<A>(nullptr, stream, at<float>(off.attn_ws), cudnn.get())
+                  : DeviceOps<A>(profiler.get(), st, at<float>(off.attn_ws), cudnn.get());
   }
 
   template <class A>
   void forward(bool with_targets, bool training, float dloss);
   template <class A>
   void backward();
+  template <class A>
+  void decode(int n, const DecodeState<A>& d, void* stream);
+  template <class A>
+  void final_norm(const float* residual, std::int64_t rows, void* stream);
+  template <class A>
+  void head(std::int64_t rows, void* stream);
+  void logits_row_to_host(std::int64_t row, float* host, void* stream) const;
 };
 
 template <class A>
@@ -479,21 +547,54 @@ void DeviceGpt::Impl::forward(bool with_targets, bool training, float dloss) {
     residual = at<float>(off.layers[l].res3);
   }
   mark(OpFamily::LayerNorm);
-  if (cfg.llama())
-    rmsnorm_forward(at<A>(off.lnf), at<float>(off.lnf_rstd), residual, P(layout.lnf_w), N, C,
-                    static_cast<float>(cfg.norm_eps), st);
-  else
-    layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
-                      P(layout.lnf_w), P(layout.lnf_b), N, C, st);
-  // LM head (tied: the token embedding): logits (N,Vp) = lnf (N,C) @ head^T (C,Vp)
+  final_norm<A>(residual, N, st);
   mark(OpFamily::Gemm);
-  gemm(false, true, N, Vp, C, at<A>(off.lnf), C, W<A>(layout.head), C, 0.0f, at<A>(off.logits), Vp,
-       st);
+  head<A>(N, st);
   if (with_targets) {
     mark(OpFamily::CrossEntropy);
     cross_entropy(at<float>(off.losses), at<A>(off.logits), at<std::int32_t>(off.targets), N, V, Vp,
                   training, dloss, st);
   }
+}
+
+// lnf (rows, C) = the final norm of rows of the residual stream.
+template <class A>
+void DeviceGpt::Impl::final_norm(const float* residual, std::int64_t rows, void* stream) {
+  const int C = cfg.n_embd;
+  if (cfg.llama())
+    rmsnorm_forward(at<A>(off.lnf), at<float>(off.lnf_rstd), residual, P(layout.lnf_w), rows, C,
+                    static_cast<float>(cfg.norm_eps), stream);
+  else
+    layernorm_forward(at<A>(off.lnf), at<float>(off.lnf_mean), at<float>(off.lnf_rstd), residual,
+                      P(layout.lnf_w), P(layout.lnf_b), rows, C, stream);
+}
+
+// LM head (tied: the token embedding): logits (rows, Vp) = lnf (rows, C) @ head^T (C, Vp)
+template <class A>
+void DeviceGpt::Impl::head(std::int64_t rows, void* stream) {
+  const int C = cfg.n_embd, Vp = cfg.padded_vocab();
+  gemm(false, true, rows, Vp, C, at<A>(off.lnf), C, W<A>(layout.head), C, 0.0f, at<A>(off.logits),
+       Vp, stream);
+}
+
+// n tokens at positions pos .. pos + n - 1 through every block on `stream`, their keys and values
+// into the cache; logits row 0 = those after the last. Nothing here waits for the host.
+template <class A>
+void DeviceGpt::Impl::decode(int n, const DecodeState<A>& d, void* stream) {
+  const int C = cfg.n_embd;
+  const std::size_t layer = static_cast<std::size_t>(d.capacity) * cfg.kv_heads() * cfg.head_dim();
+  cu::embedding_forward(at<float>(off.encoded), d.tokens, P(layout.wte), P(layout.wpe), 1, n, C,
+                        stream, d.pos);
+  const float* residual = at<float>(off.encoded);
+  const BlockShape shape = block_shape(cfg, 1, n);
+  const auto base = ops<A>(stream);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    DecodeOps<A> block_ops(base, d, l * layer);
+    block_forward(block_ops, block_weights<A>(l), block_acts<A>(l), residual, shape);
+    residual = at<float>(off.layers[l].res3);
+  }
+  final_norm<A>(residual + static_cast<std::size_t>(n - 1) * C, 1, stream);
+  head<A>(1, stream);
 }
 
 template <class A>
@@ -701,17 +802,20 @@ std::vector<float> DeviceGpt::download_logits() const {
   return out;
 }
 
-void DeviceGpt::download_logits_row(std::int64_t row, float* host) const {
-  const Impl& p = *p_;
-  TESSERA_CHECK(row >= 0 && row < static_cast<std::int64_t>(p.B) * p.T, "logits row out of range");
-  const std::size_t Vp = p.cfg.padded_vocab(), at = static_cast<std::size_t>(row) * Vp;
-  if (p.precision == DevicePrecision::Bf16) {
+void DeviceGpt::Impl::logits_row_to_host(std::int64_t row, float* host, void* stream) const {
+  TESSERA_CHECK(row >= 0 && row < static_cast<std::int64_t>(B) * T, "logits row out of range");
+  const std::size_t Vp = cfg.padded_vocab(), first = static_cast<std::size_t>(row) * Vp;
+  if (precision == DevicePrecision::Bf16) {
     std::vector<bf16> bits(Vp);
-    cu::to_host(bits.data(), p.at<bf16>(p.off.logits) + at, Vp * sizeof(bf16));
+    cu::to_host(bits.data(), at<bf16>(off.logits) + first, Vp * sizeof(bf16), stream);
     bf16_bits_to_float(bits.data(), host, Vp);
   } else {
-    cu::to_host(host, p.at<float>(p.off.logits) + at, Vp * sizeof(float));
+    cu::to_host(host, at<float>(off.logits) + first, Vp * sizeof(float), stream);
   }
+}
+
+void DeviceGpt::download_logits_row(std::int64_t row, float* host) const {
+  p_->logits_row_to_host(row, host, p_->st);
 }
 
 double DeviceGpt::grad_norm() {
@@ -737,6 +841,106 @@ void DeviceGpt::adamw_step(const optim::AdamWConfig& cfg, float lr, std::int64_t
                            cfg.beta1, cfg.beta2, cfg.eps, t.decay ? cfg.weight_decay : 0.0f, step,
                            grad_scale, p.st);
   if (p.profiler) p.profiler->finish(*p.profile);
+}
+
+namespace {
+// Byte offsets in a device decoder's buffer: keys and values (A elements), the attention's
+// scratch, the fed rows' tokens and their first position.
+struct DecodeOffsets {
+  std::size_t values, scratch, tokens, pos, bytes;
+  DecodeOffsets(const ModelConfig& cfg, int capacity, std::size_t a) {
+    const std::size_t cache = a * cfg.n_layer * capacity * cfg.kv_heads() * cfg.head_dim();
+    values = cache;
+    scratch = (2 * cache + 255) / 256 * 256;
+    tokens = scratch + cu::decode_attention_scratch_bytes(cfg.n_head, cfg.head_dim(), capacity);
+    pos = tokens + sizeof(std::int32_t);
+    bytes = pos + sizeof(int);
+  }
+};
+}  // namespace
+
+DeviceDecoder::DeviceDecoder(DeviceGpt& model, int capacity, bool graphs)
+    : model_(model), capacity_(capacity), graphs_(graphs), logits_(model.p_->cfg.padded_vocab()) {
+  const auto& p = *model.p_;
+  if (capacity <= 0 || capacity > p.T_max)
+    throw Error(fmt::format("a KV cache of {} positions does not fit this device model (T {})",
+                            capacity, p.T_max),
+                "build the DeviceGpt with T at least the context to decode");
+  cache_ = cu::DeviceBuffer(DecodeOffsets(p.cfg, capacity, element_bytes()).bytes);
+}
+
+std::size_t DeviceDecoder::element_bytes() const {
+  return model_.p_->precision == DevicePrecision::Bf16 ? sizeof(bf16) : sizeof(float);
+}
+
+std::size_t DeviceDecoder::kv_cache_bytes() const {
+  return 2 * DecodeOffsets(model_.p_->cfg, capacity_, element_bytes()).values;
+}
+
+const float* DeviceDecoder::prefill(const std::int32_t* tokens, int n) {
+  if (pos_ != 0)
+    throw Error(fmt::format("the device decoder takes a prompt at position 0 only ({} held)", pos_),
+                "reset() first, or step() one token at a time");
+  if (n <= 0 || n > capacity_)
+    throw Error(fmt::format("a prompt of {} tokens for a context of {}", n, capacity_));
+  return run(tokens, n);
+}
+
+const float* DeviceDecoder::step(std::int32_t token) {
+  if (pos_ >= capacity_)
+    throw Error(fmt::format("the context is full ({} tokens)", capacity_), "generate fewer tokens");
+  return run(&token, 1);
+}
+
+// A prompt runs as queued; a step after the prompt reads its token and position from the
+// buffer, so it is captured once as a CUDA graph (after one step run as queued: the GEMMs' plans
+// and workspaces exist by then) and replayed for every later step.
+const float* DeviceDecoder::run(const std::int32_t* tokens, int n) {
+  auto& p = *model_.p_;
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= p.cfg.vocab_size)
+      throw Error(fmt::format("input token id {} is outside the model's vocabulary of {}",
+                              tokens[i], p.cfg.vocab_size));
+  const DecodeOffsets o(p.cfg, capacity_, element_bytes());
+  auto* base = static_cast<char*>(cache_.data());
+  const bool prompt = pos_ == 0;
+  const auto* fed = prompt ? p.at<std::int32_t>(p.off.inputs)
+                           : reinterpret_cast<const std::int32_t*>(base + o.tokens);
+  if (prompt) {
+    cu::to_device(p.at<void>(p.off.inputs), tokens, n * sizeof(std::int32_t), stream_.get());
+  } else {
+    const std::int32_t io[2] = {tokens[0], pos_};  // tokens, then pos, adjacent in the buffer
+    cu::to_device(base + o.tokens, io, sizeof(io), stream_.get());
+  }
+  auto queue_as = [&](auto element) {  // element: the precision's element type
+    using A = decltype(element);
+    const DecodeState<A> d{reinterpret_cast<A*>(base),
+                           reinterpret_cast<A*>(base + o.values),
+                           reinterpret_cast<float*>(base + o.scratch),
+                           fed,
+                           prompt ? nullptr : reinterpret_cast<const int*>(base + o.pos),
+                           capacity_};
+    p.decode<A>(n, d, stream_.get());
+  };
+  auto queue = [&] {
+    if (p.precision == DevicePrecision::Bf16)
+      queue_as(bf16{});
+    else
+      queue_as(float{});
+  };
+  if (prompt || !graphs_ || !stepped_) {
+    queue();
+    stepped_ = stepped_ || !prompt;
+  } else {
+    if (!graph_.ready()) graph_.capture(stream_.get(), queue);
+    graph_.launch(stream_.get());
+  }
+  p.B = 1;  // logits row 0: those after the last token fed
+  p.T = 1;
+  p.trained = false;  // the activations are the decoder's now
+  p.logits_row_to_host(0, logits_.data(), stream_.get());
+  pos_ += n;
+  return logits_.data();
 }
 
 void DeviceGpt::set_profile(kernels::Profile* profile) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/kernels/cuda/ops.hpp"
 #include "tessera/kernels/profile.hpp"
 #include "tessera/model/layout.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -90,8 +91,47 @@ class DeviceGpt {
   void synchronize();
 
  private:
+  friend class DeviceDecoder;
   struct Impl;
   std::unique_ptr<Impl> p_;
+};
+
+// Incremental decoding on the device, for sampling: the interface of the CPU's Decoder. Every
+// layer's keys and values for up to capacity() positions stay in one device buffer, in the
+// model's precision, so each new token runs the blocks over its one row. A prompt enters in one
+// pass; each later token is one launch of a CUDA graph of the whole step (graphs = false: its
+// kernels launched one by one, the reference). The work runs on a stream of the decoder's own.
+// The model's parameters are read as uploaded; its activation buffers serve as scratch, so a
+// forward between two calls invalidates nothing kept here (but the logits it leaves are the
+// decoder's afterwards).
+class DeviceDecoder {
+ public:
+  // capacity: at most the model's T (its constructor's), which is at most the block size.
+  DeviceDecoder(DeviceGpt& model, int capacity, bool graphs = true);
+  DeviceDecoder(const DeviceDecoder&) = delete;
+  DeviceDecoder& operator=(const DeviceDecoder&) = delete;
+  // n tokens from position 0 (the prompt: position() must be 0; 0 < n <= capacity()); returns
+  // the logits (Vp, host memory, valid until the next call) of the token after them.
+  const float* prefill(const std::int32_t* tokens, int n);
+  // One token at the next position; the logits of the token after it.
+  const float* step(std::int32_t token);
+  int position() const { return pos_; }
+  int capacity() const { return capacity_; }
+  void reset() { pos_ = 0; }
+  std::size_t kv_cache_bytes() const;  // the keys and values of capacity() positions
+
+ private:
+  DeviceGpt& model_;
+  int capacity_;
+  bool graphs_;
+  int pos_ = 0;
+  bool stepped_ = false;  // a step has run as queued (the graph is captured from the next)
+  kernels::cuda::Stream stream_;
+  kernels::cuda::DeviceBuffer cache_;  // keys, values, scores, and a step's token and position
+  kernels::cuda::Graph graph_;         // one step after the prompt
+  std::vector<float> logits_;
+  std::size_t element_bytes() const;
+  const float* run(const std::int32_t* tokens, int n);
 };
 
 }  // namespace tessera::model

@@ -33,17 +33,18 @@ struct RopeFreqs {
 // pairs (x_i, x_{i+half}) of every q and k head of the B rows by +-angle, V consecutive i at a
 // time (8 for 16-byte accesses where half % 8 == 0).
 template <class T, int V>
-__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f,
-                            float sign) {
+__global__ void rope_kernel(T* qkv, int B, int Tn, int NH, int KV, int hs, RopeFreqs f, float sign,
+                            const int* pos0) {
   const int half = hs / 2, per_row = (NH + KV) * (half / V), items = B * per_row;
   __shared__ double inv_freq[k_rope_max_half];  // neighbouring threads read different entries,
   __shared__ float cs[2 * k_rope_max_half];     // which the parameters' bank serves one at a time
   for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = f.v[j];
   const std::int64_t W = static_cast<std::int64_t>(NH + 2 * KV) * hs;
+  const int first = pos0 ? *pos0 : 0;
   for (int t = blockIdx.x; t < Tn; t += gridDim.x) {
     __syncthreads();  // the previous position's readers are done with cs
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const double a = t * inv_freq[i];
+      const double a = static_cast<double>(first + t) * inv_freq[i];
       cs[i] = static_cast<float>(cos(a));
       cs[half + i] = sign * static_cast<float>(sin(a));
     }
@@ -146,7 +147,7 @@ unsigned row_blocks(std::int64_t rows) {
 
 template <class T>
 void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq, float sign,
-          void* st) {
+          void* st, const int* pos0 = nullptr) {
   if (B <= 0 || Tn <= 0 || NH + KV <= 0 || hs < 2) return;
   TESSERA_CUDA_REQUIRE(hs / 2 <= k_rope_max_half, "rope: head size above 512");
   TESSERA_CUDA_REQUIRE(static_cast<std::int64_t>(B) * (NH + KV) * hs <= 0x7fffffff,
@@ -155,9 +156,9 @@ void rope(T* qkv, int B, int Tn, int NH, int KV, int hs, const double* inv_freq,
   for (int i = 0; i < hs / 2; ++i) f.v[i] = inv_freq[i];
   const unsigned blocks = row_blocks(Tn);
   if ((hs / 2) % 8 == 0 && aligned16(qkv))
-    rope_kernel<T, 8><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
+    rope_kernel<T, 8><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign, pos0);
   else
-    rope_kernel<T, 1><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign);
+    rope_kernel<T, 1><<<blocks, k_block, 0, as_stream(st)>>>(qkv, B, Tn, NH, KV, hs, f, sign, pos0);
   TESSERA_CUDA_CHECK_LAUNCH();
 }
 
@@ -198,16 +199,16 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
 }
 
 void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
-                  void* stream) {
-  rope(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, stream);
+                  void* stream, const int* pos0) {
+  rope(qkv, B, T, NH, KV, hs, inv_freq, 1.0f, stream, pos0);
 }
 void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
                    void* stream) {
   rope(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, stream);
 }
 void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs,
-                       const double* inv_freq, void* stream) {
-  rope(as_bf16(qkv), B, T, NH, KV, hs, inv_freq, 1.0f, stream);
+                       const double* inv_freq, void* stream, const int* pos0) {
+  rope(as_bf16(qkv), B, T, NH, KV, hs, inv_freq, 1.0f, stream, pos0);
 }
 void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs,
                         const double* inv_freq, void* stream) {

@@ -129,11 +129,13 @@ void bf16_to_float(float* out, const std::uint16_t* in, std::int64_t n, void* st
 namespace {
 
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* inp, const float* wte,
-                                         const float* wpe, int T, int C, std::int64_t total) {
+                                         const float* wpe, int T, int C, std::int64_t total,
+                                         const int* pos0) {
+  const int first = pos0 ? *pos0 : 0;
   for (std::int64_t i = global_index(); i < total; i += global_stride()) {
     std::int64_t row = i / C;  // b*T + t
     int c = static_cast<int>(i - row * C);
-    int t = static_cast<int>(row % T);
+    int t = first + static_cast<int>(row % T);
     out[i] = wte[static_cast<std::int64_t>(inp[row]) * C + c] +
              (wpe ? wpe[static_cast<std::int64_t>(t) * C + c] : 0.0f);
   }
@@ -155,11 +157,11 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float*
 }  // namespace
 
 void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe,
-                       int B, int T, int C, void* stream) {
+                       int B, int T, int C, void* stream, const int* pos0) {
   std::int64_t total = static_cast<std::int64_t>(B) * T * C;
   if (total <= 0) return;
   embedding_forward_kernel<<<grid_for(total), k_block, 0, as_stream(stream)>>>(out, inp, wte, wpe,
-                                                                               T, C, total);
+                                                                               T, C, total, pos0);
   TESSERA_CUDA_CHECK_LAUNCH();
 }
 

@@ -95,9 +95,11 @@ void float_to_bf16(std::uint16_t* out, const float* in, std::int64_t n, void* st
 void bf16_to_float(float* out, const std::uint16_t* in, std::int64_t n, void* stream);
 
 // ---- token + position embedding ----
-// out (B,T,C) = wte[inp[b,t]] + wpe[t] (wpe null: no learned positions); inp (B,T)
+// out (B,T,C) = wte[inp[b,t]] + wpe[pos0 + t] (wpe null: no learned positions); inp (B,T).
+// pos0: null (0), or where device memory holds the first row's position (decoding with a KV
+// cache, the position read when the kernel runs, so a captured graph can be replayed).
 void embedding_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe,
-                       int B, int T, int C, void* stream);
+                       int B, int T, int C, void* stream, const int* pos0 = nullptr);
 // dwte (V,C) +=, dwpe (maxT,C) += (if not null) from dout (B,T,C) (atomicAdd: not
 // bit-reproducible)
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
@@ -132,13 +134,14 @@ void rmsnorm_backward_bf16(float* dinp, std::uint16_t* dinp_bf16, float* dweight
                            const float* rstd, std::int64_t N, int C, void* stream);
 // In place on the q and k heads of qkv rows (NH + 2 KV) hs wide; backward rotates back.
 // inv_freq: hs/2 rotary inverse frequencies in HOST memory (model::rope_inv_freq), copied into
-// the launch's parameters; hs at most 512.
+// the launch's parameters; hs at most 512. The rows of a batch row are positions pos0, pos0 + 1,
+// ... (pos0 as in embedding_forward: null, or the position in device memory).
 void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
-                  void* stream);
+                  void* stream, const int* pos0 = nullptr);
 void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const double* inv_freq,
                    void* stream);
 void rope_forward_bf16(std::uint16_t* qkv, int B, int T, int NH, int KV, int hs,
-                       const double* inv_freq, void* stream);
+                       const double* inv_freq, void* stream, const int* pos0 = nullptr);
 void rope_backward_bf16(std::uint16_t* dqkv, int B, int T, int NH, int KV, int hs,
                         const double* inv_freq, void* stream);
 // out (N,F) = silu(gate) up from inp (N,2F) = [gate | up]; backward: dinp (N,2F) = (overwrite)
@@ -159,6 +162,73 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // dqkv = (overwrite) from dout (B,T,NH*hs); needs out and lse from the forward.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int NH, int KV, int hs, void* stream);
+
+// ---- incremental decoding: a KV cache of one layer, (positions, KV*hs), fp32 or bf16 ----
+// Positions come from device memory (`pos`: null for 0), read when the kernel runs, so that one
+// captured graph of a decoding step serves every position.
+// Rows pos .. pos + T - 1 of k_cache and v_cache = the k and v heads of qkv's T rows ((NH + 2 KV)
+// hs wide, as attention_forward reads them; llama's k already rotated).
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int T, int NH, int KV,
+                     int hs, const int* pos, void* stream);
+void kv_cache_append_bf16(std::uint16_t* k_cache, std::uint16_t* v_cache, const std::uint16_t* qkv,
+                          int T, int NH, int KV, int hs, const int* pos, void* stream);
+// out (NH*hs) = the attention of qkv's one row at position *pos (its q heads; query head h reads
+// kv head h / (NH/KV)) over the cache's positions 0 .. *pos (capacity > *pos), softmax in fp32
+// (out rounded to bf16 in the bf16 form), in blocks of 64 keys whose partial sums are then
+// combined. scratch: decode_attention_scratch_bytes of device memory.
+std::size_t decode_attention_scratch_bytes(int NH, int hs, int capacity);
+void decode_attention(float* out, const float* qkv, const float* k_cache, const float* v_cache,
+                      const int* pos, int capacity, int NH, int KV, int hs, float* scratch,
+                      void* stream);
+void decode_attention_bf16(std::uint16_t* out, const std::uint16_t* qkv,
+                           const std::uint16_t* k_cache, const std::uint16_t* v_cache,
+                           const int* pos, int capacity, int NH, int KV, int hs, float* scratch,
+                           void* stream);
+
+// A stream of its own (non-blocking: it does not wait for the legacy default stream), and a CUDA
+// graph of the work one call queues on it: capture() records instead of running, launch() replays
+// the recording (the same kernels on the same buffers, with the values those hold at launch).
+// A graph saves the host's launch overhead per kernel, which bounds a step of small kernels.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void* get() const { return s_; }
+
+ private:
+  void* s_ = nullptr;
+};
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // Captures what `queue` enqueues on `stream` (nothing runs), replacing an earlier capture.
+  template <class F>
+  void capture(void* stream, F&& queue) {
+    begin_capture(stream);
+    try {
+      queue();
+    } catch (...) {
+      abandon_capture(stream);
+      throw;
+    }
+    end_capture(stream);
+  }
+  bool ready() const { return exec_ != nullptr; }
+  void launch(void* stream);  // asynchronous
+
+ private:
+  void begin_capture(void* stream);
+  void end_capture(void* stream);
+  void abandon_capture(void* stream) noexcept;
+  void release() noexcept;
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+};
 
 // ---- causal flash attention in bf16 (tensor cores, fp32 accumulation and softmax) ----
 // The contract of attention_forward/backward with bf16 qkv (B,T,3C), out (B,T,C), dout, dqkv;

@@ -66,7 +66,7 @@ void bf16_to_float(float*, const std::uint16_t*, std::int64_t, void*) {
 }
 
 void embedding_forward(float*, const std::int32_t*, const float*, const float*, int, int, int,
-                       void*) {
+                       void*, const int*) {
   no_cuda("embedding_forward");
 }
 void embedding_backward(float*, float*, const float*, const std::int32_t*, int, int, int, void*) {
@@ -101,13 +101,13 @@ void rmsnorm_backward_bf16(float*, std::uint16_t*, float*, const std::uint16_t*,
                            const float*, const float*, std::int64_t, int, void*) {
   no_cuda("rmsnorm_backward_bf16");
 }
-void rope_forward(float*, int, int, int, int, int, const double*, void*) {
+void rope_forward(float*, int, int, int, int, int, const double*, void*, const int*) {
   no_cuda("rope_forward");
 }
 void rope_backward(float*, int, int, int, int, int, const double*, void*) {
   no_cuda("rope_backward");
 }
-void rope_forward_bf16(std::uint16_t*, int, int, int, int, int, const double*, void*) {
+void rope_forward_bf16(std::uint16_t*, int, int, int, int, int, const double*, void*, const int*) {
   no_cuda("rope_forward_bf16");
 }
 void rope_backward_bf16(std::uint16_t*, int, int, int, int, int, const double*, void*) {
@@ -155,6 +155,38 @@ void copy(float*, const float*, std::int64_t, void*) {
   no_cuda("copy");
 }
 
+void kv_cache_append(float*, float*, const float*, int, int, int, int, const int*, void*) {
+  no_cuda("kv_cache_append");
+}
+void kv_cache_append_bf16(std::uint16_t*, std::uint16_t*, const std::uint16_t*, int, int, int, int,
+                          const int*, void*) {
+  no_cuda("kv_cache_append_bf16");
+}
+std::size_t decode_attention_scratch_bytes(int, int, int) {
+  return 0;
+}
+void decode_attention(float*, const float*, const float*, const float*, const int*, int, int, int,
+                      int, float*, void*) {
+  no_cuda("decode_attention");
+}
+void decode_attention_bf16(std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                           const std::uint16_t*, const int*, int, int, int, int, float*, void*) {
+  no_cuda("decode_attention_bf16");
+}
+Stream::Stream() {
+  no_cuda("Stream");
+}
+Stream::~Stream() = default;
+Graph::~Graph() = default;
+void Graph::release() noexcept {}
+void Graph::launch(void*) {
+  no_cuda("Graph::launch");
+}
+void Graph::begin_capture(void*) {
+  no_cuda("Graph::capture");
+}
+void Graph::end_capture(void*) {}
+void Graph::abandon_capture(void*) noexcept {}
 bool flash_attention_supports(int, int) {
   return false;
 }

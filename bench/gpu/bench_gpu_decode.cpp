@@ -1,0 +1,176 @@
+// Sampling speed on one GPU: the device's KV-cache decoder (model::DeviceDecoder) against
+// recomputing the whole context for every token (a DeviceGpt forward per token, what `tessera
+// sample --device cuda` did before it had a cache), at batch 1 on random weights and tokens. Per
+// model shape and precision: the prompt's time, the decoder's milliseconds per token (median of
+// the steps; each step one CUDA graph), the weights it reads per token as a rate (the parameters
+// the GEMMs read, fp32 or their bf16 copy, once per token: the roofline of decoding at batch 1),
+// the same steps with their kernels launched one by one, and the recomputing forward's
+// milliseconds per token at the same context; and the attention kernel alone at the full context.
+// Not a test.
+//   bench_gpu_decode [--models smollm2-135m,llama-1b] [--prompt 128] [--tokens 256]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tessera/core/buffer.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/kernels/cuda/device.hpp"
+#include "tessera/kernels/cuda/ops.hpp"
+#include "tessera/model/gpt.hpp"
+#include "tessera/model/gpt_device.hpp"
+
+using namespace tessera;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+model::ModelConfig shape(const std::string& name) {
+  model::ModelConfig c;
+  c.family = model::Family::Llama;
+  c.rope_theta = 10000.0, c.norm_eps = 1e-5, c.block_size = 2048;
+  if (name == "smollm2-135m") {  // SmolLM2-135M's shape
+    c.n_layer = 30, c.n_head = 9, c.n_kv_head = 3, c.n_embd = 576, c.intermediate_size = 1536;
+    c.vocab_size = 49152, c.tie_embeddings = true;
+  } else if (name == "llama-1b") {  // Llama 3.2 1B's shape
+    c.n_layer = 16, c.n_head = 32, c.n_kv_head = 8, c.n_embd = 2048, c.intermediate_size = 8192;
+    c.vocab_size = 128256, c.tie_embeddings = true;
+  } else if (name == "gpt2-124m") {
+    c = model::ModelConfig{};
+    c.vocab_size = 50257, c.block_size = 1024, c.n_layer = 12, c.n_head = 12, c.n_embd = 768;
+  } else {
+    throw Error("unknown model shape " + name, "smollm2-135m, llama-1b or gpt2-124m");
+  }
+  return c;
+}
+
+void run(const std::string& name, model::DevicePrecision prec, int prompt_len, int tokens) {
+  const auto cfg = shape(name);
+  const int cap = prompt_len + tokens;
+  model::DeviceGpt dev(cfg, prec, 1, cap);
+  {
+    Buffer<float> init(dev.layout().total());
+    model::init_params(dev.layout(), init.data(), 1);
+    dev.upload_params(init.data());
+  }
+  Rng rng(7);
+  std::vector<std::int32_t> seq(cap);
+  for (auto& t : seq) t = static_cast<std::int32_t>(rng.next_u64() % cfg.vocab_size);
+  // ms per token (median over the steps) with each step's kernels launched one by one, or as
+  // the replayed graph of a step
+  double prompt_ms = 0, kv_mib = 0;
+  auto decode = [&](bool graphs) {
+    model::DeviceDecoder dec(dev, cap, graphs);
+    dec.prefill(seq.data(), prompt_len);  // warm-up: cuBLASLt's and cuDNN's plans, the graph
+    dec.step(seq[prompt_len]);
+    dec.step(seq[prompt_len + 1]);
+    dec.reset();
+    auto t0 = clock_type::now();
+    dec.prefill(seq.data(), prompt_len);
+    prompt_ms = ms_since(t0);
+    std::vector<double> step_ms;
+    for (int i = 0; i < tokens; ++i) {
+      t0 = clock_type::now();
+      dec.step(seq[prompt_len + i]);  // returns with the logits on the host
+      step_ms.push_back(ms_since(t0));
+    }
+    std::sort(step_ms.begin(), step_ms.end());
+    kv_mib = dec.kv_cache_bytes() / double(1 << 20);
+    return step_ms[step_ms.size() / 2];
+  };
+  const double eager = decode(false), step = decode(true);
+  // The recomputing path at the context the last steps had: a forward over it per token.
+  std::vector<float> row(cfg.padded_vocab());
+  std::vector<double> re_ms;
+  for (int i = 0; i < 8; ++i) {
+    const auto t0 = clock_type::now();
+    dev.forward(seq.data(), nullptr, 1, cap, false, 0.0f);
+    dev.download_logits_row(cap - 1, row.data());
+    re_ms.push_back(ms_since(t0));
+  }
+  std::sort(re_ms.begin(), re_ms.end());
+  const double recompute = re_ms[re_ms.size() / 2];
+  // The attention alone (decode_attention at the full context, every layer's share of a token)
+  double attn_us = 0;
+  {
+    namespace cu = kernels::cuda;
+    const int NH = cfg.n_head, KV = cfg.kv_heads(), hs = cfg.head_dim();
+    const std::size_t a = prec == model::DevicePrecision::Bf16 ? 2 : 4;
+    cu::DeviceBuffer q(std::size_t(cfg.qkv_rows()) * a), kv(2 * std::size_t(cap) * KV * hs * a),
+        out(std::size_t(NH) * hs * a), scratch(cu::decode_attention_scratch_bytes(NH, hs, cap)),
+        pos(sizeof(int));
+    cu::memset_zero(q.data(), q.bytes());
+    cu::memset_zero(kv.data(), kv.bytes());
+    const int last = cap - 1;
+    cu::to_device(pos.data(), &last, sizeof(int));
+    auto call = [&] {
+      if (a == 2) {
+        auto* k = kv.as<std::uint16_t>();
+        cu::decode_attention_bf16(out.as<std::uint16_t>(), q.as<std::uint16_t>(), k,
+                                  k + std::size_t(cap) * KV * hs, pos.as<int>(), cap, NH, KV, hs,
+                                  scratch.as<float>(), nullptr);
+      } else {
+        auto* k = kv.as<float>();
+        cu::decode_attention(out.as<float>(), q.as<float>(), k, k + std::size_t(cap) * KV * hs,
+                             pos.as<int>(), cap, NH, KV, hs, scratch.as<float>(), nullptr);
+      }
+    };
+    call();
+    cu::synchronize();
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < 200; ++i) call();
+    cu::synchronize();
+    attn_us = ms_since(t0) * 1e3 / 200;
+  }
+  const double weight_bytes = static_cast<double>(model::ParamLayout(cfg).total()) *
+                              (prec == model::DevicePrecision::Bf16 ? 2 : 4);
+  std::printf(
+      "%-13s %-5s prompt %4d: %7.2f ms (%6.0f tok/s) | decode %6.3f ms/token (%5.0f tok/s, "
+      "weights at %5.0f GB/s) | kernels one by one %6.3f (%.2fx) | recompute at %d: "
+      "%7.3f (%.1fx) | KV %.1f MiB | attention %.1f us x %d layers\n",
+      name.c_str(), model::precision_name(prec), prompt_len, prompt_ms,
+      prompt_len / (prompt_ms * 1e-3), step, 1e3 / step, weight_bytes / (step * 1e6), eager,
+      eager / step, cap, recompute, recompute / step, kv_mib, attn_us, cfg.n_layer);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string models = "smollm2-135m,llama-1b";
+  int prompt_len = 128, tokens = 256;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--models")
+      models = argv[i + 1];
+    else if (a == "--prompt")
+      prompt_len = std::stoi(argv[i + 1]);
+    else if (a == "--tokens")
+      tokens = std::stoi(argv[i + 1]);
+    else
+      return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
+  }
+  if (kernels::cuda::device_count() == 0) {
+    std::printf("no CUDA device: %s\n", kernels::cuda::describe_devices().c_str());
+    return 0;
+  }
+  std::printf("%s\n", kernels::cuda::describe_devices().c_str());
+  try {
+    std::stringstream ss(models);
+    for (std::string m; std::getline(ss, m, ',');)
+      for (auto p : {model::DevicePrecision::Fp32, model::DevicePrecision::Bf16})
+        run(m, p, prompt_len, tokens);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
