@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one go, as run on a lent H100 for docs/gpu.md and
 # docs/performance.md: the GPU tests, the attention kernels (tessera's flash kernels and cuDNN's
-# fused attention) beside PyTorch's, and training throughput with each attention beside PyTorch
-# eager and torch.compile, all on the same GPU in the same session (about 8 minutes on an H100).
+# fused attention) beside PyTorch's, training throughput with each attention beside PyTorch
+# eager and torch.compile, and sampling speed with the KV cache, all on the same GPU in the same
+# session (about 8 minutes on an H100).
 # Binaries come from BIN (default build/...); OUT (default .) receives the logs and JSON lines.
 #   bench/gpu/run_all.sh [BIN_DIR]       e.g. BIN_DIR=build holding tests/ and bench/
 set -uo pipefail
@@ -28,3 +29,5 @@ echo "== training throughput: PyTorch eager and torch.compile"
 PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-200} python3 bench/gpu/torch_train_step.py \
   --models ${TORCH_MODELS:-gpt2-124m,gpt2-350m} --batches 64,32,16,8 2>&1 | grep -v -i warn |
   tee "$out/torch_train.txt" | tail -8
+echo "== sampling: the KV-cache decoder at batch 1"
+timeout 120 "$bench/bench_gpu_decode" --models smollm2-135m,llama-1b,gpt2-124m | tee "$out/decode.txt"
