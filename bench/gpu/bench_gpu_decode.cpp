@@ -5,9 +5,10 @@
 // the steps; each step one CUDA graph), the weights it reads per token as a rate (the parameters
 // the GEMMs read, fp32 or their bf16 copy, once per token: the roofline of decoding at batch 1),
 // the same steps with their kernels launched one by one, and the recomputing forward's
-// milliseconds per token at the same context; and the attention kernel alone at the full context.
-// Not a test.
-//   bench_gpu_decode [--models smollm2-135m,llama-1b] [--prompt 128] [--tokens 256]
+// milliseconds per token at the same context; and, alone, the attention kernel at the full context
+// and the products of a token (a CUDA graph of its GEMMs at one row). Not a test.
+//   bench_gpu_decode [--models smollm2-135m,llama-1b] [--precisions fp32,bf16] [--prompt 128]
+//                    [--tokens 256]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -130,15 +131,58 @@ void run(const std::string& name, model::DevicePrecision prec, int prompt_len, i
     cu::synchronize();
     attn_us = ms_since(t0) * 1e3 / 200;
   }
+  // The products of one token alone: each linear of a layer (qkv, o, fc / gate-up, down) at one
+  // row, n_layer of each, and the LM head, replayed as one CUDA graph (no launch overhead); what
+  // the step takes beyond them is its other kernels and the gaps between them.
+  double gemm_ms = 0;
+  {
+    namespace cu = kernels::cuda;
+    const int C = cfg.n_embd, F = cfg.ffn();
+    const std::size_t a = prec == model::DevicePrecision::Bf16 ? 2 : 4;
+    const int shapes[5][2] = {
+        {cfg.qkv_rows(), C}, {C, C}, {cfg.fc_rows(), C}, {C, F}, {cfg.padded_vocab(), C}};
+    std::size_t most = 0;
+    for (auto& sh : shapes) most = std::max(most, std::size_t(sh[0]) * sh[1]);
+    cu::DeviceBuffer w(most * a), x(std::size_t(std::max(C, F)) * a),
+        y(std::size_t(cfg.padded_vocab()) * a);
+    cu::memset_zero(w.data(), w.bytes());
+    cu::memset_zero(x.data(), x.bytes());
+    cu::Stream stream;
+    auto product = [&](int OC, int IC) {
+      if (a == 2)
+        cu::gemm_bf16(false, true, 1, OC, IC, 1.0f, x.as<std::uint16_t>(), IC,
+                      w.as<std::uint16_t>(), IC, 0.0f, y.as<std::uint16_t>(), OC, stream.get());
+      else
+        cu::gemm(false, true, 1, OC, IC, 1.0f, x.as<float>(), IC, w.as<float>(), IC, 0.0f,
+                 y.as<float>(), OC, stream.get());
+    };
+    auto token = [&] {
+      for (int l = 0; l < cfg.n_layer; ++l)
+        for (int i = 0; i < 4; ++i) product(shapes[i][0], shapes[i][1]);
+      product(shapes[4][0], shapes[4][1]);
+    };
+    token();  // the plans and the stream's workspace, before the capture
+    cu::synchronize(stream.get());
+    cu::Graph graph;
+    graph.capture(stream.get(), token);
+    graph.launch(stream.get());
+    cu::synchronize(stream.get());
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < 20; ++i) graph.launch(stream.get());
+    cu::synchronize(stream.get());
+    gemm_ms = ms_since(t0) / 20;
+  }
   const double weight_bytes = static_cast<double>(model::ParamLayout(cfg).total()) *
                               (prec == model::DevicePrecision::Bf16 ? 2 : 4);
   std::printf(
       "%-13s %-5s prompt %4d: %7.2f ms (%6.0f tok/s) | decode %6.3f ms/token (%5.0f tok/s, "
       "weights at %5.0f GB/s) | kernels one by one %6.3f (%.2fx) | recompute at %d: "
-      "%7.3f (%.1fx) | KV %.1f MiB | attention %.1f us x %d layers\n",
+      "%7.3f (%.1fx) | KV %.1f MiB | attention %.1f us x %d layers | products alone %.3f ms "
+      "(%.0f GB/s)\n",
       name.c_str(), model::precision_name(prec), prompt_len, prompt_ms,
       prompt_len / (prompt_ms * 1e-3), step, 1e3 / step, weight_bytes / (step * 1e6), eager,
-      eager / step, cap, recompute, recompute / step, kv_mib, attn_us, cfg.n_layer);
+      eager / step, cap, recompute, recompute / step, kv_mib, attn_us, cfg.n_layer, gemm_ms,
+      weight_bytes / (gemm_ms * 1e6));
   std::fflush(stdout);
 }
 
@@ -146,6 +190,7 @@ void run(const std::string& name, model::DevicePrecision prec, int prompt_len, i
 
 int main(int argc, char** argv) {
   std::string models = "smollm2-135m,llama-1b";
+  std::string precisions = "fp32,bf16";
   int prompt_len = 128, tokens = 256;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -155,6 +200,8 @@ int main(int argc, char** argv) {
       prompt_len = std::stoi(argv[i + 1]);
     else if (a == "--tokens")
       tokens = std::stoi(argv[i + 1]);
+    else if (a == "--precisions")
+      precisions = argv[i + 1];
     else
       return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
   }
@@ -167,7 +214,8 @@ int main(int argc, char** argv) {
     std::stringstream ss(models);
     for (std::string m; std::getline(ss, m, ',');)
       for (auto p : {model::DevicePrecision::Fp32, model::DevicePrecision::Bf16})
-        run(m, p, prompt_len, tokens);
+        if (precisions.find(model::precision_name(p)) != std::string::npos)
+          run(m, p, prompt_len, tokens);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
