@@ -892,29 +892,6 @@ const float* DeviceDecoder::step(std::int32_t token) {
   return run(&token, 1);
 }
 
-// The work of n tokens on the decoder's stream: a prompt's from the model's input buffer, a
-// step's token and position from the decoder's buffer (where run() put them).
-void DeviceDecoder::queue(int n, bool prompt) {
-  auto& p = *model_.p_;
-  const DecodeOffsets o(p.cfg, capacity_, element_bytes());
-  auto* base = static_cast<char*>(cache_.data());
-  auto queue_as = [&](auto element) {  // element: the precision's element type
-    using A = decltype(element);
-    const DecodeState<A> d{reinterpret_cast<A*>(base),
-                           reinterpret_cast<A*>(base + o.values),
-                           reinterpret_cast<float*>(base + o.scratch),
-                           prompt ? p.at<std::int32_t>(p.off.inputs)
-                                  : reinterpret_cast<const std::int32_t*>(base + o.tokens),
-                           prompt ? nullptr : reinterpret_cast<const int*>(base + o.pos),
-                           capacity_};
-    p.decode<A>(n, d, stream_.get());
-  };
-  if (p.precision == DevicePrecision::Bf16)
-    queue_as(bf16{});
-  else
-    queue_as(float{});
-}
-
 // A prompt runs as queued; a step after the prompt reads its token and position from the
 // buffer, so it is captured once as a CUDA graph (after one step run as queued: the GEMMs' plans
 // and workspaces exist by then) and replayed for every later step.
@@ -924,19 +901,38 @@ const float* DeviceDecoder::run(const std::int32_t* tokens, int n) {
     if (tokens[i] < 0 || tokens[i] >= p.cfg.vocab_size)
       throw Error(fmt::format("input token id {} is outside the model's vocabulary of {}",
                               tokens[i], p.cfg.vocab_size));
+  const DecodeOffsets o(p.cfg, capacity_, element_bytes());
+  auto* base = static_cast<char*>(cache_.data());
   const bool prompt = pos_ == 0;
+  const auto* fed = prompt ? p.at<std::int32_t>(p.off.inputs)
+                           : reinterpret_cast<const std::int32_t*>(base + o.tokens);
   if (prompt) {
     cu::to_device(p.at<void>(p.off.inputs), tokens, n * sizeof(std::int32_t), stream_.get());
   } else {
-    const std::int32_t io[2] = {tokens[0], pos_};  // the token, then its position, adjacent
-    const DecodeOffsets o(p.cfg, capacity_, element_bytes());
-    cu::to_device(static_cast<char*>(cache_.data()) + o.tokens, io, sizeof(io), stream_.get());
+    const std::int32_t io[2] = {tokens[0], pos_};  // tokens, then pos, adjacent in the buffer
+    cu::to_device(base + o.tokens, io, sizeof(io), stream_.get());
   }
+  auto queue_as = [&](auto element) {  // element: the precision's element type
+    using A = decltype(element);
+    const DecodeState<A> d{reinterpret_cast<A*>(base),
+                           reinterpret_cast<A*>(base + o.values),
+                           reinterpret_cast<float*>(base + o.scratch),
+                           fed,
+                           prompt ? nullptr : reinterpret_cast<const int*>(base + o.pos),
+                           capacity_};
+    p.decode<A>(n, d, stream_.get());
+  };
+  auto queue = [&] {
+    if (p.precision == DevicePrecision::Bf16)
+      queue_as(bf16{});
+    else
+      queue_as(float{});
+  };
   if (prompt || !graphs_ || !stepped_) {
-    queue(n, prompt);
+    queue();
     stepped_ = stepped_ || !prompt;
   } else {
-    if (!graph_.ready()) graph_.capture(stream_.get(), [&] { queue(1, false); });
+    if (!graph_.ready()) graph_.capture(stream_.get(), queue);
     graph_.launch(stream_.get());
   }
   p.B = 1;  // logits row 0: those after the last token fed

@@ -132,7 +132,6 @@ class DeviceDecoder {
   std::vector<float> logits_;
   std::size_t element_bytes() const;
   const float* run(const std::int32_t* tokens, int n);
-  void queue(int n, bool prompt);
 };
 
 }  // namespace tessera::model
