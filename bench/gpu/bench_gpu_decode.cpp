@@ -12,10 +12,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "../bench_args.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
@@ -206,21 +206,17 @@ void run(const std::string& name, model::DevicePrecision prec, int prompt_len, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string models = "smollm2-135m,llama-1b";
-  std::string precisions = "fp32,bf16";
+  std::string models = "smollm2-135m,llama-1b", precisions = "fp32,bf16";
   int prompt_len = 128, tokens = 256;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--models")
-      models = argv[i + 1];
-    else if (a == "--prompt")
-      prompt_len = std::stoi(argv[i + 1]);
-    else if (a == "--tokens")
-      tokens = std::stoi(argv[i + 1]);
-    else if (a == "--precisions")
-      precisions = argv[i + 1];
-    else
-      return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
+  bench::Options()
+      .add("models", models)
+      .add("precisions", precisions)
+      .add("prompt", prompt_len)
+      .add("tokens", tokens)
+      .parse(argc, argv);
+  if (prompt_len < 1 || tokens < 2) {
+    std::fprintf(stderr, "--prompt needs 1 token or more, --tokens 2 or more\n");
+    return 2;
   }
   if (kernels::cuda::device_count() == 0) {
     std::printf("no CUDA device: %s\n", kernels::cuda::describe_devices().c_str());
@@ -228,10 +224,10 @@ int main(int argc, char** argv) {
   }
   std::printf("%s\n", kernels::cuda::describe_devices().c_str());
   try {
-    std::stringstream ss(models);
-    for (std::string m; std::getline(ss, m, ',');)
+    const auto wanted = bench::split_list(precisions);
+    for (const auto& m : bench::split_list(models))
       for (auto p : {model::DevicePrecision::Fp32, model::DevicePrecision::Bf16})
-        if (precisions.find(model::precision_name(p)) != std::string::npos)
+        if (std::find(wanted.begin(), wanted.end(), model::precision_name(p)) != wanted.end())
           run(m, p, prompt_len, tokens);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

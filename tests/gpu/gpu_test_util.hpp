@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,13 @@ inline std::string gpu_skip_reason() {
     if (std::string reason_ = ::gpu_test::gpu_skip_reason(); !reason_.empty()) \
       GTEST_SKIP() << reason_;                                                 \
   } while (0)
+
+// The committed fixtures' folder: $TESSERA_FIXTURES when set (binaries run away from the source
+// tree), else the source tree's (TESSERA_FIXTURES, defined by the build).
+inline std::filesystem::path fixtures_dir() {
+  const char* env = std::getenv("TESSERA_FIXTURES");
+  return env && *env ? std::filesystem::path(env) : std::filesystem::path(TESSERA_FIXTURES);
+}
 
 inline std::vector<float> randn(Rng& rng, std::size_t n, float scale = 1.0f, float offset = 0.0f) {
   std::vector<float> v(n);

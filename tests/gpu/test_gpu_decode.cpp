@@ -37,9 +37,7 @@ using model::DeviceGpt;
 using model::DevicePrecision;
 
 std::filesystem::path fixture_dir(const std::string& name) {
-  const char* env = std::getenv("TESSERA_FIXTURES");
-  return (env && *env ? std::filesystem::path(env) : std::filesystem::path(TESSERA_FIXTURES)) /
-         name;
+  return gpu_test::fixtures_dir() / name;
 }
 
 double rel_error(const float* got, const float* want, int n) {

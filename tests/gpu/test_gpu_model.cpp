@@ -58,13 +58,6 @@ struct Fixture {
   static constexpr int B = 2, T = 8;
 };
 
-// The fixtures folder: $TESSERA_FIXTURES when set (binaries run away from the source tree),
-// else the source tree's.
-std::filesystem::path fixtures_dir() {
-  const char* env = std::getenv("TESSERA_FIXTURES");
-  return env && *env ? std::filesystem::path(env) : std::filesystem::path(TESSERA_FIXTURES);
-}
-
 std::optional<Fixture> load_fixture(const std::string& name) {
   const auto dir = fixtures_dir() / name;
   if (!std::filesystem::exists(dir / "expected.safetensors")) return std::nullopt;
