@@ -12,6 +12,7 @@
 #include "grad_check.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/kernels/cpu/ops.hpp"
+#include "tessera/kernels/cpu/vec_math.hpp"
 #include "tessera/model/config.hpp"
 
 namespace {
@@ -255,5 +256,57 @@ TEST(LlamaOps, SwigluForwardBackward) {
   check_gradient("swiglu din", in.data(), in.size(), din.data(), loss, 1e-2, {1e-4, 1e-3}, rng,
                  1000);
 }
+
+// SwiGLU's rows are computed 8 values to a vector with the tail padded into one more, so a value's
+// result must not depend on where a slice of the row starts or ends (the decoder's threads take
+// slices of the rows that the forward takes whole): every slice gives the whole row's values bit
+// for bit, and the whole row is within the forward's bound of double (a row of 8k + 3 values,
+// the gates from -100 to 100: exp's clamps, SiLU's flat tail and values near 0).
+TEST(LlamaOps, SwigluSlicesEqualTheWholeRow) {
+  const int F = 8 * 5 + 3;
+  Rng rng(17);
+  auto gate = randn(rng, F, 3.0f);
+  const auto up = randn(rng, F);
+  gate[0] = -100.0f;
+  gate[1] = 100.0f;
+  gate[2] = -88.5f;
+  gate[3] = 1e-30f;
+  std::vector<float> whole(F);
+  cpu::swiglu_slice(whole.data(), gate.data(), up.data(), F);
+  for (int c = 0; c < F; ++c) {
+    const double g = gate[c], ref = g / (1 + std::exp(-g)) * up[c];
+    EXPECT_NEAR(whole[c], ref, 1e-6 + 1e-6 * std::fabs(ref)) << "value " << c;
+  }
+  for (int begin = 0; begin < F; ++begin)
+    for (int end = begin + 1; end <= F; end += 3) {
+      std::vector<float> part(end - begin, -7.0f);
+      cpu::swiglu_slice(part.data(), gate.data() + begin, up.data() + begin, end - begin);
+      for (int c = begin; c < end; ++c)
+        ASSERT_EQ(part[c - begin], whole[c]) << "slice " << begin << ".." << end << ", value " << c;
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_approx8 is exp_approx's steps on vectors: within 2e-7 relative of exp over the unclamped
+// range (exp_approx's own error), and the same saturation at both clamps.
+TEST(LlamaOps, ExpApprox8FollowsExpApprox) {
+  std::vector<float> x;
+  for (float v = -100.0f; v <= 100.0f; v += 0.37f) x.push_back(v);
+  for (const float v : {0.0f, -0.0f, 88.37f, 88.38f, -87.33f, -87.34f, -1e30f, 1e30f})
+    x.push_back(v);
+  while (x.size() % 8) x.push_back(1.0f);
+  for (std::size_t i = 0; i < x.size(); i += 8) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, cpu::exp_approx8(_mm256_loadu_ps(x.data() + i)));
+    for (int j = 0; j < 8; ++j) {
+      const float v = x[i + j], scalar = cpu::exp_approx(v);
+      if (v > -87.0f && v < 88.0f)
+        EXPECT_NEAR(out[j], std::exp(double(v)), 2e-7 * std::exp(double(v))) << "x = " << v;
+      else
+        EXPECT_FLOAT_EQ(out[j], scalar) << "x = " << v;  // the clamps: the same saturated value
+    }
+  }
+}
+#endif
 
 }  // namespace

@@ -490,6 +490,28 @@ void rope_backward(float* dqkv, int B, int T, int NH, int KV, int hs, const doub
   rope_rotate(dqkv, B, T, NH, KV, hs, inv_freq, -1.0f, 0);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// silu(gate) up for 8 values, on vectors (see exp_approx8): the loop the compiler vectorized
+// itself took 3.2 ns per value on a Zen 5 (its subnormal lanes), this one 0.5.
+inline __m256 swiglu8(__m256 g, __m256 up) {
+  const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), up);
+}
+
+void swiglu_slice(float* out, const float* gate, const float* up, int n) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8)
+    _mm256_storeu_ps(out + c, swiglu8(_mm256_loadu_ps(gate + c), _mm256_loadu_ps(up + c)));
+  if (c == n) return;
+  // The tail through the same vectors, so that a value's result does not depend on where a
+  // slice of it starts (the decoder's threads take slices of the rows a forward takes whole).
+  alignas(32) float g[8] = {}, u[8] = {}, o[8];
+  std::copy(gate + c, gate + n, g);
+  std::copy(up + c, up + n, u);
+  _mm256_store_ps(o, swiglu8(_mm256_load_ps(g), _mm256_load_ps(u)));
+  std::copy(o, o + (n - c), out + c);
+}
+#else
 void swiglu_slice(float* out, const float* gate, const float* up, int n) {
 #pragma omp simd
   for (int c = 0; c < n; ++c) {
@@ -497,6 +519,7 @@ void swiglu_slice(float* out, const float* gate, const float* up, int n) {
     out[c] = g / (1.0f + exp_approx(-g)) * up[c];
   }
 }
+#endif
 
 void swiglu_forward(float* out, const float* inp, std::int64_t N, int F) {
 #pragma omp parallel for schedule(static) if (N > 1)  // one row (decoding): no thread team
