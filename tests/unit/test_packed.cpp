@@ -40,13 +40,15 @@ struct Case {
   int rows, cols, bits, group;
   bool sym, in_scale, act_order;
   ScaleType st;
+  bool min_offset = false;  // real zero points (llama.cpp's Q4_1 grid)
 };
 
 QuantizedLinear make_linear(const Case& k, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 0.05f);
   std::vector<float> W(static_cast<std::size_t>(k.rows) * k.cols);
   for (float& v : W) v = nd(rng);
-  QuantizedLinear ql = rtn(W.data(), k.rows, k.cols, WeightQuant{k.bits, k.group, k.sym});
+  QuantizedLinear ql =
+      rtn(W.data(), k.rows, k.cols, WeightQuant{k.bits, k.group, k.sym, k.min_offset});
   if (k.act_order) {  // move column c to P[c], its group with it (as GPTQ's act-order records)
     std::vector<int> P(k.cols);
     for (int c = 0; c < k.cols; ++c) P[c] = c;
@@ -209,6 +211,21 @@ TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
           }
 }
 
+// The min_offset grid (llama.cpp's Q4_1: w = d q + min, zero points that are not codes) packed
+// with its real zero points: every kernel against the same fp32 reference and bounds (which
+// take the zero points as they are).
+TEST(Packed, KernelsMatchDequantizedFp32RealZeroPoints) {
+  for (int bits : {4, 8, 3})
+    for (int group : {32, 128, -1})
+      for (int cols : {576, 100})
+        for (bool in_scale : {false, true}) {
+          if (group == 128 && cols == 100) continue;
+          const bool act = (cols == 576 && in_scale && group > 0);
+          check_case(Case{in_scale ? 31 : 39, cols, bits, group, false, in_scale, act,
+                          ScaleType::F16, true});
+        }
+}
+
 TEST(Packed, ScaleTypesAndBias) {
   std::mt19937 rng(7);
   for (ScaleType st : {ScaleType::F16, ScaleType::BF16}) {
@@ -255,6 +272,11 @@ TEST(Packed, BitsPerWeight) {
   EXPECT_DOUBLE_EQ(bpw(4, 128, true), (288 + 10) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(8, -1, true), (576 + 2) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(4, 32, false), (288 + 18 * 3) * 8.0 / 576);
+  // Real zero points (min_offset) take 4 bytes a group: W4 g32, 18 groups.
+  EXPECT_DOUBLE_EQ(
+      pack(make_linear(Case{64, 576, 4, 32, false, false, false, ScaleType::F16, true}, rng))
+          .bits_per_weight(),
+      (288 + 18 * 2 + 18 * 4) * 8.0 / 576);
   // W3 g128 asym, densely packed: 18 blocks of 12 bytes; int2 takes the same 3-bit storage.
   EXPECT_DOUBLE_EQ(bpw(3, 128, false), (216 + 10 + 5) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(2, 128, false), (216 + 10 + 5) * 8.0 / 576);
@@ -267,6 +289,10 @@ TEST(Packed, RefusesWhatItCannotHold) {
   QuantizedLinear b = make_linear(Case{8, 64, 4, 32, false, false, false, ScaleType::F16}, rng);
   b.zeros[3] = 2.5f;
   test::expect_error([&] { pack(b); }, "is not an integer code");
+  b.spec.min_offset = true;  // real zero points: any finite value
+  EXPECT_EQ(pack(b).zero(1, 1), 2.5f);  // zeros[3]: row 1, group 1 of 2
+  b.zeros[3] = std::nanf("");
+  test::expect_error([&] { pack(b); }, "is not a finite number");
   QuantizedLinear c = make_linear(Case{8, 64, 4, 32, false, false, false, ScaleType::F16}, rng);
   c.g_idx[0] = 1;  // group 0 now holds 31 columns
   test::expect_error([&] { pack(c); }, "holds 31 columns");

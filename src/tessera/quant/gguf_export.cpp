@@ -37,12 +37,13 @@ void encode_row(const PackedLinear& p, int r, GgmlType type, std::byte* out) {
   for (int b = 0; b < p.cols / 32; ++b) {
     const int g = b * 32 / p.group;
     const std::uint16_t d = p.scales[p.group_index(r, g)];
-    const int zero = p.zero(r, g);
+    const float zero = p.zero(r, g);  // an integer code unless the grid is min_offset's (Q4_1)
     std::byte* blk = out + b * block_bytes;
     std::memcpy(blk, &d, 2);
     if (type == GgmlType::Q8_0) {
       for (int i = 0; i < 32; ++i)
-        blk[2 + i] = static_cast<std::byte>(static_cast<std::int8_t>(p.code(r, b * 32 + i) - zero));
+        blk[2 + i] = static_cast<std::byte>(
+            static_cast<std::int8_t>(p.code(r, b * 32 + i) - static_cast<int>(zero)));
       continue;
     }
     std::byte* qs = blk + (type == GgmlType::Q4_1 ? 4 : 2);
@@ -50,7 +51,7 @@ void encode_row(const PackedLinear& p, int r, GgmlType type, std::byte* out) {
       const std::uint16_t m = io::fp32_to_fp16(-decode_scale(d, ScaleType::F16) * zero);
       std::memcpy(blk + 2, &m, 2);
     }
-    const int shift = type == GgmlType::Q4_0 ? 8 - zero : 0;  // Q4_0: n = q - zero + 8
+    const int shift = type == GgmlType::Q4_0 ? 8 - static_cast<int>(zero) : 0;  // n = q - zero + 8
     for (int i = 0; i < 16; ++i) {
       const int lo = p.code(r, b * 32 + i) + shift, hi = p.code(r, b * 32 + i + 16) + shift;
       qs[i] = static_cast<std::byte>(lo | (hi << 4));

@@ -2,8 +2,8 @@
 // block linears carried onto GGUF's grid where the grid holds them:
 //   Q4_0  w = d (n - 8), n in 0..15 per 32-block: symmetric codes of up to 4 bits (n = q - zero
 //         + 8), d = the group's fp16 scale: the same values.
-//   Q4_1  w = d n + m: codes of up to 4 bits, symmetric or not (n = q, d = the scale, m = -d zero
-//         rounded to fp16: the only change).
+//   Q4_1  w = d n + m: codes of up to 4 bits, symmetric or not, or min_offset's real zero points
+//         (n = q, d = the scale, m = -d zero rounded to fp16: the only change).
 //   Q8_0  w = d n, n int8: symmetric codes of up to 8 bits (n = q - zero).
 // A linear the grid cannot hold (act-order columns, AWQ input scales that no file field carries,
 // an asymmetric grid in Q8_0 or Q4_0, more than 4 bits in a 4-bit type, a format the packed form

@@ -86,8 +86,8 @@ Isa best_isa() {
 }
 
 std::int64_t PackedLinear::bytes() const {
-  return static_cast<std::int64_t>(codes.size() + zeros.size() + 2 * scales.size() +
-                                   4 * perm.size() + 4 * in_scale.size());
+  return static_cast<std::int64_t>(codes.size() + zeros.size() + 4 * real_zeros.size() +
+                                   2 * scales.size() + 4 * perm.size() + 4 * in_scale.size());
 }
 
 double PackedLinear::bits_per_weight() const {
@@ -95,9 +95,9 @@ double PackedLinear::bits_per_weight() const {
 }
 
 std::string PackedLinear::describe() const {
-  return fmt::format("W{} {} {} {}", bits,
-                     ngroups == 1 ? std::string("per-channel") : fmt::format("g{}", group),
-                     sym ? "sym" : "asym", scale_type_name(scale_type));
+  return fmt::format(
+      "W{} {} {} {}", bits, ngroups == 1 ? std::string("per-channel") : fmt::format("g{}", group),
+      sym ? "sym" : (real_zeros.empty() ? "asym" : "asym-min"), scale_type_name(scale_type));
 }
 
 namespace {
@@ -166,6 +166,18 @@ void check_shapes(const QuantizedLinear& ql, int ng) {
                 "codes (rows*cols), scales and zeros (rows*groups), in_scale (cols) or empty");
 }
 
+// The min_offset grid's zero points, as they are (fp32): any finite value.
+void pack_real_zeros(PackedLinear& p, const QuantizedLinear& ql) {
+  p.sym = false;
+  p.real_zeros.assign(p.scales.size(), 0.0f);
+  for (std::size_t i = 0; i < ql.zeros.size(); ++i) {
+    if (!std::isfinite(ql.zeros[i]))
+      throw Error(fmt::format("zero point {} is not a finite number", ql.zeros[i]),
+                  "the linear's zero points are damaged; re-quantize it");
+    p.real_zeros[p.group_index(static_cast<int>(i / p.ngroups), i % p.ngroups)] = ql.zeros[i];
+  }
+}
+
 // Scales and zeros of every (row, group); sym stays true only if every zero is the middle code.
 void pack_scales(PackedLinear& p, const QuantizedLinear& ql) {
   const int maxq = (1 << p.bits) - 1;
@@ -180,6 +192,7 @@ void pack_scales(PackedLinear& p, const QuantizedLinear& ql) {
       throw Error(fmt::format("scale {} does not fit {}", s, scale_type_name(p.scale_type)),
                   "pack with bf16 scales, which have fp32's range");
   }
+  if (ql.spec.min_offset && !ql.spec.sym) return pack_real_zeros(p, ql);
   for (float z : ql.zeros) {
     if (z != std::nearbyint(z) || z < 0.0f || z > static_cast<float>(maxq))
       throw Error(fmt::format("zero point {} is not an integer code 0..{}", z, maxq),
@@ -256,7 +269,7 @@ int PackedLinear::code(int r, int j) const {
 void PackedLinear::dequantize_row(int r, float* w) const {
   for (int j = 0; j < cols; ++j) {
     const float s = scale(r, j / group);
-    const float z = static_cast<float>(zero(r, j / group));
+    const float z = zero(r, j / group);
     float v = s * (static_cast<float>(code(r, j)) - z);
     if (!in_scale.empty()) v /= in_scale[j];
     w[perm.empty() ? j : perm[j]] = v;

@@ -71,7 +71,10 @@ struct PackedLinear {
   ScaleType scale_type = ScaleType::F16;
   std::vector<std::uint8_t> codes;    // (tiles(), colsp / 32, block_bytes())
   std::vector<std::uint16_t> scales;  // (tiles(), ngroups, 8)
-  std::vector<std::uint8_t> zeros;    // (tiles(), ngroups, 8); empty if sym
+  std::vector<std::uint8_t> zeros;    // (tiles(), ngroups, 8); empty if sym or real zeros
+  // Zero points that are not codes, laid out as zeros (fp32): the min_offset grid, llama.cpp's
+  // Q4_1 (w = s (q - z) = d q + min with z = -min / d); empty otherwise.
+  std::vector<float> real_zeros;
   std::vector<std::int32_t> perm;  // (colsp): original column of packed column j; empty = identity
   std::vector<float> in_scale;     // (colsp) in packed order (1 in the padding), or empty
 
@@ -87,21 +90,25 @@ struct PackedLinear {
            r % k_tile_rows;
   }
   int zero_code() const { return (1 << (bits - 1)); }  // symmetric formats: (maxq + 1) / 2
-  int zero(int r, int g) const { return sym ? zero_code() : zeros[group_index(r, g)]; }
+  float zero(int r, int g) const {
+    if (sym) return static_cast<float>(zero_code());
+    return real_zeros.empty() ? zeros[group_index(r, g)] : real_zeros[group_index(r, g)];
+  }
   float scale(int r, int g) const;
   int code(int r, int j) const;  // of row r, packed column j
   // Bytes of the weight as the kernels read it (codes, scales, zeros; perm and in_scale too).
   std::int64_t bytes() const;
   // bytes() * 8 / (rows * cols): 4 + 16/128 + 8/128 = 4.19 for W4 g128 asym, 3.19 for W3.
   double bits_per_weight() const;
-  std::string describe() const;                // "W4 g128 asym fp16"
+  std::string describe() const;                // "W4 g128 asym fp16", "W4 g32 asym-min fp16"
   void dequantize(float* w) const;             // w (rows, cols), original column order
   void dequantize_row(int r, float* w) const;  // w (cols): row r, original column order
 };
 
 // Packs a quantized linear. Throws tessera::Error (with a hint) for what the packed form cannot
-// hold: a group size that is not a multiple of 32 (or per channel), non-integer or out-of-range
-// zeros, a g_idx whose groups are not the sizes of contiguous groups, mismatched sizes.
+// hold: a group size that is not a multiple of 32 (or per channel), zeros that are not integer
+// codes in range (unless spec.min_offset: then any finite zeros, kept as real_zeros), a g_idx whose
+// groups are not the sizes of contiguous groups, mismatched sizes.
 PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type = ScaleType::F16);
 
 // The same linear with its scales rounded to scale_type (what pack stores): its dequantize is

@@ -175,7 +175,7 @@ float row_scales(const PackedLinear& w, int r, const float* xsum, float* s) {
   float zterm = 0.0f;
   for (int g = 0; g < w.ngroups; ++g) {
     s[g] = w.scale(r, g);
-    zterm += s[g] * static_cast<float>(w.zero(r, g)) * xsum[g];
+    zterm += s[g] * w.zero(r, g) * xsum[g];
   }
   return zterm;
 }
@@ -201,7 +201,7 @@ void decode_row(const PackedLinear& w, int r, const std::uint8_t* row, float* wt
                 float* sz, Isa isa) {
   for (int g = 0; g < w.ngroups; ++g) {
     s[g] = w.scale(r, g);
-    sz[g] = s[g] * static_cast<float>(w.zero(r, g));
+    sz[g] = s[g] * w.zero(r, g);
   }
   const int nb = w.colsp / 32, bpg = w.group / 32;
   switch (isa) {

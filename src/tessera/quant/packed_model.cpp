@@ -46,7 +46,8 @@ int tile_share(const PackedLinear& w, const model::TeamRows& rows, model::ByteSp
     if (t1 <= t0) continue;
     const auto tiles = static_cast<std::size_t>(t1 - t0);
     out[n++] = {w.scales.data() + t0 * group, tiles * group * sizeof(std::uint16_t)};
-    if (!w.sym) out[n++] = {w.zeros.data() + t0 * group, tiles * group};
+    if (!w.zeros.empty()) out[n++] = {w.zeros.data() + t0 * group, tiles * group};
+    if (!w.real_zeros.empty()) out[n++] = {w.real_zeros.data() + t0 * group, 4 * tiles * group};
     out[n++] = {w.block(t0, 0), w.block_offset(t1, 0) - w.block_offset(t0, 0)};
   }
   return n;

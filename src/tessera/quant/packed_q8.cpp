@@ -211,7 +211,7 @@ void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, con
     float total = 0.0f, zterm = 0.0f;
     for (int g = 0; g < w.ngroups; ++g) {
       const float s = w.scale(r, g);
-      zterm += s * static_cast<float>(w.zero(r, g) - shift) * in.xs[g];
+      zterm += s * (w.zero(r, g) - static_cast<float>(shift)) * in.xs[g];
       float acc = 0.0f;
       for (int b = g * w.group / 32; b < std::min((g + 1) * w.group, w.colsp) / 32; ++b) {
         std::int32_t dot = 0;
