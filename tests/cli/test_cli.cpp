@@ -329,10 +329,11 @@ TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
 
 // tessera sample on quantized files decodes from the packed weights (the library tests compare
 // its tokens and distributions with the dequantized path): weight-only files with and without a
-// quantized embedding (--vocab-bits 8, which also makes the file smaller), and per-token W8A8
-// files; a group size the packed kernels do not take (16) and a per-tensor W8A8 file sample from
-// the dequantized weights with a note; --kernels fp32 asks for those. The timing line on stderr
-// names the kernels.
+// quantized embedding (--vocab-bits 8, which also makes the file smaller), with real zero points
+// (--min-offset), and per-token W8A8 files; a group size the packed kernels do not take (16) and
+// a per-tensor W8A8 file sample from the dequantized weights with a note; --kernels fp32 asks for
+// those. A GGUF file of Q4_1 matrices decodes packed too. The timing line on stderr names the
+// kernels.
 TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   auto dir = cli::scratch("quant_packed");
   struct Case {
@@ -342,6 +343,7 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   };
   const Case cases[] = {{"g32", "--method rtn --group 32", true, "int8 activations ("},
                         {"g32v8", "--method rtn --group 32 --vocab-bits 8", true, "embedding W8"},
+                        {"g32min", "--method rtn --group 32 --min-offset", true, "asym-min"},
                         {"g16", "--method rtn --group 16", false, "dequantized"},
                         {"w8a8", "--method w8a8", true, "int8 activations per token"},
                         {"w8a8t", "--method w8a8 --act per-tensor", false, "dequantized"}};
@@ -365,6 +367,19 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   }
   EXPECT_LT(fs::file_size(dir / "g32v8" / "model.safetensors"),
             fs::file_size(dir / "g32" / "model.safetensors"));
+  // A GGUF file of Q4_1 (or Q4_0, Q8_0) matrices decodes from its own blocks, packed.
+  const auto gguf = (dir / "g32.gguf").string();
+  ASSERT_EQ(
+      cli::run("convert -m " + (dir / "g32").string() + " --format gguf --dtype q4_1 --out " + gguf)
+          .code,
+      0);
+  for (const std::string kernels : {"packed", "fp32"}) {
+    auto s = cli::run("sample -m " + gguf + " --prompt 'The quick' --tokens 6 --temperature 0 " +
+                      "--kernels " + kernels);
+    ASSERT_EQ(s.code, 0) << kernels << ": " << s.err;
+    EXPECT_EQ(s.err.find("asym-min fp16") != std::string::npos, kernels == "packed")
+        << s.err;
+  }
   expect_clean_error(cli::run("quantize -m " + model_.string() + " -o " + (dir / "x").string() +
                               " --method rtn --vocab-bits 4"),
                      "--vocab-bits");

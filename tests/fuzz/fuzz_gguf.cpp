@@ -2,11 +2,13 @@
 // Any bytes: header, metadata, tensor infos and the data layout are validated; then every
 // metadata value is decoded and every tensor read back and, when modest, dequantized; a
 // tokenizer in the metadata is built and encodes and decodes a text, and a llama or gpt2 model in
-// it loads (or is refused).
+// it loads (or is refused), and so do its Q4_0/Q4_1/Q8_0 matrices for the packed kernels.
 #include "fuzz_util.hpp"
 #include "tessera/io/gguf.hpp"
 #include "tessera/io/gguf_model.hpp"
 #include "tessera/io/tokenizer_files.hpp"
+#include "tessera/quant/gguf_import.hpp"
+#include "tessera/quant/packed.hpp"
 #include "tokenizer_check.hpp"
 
 namespace {
@@ -18,6 +20,16 @@ void check_model(const tessera::io::GgufFile& file) {
   if (tessera::model::param_count(cfg) > 1e6) return;
   const auto m = tessera::io::load_gguf_model(file);
   tessera::fuzz::require(m.config == cfg, "the loaded model has the file's configuration");
+  int packed = 0;
+  const auto pack = [&](std::size_t, tessera::quant::QuantizedLinear&& q) {
+    (void)tessera::quant::pack(q);
+    ++packed;
+  };
+  tessera::quant::AnyModel any;
+  std::string why;
+  if (tessera::quant::read_gguf_quantized(file, {pack, pack}, any, why))
+    tessera::fuzz::require(any.quantized && packed >= 4 * cfg.n_layer && why.empty(),
+                           "a quantized file hands every block linear");
 }
 
 void check_tokenizer(const tessera::io::GgufFile& file) {

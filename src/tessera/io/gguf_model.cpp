@@ -355,15 +355,19 @@ Source find_source(const GgufFile& f, const model::ModelConfig& cfg, const model
                 fmt::format("tessera dequantizes {}; requantize the model to one of these with "
                             "llama.cpp's llama-quantize",
                             dequantizable_type_names()));
-  std::int64_t qk_heads = 0;
-  if (t.name.ends_with("self_attn.q_proj.weight")) qk_heads = cfg.n_head;
-  if (t.name.ends_with("self_attn.k_proj.weight")) qk_heads = cfg.kv_heads();
-  return {&t, g, qk_heads};
+  return {&t, g, gguf_qk_heads(cfg, t.name)};
 }
 
 }  // namespace
 
-LoadedModel load_gguf_model(const GgufFile& f) {
+std::int64_t gguf_qk_heads(const model::ModelConfig& cfg, const std::string& hf_name) {
+  if (!cfg.llama()) return 0;
+  if (hf_name.ends_with("self_attn.q_proj.weight")) return cfg.n_head;
+  if (hf_name.ends_with("self_attn.k_proj.weight")) return cfg.kv_heads();
+  return 0;
+}
+
+LoadedModel load_gguf_model(const GgufFile& f, const SkipTensor& skip) {
   const std::string file = file_of(f);
   const model::ModelConfig cfg = gguf_model_config(f);
   const model::ParamLayout layout(cfg);
@@ -392,7 +396,9 @@ LoadedModel load_gguf_model(const GgufFile& f) {
   check_model_fits(layout, f.path());
   LoadedModel out{cfg, Buffer<float>(layout.total())};
   std::vector<float> tmp;
+  const auto skipped = [&](const model::ParamTensor& t) { return skip && skip(t); };
   for (const auto& s : sources) {
+    if (skipped(*s.dst)) continue;
     const auto n = static_cast<std::size_t>(s.src->numel());
     std::span<float> dst(out.params.data() + s.dst->offset, n);
     if (s.qk_heads == 0) {
@@ -405,8 +411,12 @@ LoadedModel load_gguf_model(const GgufFile& f) {
     permute_qk_rows(std::as_bytes(std::span<const float>(tmp)), std::as_writable_bytes(dst),
                     s.qk_heads, s.dst->shape[0], /*to_hf=*/true);
   }
-  if (tied_output) check_tied_output(f, *tied_output, cfg, out.params.data() + layout.wte);
-  check_finite(layout, out.params.data(), file);
+  const bool wte_read = std::none_of(sources.begin(), sources.end(), [&](const Source& s) {
+    return s.dst->offset == layout.wte && skipped(*s.dst);
+  });
+  if (tied_output && wte_read)
+    check_tied_output(f, *tied_output, cfg, out.params.data() + layout.wte);
+  check_finite(layout, out.params.data(), file, skipped);
   return out;
 }
 
@@ -530,9 +540,7 @@ GgufWriter gguf_model_writer(const model::ParamLayout& layout, const float* para
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
     const GgmlType tt = tensor_type(t, layout, type);
-    const std::int64_t qk_heads = t.name.ends_with("q_proj.weight")   ? c.n_head
-                                  : t.name.ends_with("k_proj.weight") ? c.kv_heads()
-                                                                      : 0;
+    const std::int64_t qk_heads = gguf_qk_heads(c, t.name);
     // tessera stores GPT-2's Conv1D weights (out, in), as llama.cpp's converter transposes them.
     const std::vector<std::int64_t> dims{shape.rbegin(), shape.rend()};
     if (auto rows = encode && shape.size() == 2 && tt != GgmlType::F32

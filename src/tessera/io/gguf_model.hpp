@@ -41,8 +41,15 @@ namespace tessera::io {
 // The model configuration of a llama or gpt2 GGUF file (validated with model::validate).
 model::ModelConfig gguf_model_config(const GgufFile& f);
 
-// The model of a llama or gpt2 GGUF file, its parameters in tessera's layout (fp32).
-LoadedModel load_gguf_model(const GgufFile& f);
+// The model of a llama or gpt2 GGUF file, its parameters in tessera's layout (fp32). Every
+// tensor is found and checked; those `skip` names (when given) are not read, and stay zeros
+// (pages never written: no memory), for a caller that reads them in another form.
+using SkipTensor = std::function<bool(const model::ParamTensor&)>;
+// llama's q_proj and k_proj rows are in a per-head interleaved order in GGUF files (for
+// llama.cpp's rotation; permute_qk_rows): the heads to permute the rows of the layout's tensor
+// `hf_name` with (n_head, the kv heads), or 0 for any other tensor.
+std::int64_t gguf_qk_heads(const model::ModelConfig& cfg, const std::string& hf_name);
+LoadedModel load_gguf_model(const GgufFile& f, const SkipTensor& skip = {});
 LoadedModel load_gguf_model(const std::filesystem::path& file);
 
 // Rows of a matrix already encoded for the file (a quantized model's linears carried onto GGUF's

@@ -1,4 +1,5 @@
 #include "tessera/quant/quantize.hpp"
+#include "tessera/quant/gguf_import.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "tessera/core/file.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/quant/gguf_import.hpp"
 #include "tessera/quant/methods.hpp"
 
 namespace tessera::quant {
@@ -847,9 +849,15 @@ AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSi
     out.model = io::load_model(path);
     return out;
   }
-  if (!is_dir && file.extension() == ".gguf") {  // a llama.cpp file: dequantized on load
+  if (!is_dir && file.extension() == ".gguf") {
+    // A llama.cpp file: its Q4_0, Q4_1 and Q8_0 blocks as they are for the packed loader (sink),
+    // else dequantized on load.
+    std::string why;
+    if (sink && !dequantize && read_gguf_quantized(io::GgufFile::open(path), *sink, out, why))
+      return out;
     out.model = io::load_model(path);
-    out.description = "GGUF, dequantized to fp32";
+    out.description = why.empty() ? "GGUF, dequantized to fp32"
+                                  : fmt::format("GGUF, dequantized to fp32 ({})", why);
     return out;
   }
   auto st = io::SafetensorsFile::open(file);
