@@ -24,6 +24,23 @@ void print_file_size(const std::filesystem::path& file, const model::ParamLayout
   std::printf("file %.1f MB: %.2f bits per parameter, %.2fx the fp32 model's %.1f MB\n",
               bytes / 1e6, 8.0 * bytes / n, bytes / (4.0 * n), 4.0 * n / 1e6);
 }
+
+// Where the fp32 embedding and head are a quarter of the file or more (a small model's
+// vocabulary), says so: they are then much of what decoding reads per token.
+void hint_vocab_bits(const model::ParamLayout& layout, const quant::QuantizeOptions& qo,
+                     const std::filesystem::path& file) {
+  if (qo.vocab_bits != 0) return;
+  double vocab = 0;
+  for (const auto& t : layout.tensors())
+    if (t.vocab_rows) vocab += 4.0 * layout.config().vocab_size * layout.config().n_embd;
+  const double bytes = static_cast<double>(std::filesystem::file_size(file));
+  if (vocab < 0.25 * bytes) return;
+  std::printf(
+      "note: the fp32 embedding%s %.1f MB of it (%.0f%%), read in full for every token decoded; "
+      "--vocab-bits 8 rounds %s to 8 bits per row\n",
+      layout.config().tie_embeddings ? " (the tied head) is" : " and head are", vocab / 1e6,
+      100.0 * vocab / bytes, layout.config().tie_embeddings ? "it" : "them");
+}
 }  // namespace
 
 void add_quantize_command(CLI::App& root) {
@@ -139,6 +156,7 @@ void add_quantize_command(CLI::App& root) {
                 path.string().c_str(), model::describe(cfg).c_str(), a->method.c_str(),
                 needs ? (" on " + calib.describe()).c_str() : "", secs, a->out.c_str());
     print_file_size(std::filesystem::path(a->out) / "model.safetensors", layout);
+    hint_vocab_bits(layout, qo, std::filesystem::path(a->out) / "model.safetensors");
     if (a->recon) {
       if (!needs) throw Error("--recon needs a method with calibration (gptq, awq, smoothquant)");
       auto cap = quant::capture(layout, any.model.params.data(), calib, true);
