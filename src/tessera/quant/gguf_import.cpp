@@ -1,7 +1,9 @@
 #include "tessera/quant/gguf_import.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -137,11 +139,15 @@ QuantizedLinear quantized_from_ggml(GgmlType type, std::span<const std::byte> bl
   return ql;
 }
 
-bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyModel& out,
-                         std::string& why) {
-  const model::ModelConfig cfg = io::gguf_model_config(f);
-  const model::ParamLayout layout(cfg);
-  // Each block linear's type: one of those read here, the same for its parts.
+namespace {
+
+// Each block linear's type (layer-major, in Lin order), where every one is of those read here,
+// the same for its parts; else nullopt, with `why` saying which tensor is not (empty where the
+// file lacks a tensor: the fp32 loader names it).
+std::optional<std::vector<GgmlType>> linear_types(const io::GgufFile& f,
+                                                  const model::ParamLayout& layout,
+                                                  std::string& why) {
+  const auto& cfg = layout.config();
   std::vector<GgmlType> types;
   for (int l = 0; l < cfg.n_layer; ++l)
     for (int k = 0; k < k_num_lin; ++k) {
@@ -149,52 +155,64 @@ bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyMo
       const auto first = type_of(f, cfg, *parts.front());
       for (const model::ParamTensor* t : parts) {
         const auto type = type_of(f, cfg, *t);
-        if (!type) return false;  // the fp32 loader names what is missing
-        if (!gguf_packable_type(*type) || type != first) {
-          why = fmt::format(
-              "tensor {} is {}{}; the packed kernels take GGUF's Q4_0, Q4_1 and "
-              "Q8_0, one type per linear",
-              gguf_name(cfg, *t), io::ggml_type_name(*type),
-              type != first ? fmt::format(" and {} {}", gguf_name(cfg, *parts.front()),
-                                          io::ggml_type_name(*first))
-                            : "");
-          return false;
-        }
+        if (!type) return std::nullopt;
+        if (gguf_packable_type(*type) && type == first) continue;
+        why = fmt::format(
+            "tensor {} is {}{}; the packed kernels take GGUF's Q4_0, Q4_1 and Q8_0, "
+            "one type per linear",
+            gguf_name(cfg, *t), io::ggml_type_name(*type),
+            type != first ? fmt::format(" and {} {}", gguf_name(cfg, *parts.front()),
+                                        io::ggml_type_name(*first))
+                          : "");
+        return std::nullopt;
       }
       types.push_back(*first);
     }
-  // The vocabulary matrices of a llama file where they are of those types too (else fp32).
-  std::vector<std::pair<const model::ParamTensor*, GgmlType>> vocab;
+  return types;
+}
+
+// The vocabulary matrices of a llama file that are of those types too (the others stay fp32).
+std::vector<std::pair<const model::ParamTensor*, GgmlType>> vocab_types(
+    const io::GgufFile& f, const model::ParamLayout& layout) {
+  std::vector<std::pair<const model::ParamTensor*, GgmlType>> out;
   for (const auto& t : layout.tensors())
-    if (t.vocab_rows && cfg.llama())
-      if (const auto type = type_of(f, cfg, t); type && gguf_packable_type(*type))
-        vocab.emplace_back(&t, *type);
+    if (t.vocab_rows && layout.config().llama())
+      if (const auto type = type_of(f, layout.config(), t); type && gguf_packable_type(*type))
+        out.emplace_back(&t, *type);
+  return out;
+}
+
+}  // namespace
+
+bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyModel& out,
+                         std::string& why) {
+  const model::ModelConfig cfg = io::gguf_model_config(f);
+  const model::ParamLayout layout(cfg);
+  const auto types = linear_types(f, layout, why);
+  if (!types) return false;
+  const auto vocab = vocab_types(f, layout);
   const auto handed = [&](const model::ParamTensor& t) {
-    if (t.vocab_rows) {
-      for (const auto& [v, type] : vocab)
-        if (v == &t) return true;
-      return false;
-    }
-    return t.layer >= 0 && t.shape.size() == 2;  // a block linear's part
+    if (!t.vocab_rows) return t.layer >= 0 && t.shape.size() == 2;  // a block linear's part
+    return std::any_of(vocab.begin(), vocab.end(), [&](const auto& v) { return v.first == &t; });
   };
   out.model = io::load_gguf_model(f, handed);
   for (int l = 0; l < cfg.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k)
-      sink.linear(static_cast<std::size_t>(l) * k_num_lin + k,
-                  read_matrix(f, cfg, linear_parts(layout, l, static_cast<Lin>(k)),
-                              types[static_cast<std::size_t>(l) * k_num_lin + k]));
-  std::string vocab_types;
+    for (int k = 0; k < k_num_lin; ++k) {
+      const auto i = static_cast<std::size_t>(l) * k_num_lin + k;
+      sink.linear(i,
+                  read_matrix(f, cfg, linear_parts(layout, l, static_cast<Lin>(k)), (*types)[i]));
+    }
+  const bool mixed =
+      std::any_of(types->begin(), types->end(), [&](GgmlType t) { return t != types->front(); });
+  out.description =
+      fmt::format("GGUF {} linears", mixed ? "Q4_0/Q4_1/Q8_0" : io::ggml_type_name(types->front()));
   for (const auto& [t, type] : vocab) {
     sink.vocab(t->offset, read_matrix(f, cfg, {t}, type));
-    vocab_types += fmt::format(", {} {}", t->offset == layout.wte ? "embedding" : "head",
-                               io::ggml_type_name(type));
+    out.description += fmt::format(", {} {}", t->offset == layout.wte ? "embedding" : "head",
+                                   io::ggml_type_name(type));
   }
   out.quantized = true;
   out.act = ActQuant{};
-  out.description =
-      fmt::format("GGUF {} linears{}", io::ggml_type_name(types.front()), vocab_types);
-  for (GgmlType type : types)
-    if (type != types.front()) out.description = "GGUF Q4_0/Q4_1/Q8_0 linears" + vocab_types;
   return true;
 }
 
