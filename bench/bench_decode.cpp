@@ -22,13 +22,15 @@
 // context is short so that the weights are what a token reads: the fp32 KV cache adds 46 KB per
 // position of context per token (30 layers x 2 x 192 values), 14 MB at 300 positions, which
 // --context shows; --kv_cache f16 halves it (f32,f16: both, their rounds taking turns).
-// --formats picks some of fp32, W8 and W4. Beside the rate the weights were read at, each format
+// --formats picks some of fp32, W8, W4 and file: the model file's own quantized blocks (a GGUF of
+// Q4_0, Q4_1 or Q8_0 matrices, such as SmolLM2's published Q4_1, packed as `tessera sample` reads
+// it: the bytes llama.cpp decodes). Beside the rate the weights were read at, each format
 // prints the clock of a core after its rounds (bench::core_clock_ghz): on shared VMs both move
 // from one minute to the next, and the step's arithmetic follows the clock.
 //
 //   bench_decode [--model PATH] [--threads 2] [--tokens 64] [--context 16] [--prefill 128]
 //                [--stream_mib 2048] [--rounds 5] [--kv_cache f32|f16|f32,f16]
-//                [--formats fp32,W8,W4]
+//                [--formats fp32,W8,W4,file]
 //
 // Without the model file (scripts/setup --with-models) it says so and exits 0.
 #include <omp.h>
@@ -64,7 +66,18 @@ double since(clock_type::time_point t0) {
 struct Format {
   const char* key;  // as --formats names it
   const char* name;
-  quant::WeightQuant wq;  // bits 0: fp32
+  quant::WeightQuant wq;  // bits 0: fp32 (or, for "file", the file's own blocks)
+};
+
+// One format's model: its parameters (fp32, or the packed model's norms and embeddings), the
+// decoder's kernels and the bytes of weight a token reads.
+struct FormatModel {
+  quant::AnyModel q;
+  quant::PackedModel pm;
+  const float* params = nullptr;
+  model::DecoderKernels kernels;
+  double bytes = 0;
+  bool packed() const { return !pm.linears.empty(); }
 };
 
 // Decode seconds per token and their split (the best round), the median round's seconds, and
@@ -253,6 +266,8 @@ std::vector<bench::Span> step_weights(const model::ParamLayout& layout, const fl
     out.push_back({p.codes.data(), p.codes.size()});
     out.push_back({p.scales.data(), p.scales.size() * sizeof(p.scales[0])});
     if (!p.zeros.empty()) out.push_back({p.zeros.data(), p.zeros.size()});
+    if (!p.real_zeros.empty())
+      out.push_back({p.real_zeros.data(), p.real_zeros.size() * sizeof(p.real_zeros[0])});
   };
   for (int l = 0; l < cfg.n_layer; ++l)
     for (int k = 0; k < quant::k_num_lin; ++k) {
@@ -270,12 +285,43 @@ std::vector<bench::Span> step_weights(const model::ParamLayout& layout, const fl
   return out;
 }
 
+// The model of format f: fp32 (fp's weights), RTN-quantized from them (saved to tmp and packed as
+// sample packs a file, the embedding and head in 8 bits), or the model file's own blocks packed.
+// `why` says why a file's format cannot run (and params is then null).
+FormatModel format_model(const Format& f, const quant::AnyModel& fp, const std::string& file,
+                         const fs::path& tmp, std::string& why) {
+  const model::ParamLayout layout(fp.model.config);
+  FormatModel m;
+  if (std::string(f.key) == "file") {
+    m.q = quant::load_packed_model(file, m.pm, why);
+    if (!m.packed()) {
+      if (why.empty()) why = m.q.description;
+      return m;
+    }
+  } else if (f.wq.bits > 0) {
+    quant::QuantizeOptions o;
+    o.wq = f.wq;
+    o.vocab_bits = 8;
+    quant::save_quantized(tmp, quant::quantize_model(layout, fp.model.params.data(), o, nullptr));
+    m.q = quant::load_any_model(tmp);
+    m.pm = quant::pack_model(m.q);
+  } else {
+    m.params = fp.model.params.data();
+    m.bytes = 4.0 * linear_flops_per_token(fp.model.config) / 2.0;  // a weight per multiply-add
+    return m;
+  }
+  m.kernels = m.pm.decoder_kernels();
+  m.params = m.q.model.params.data();
+  m.bytes = static_cast<double>(m.pm.bytes() + m.pm.vocab_bytes());
+  return m;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model = "data/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = 2, tokens = 64, context = 16, prefill = 128, stream_mib = 2048, rounds = 5;
-  std::string kv_cache = "f32", formats_arg = "fp32,W8,W4";
+  std::string kv_cache = "f32", formats_arg = "fp32,W8,W4,file";
   bench::Options()
       .add("model", model)
       .add("threads", threads)
@@ -315,38 +361,30 @@ int main(int argc, char** argv) {
   const auto formats = bench::split_list(formats_arg);
   const Format all_formats[] = {{"fp32", "fp32", {0, 0, false}},
                                 {"W8", "W8 pc", {8, -1, true}},
-                                {"W4", "W4 g128", {4, 128, false}}};
+                                {"W4", "W4 g128", {4, 128, false}},
+                                {"file", "file", {0, 0, false}}};
   const fs::path tmp = fs::temp_directory_path() / ("bench_decode_" + std::to_string(::getpid()));
   double fp32_step = 0;
   for (const Format& f : all_formats) {
     if (std::find(formats.begin(), formats.end(), f.key) == formats.end()) continue;
-    quant::AnyModel q;
-    quant::PackedModel pm;
-    const float* params = fp.model.params.data();
-    model::DecoderKernels kernels;
-    double bytes = 0;
-    if (f.wq.bits > 0) {
-      quant::QuantizeOptions o;
-      o.wq = f.wq;
-      o.vocab_bits = 8;
-      quant::save_quantized(tmp, quant::quantize_model(layout, params, o, nullptr));
-      q = quant::load_any_model(tmp);
-      pm = quant::pack_model(q);
-      kernels = pm.decoder_kernels();
-      params = q.model.params.data();
-      bytes = static_cast<double>(pm.bytes() + pm.vocab_bytes());
-    } else {
-      bytes = 4.0 * linear_flops_per_token(cfg) / 2.0;  // one fp32 weight per multiply-add
+    std::string why;
+    const FormatModel m = format_model(f, fp, model, tmp, why);
+    if (!m.params) {
+      std::printf("%-8s (not run: %s)\n", f.name, why.c_str());
+      continue;
     }
-    const auto weights = step_weights(layout, params, f.wq.bits > 0 ? &pm : nullptr);
+    const float* params = m.params;
+    const quant::PackedModel* pm = m.packed() ? &m.pm : nullptr;
+    const double bytes = m.bytes;
+    const auto weights = step_weights(layout, params, pm);
     double read_bytes = 0;
     for (const auto& w : weights) read_bytes += static_cast<double>(w.bytes);
-    const auto ds = time_decode(layout, params, kernels, context, tokens, rounds, weights, kvs);
-    const double pre = time_prefill(layout, params, f.wq.bits > 0 ? &pm : nullptr, prefill, rounds);
+    const auto ds = time_decode(layout, params, m.kernels, context, tokens, rounds, weights, kvs);
+    const double pre = time_prefill(layout, params, pm, prefill, rounds);
     const Prompt prompt =
-        prefill > 0 ? time_prompt(layout, params, kernels, kvs[0], prefill, rounds) : Prompt{};
+        prefill > 0 ? time_prompt(layout, params, m.kernels, kvs[0], prefill, rounds) : Prompt{};
     const double clock_ghz = bench::core_clock_ghz();
-    if (f.wq.bits == 0) fp32_step = ds[0].step_s;
+    if (!pm) fp32_step = ds[0].step_s;
     for (std::size_t i = 0; i < kvs.size(); ++i) {
       const Decode& d = ds[i];
       // Each round against the read of the weights just before it; the median and range of those.
@@ -356,8 +394,13 @@ int main(int argc, char** argv) {
       const auto [lo, hi] = std::minmax_element(of_bw.begin(), of_bw.end());
       char vs_fp32[16] = "       -";  // (fp32 not run)
       if (fp32_step > 0) std::snprintf(vs_fp32, sizeof vs_fp32, "%7.2fx", fp32_step / d.step_s);
+      // "file": the file's type, from its description ("GGUF Q4_1 linears, ...": "Q4_1 gguf")
+      const std::string& desc = m.q.description;
+      const std::string label = std::string(f.key) == "file" && desc.starts_with("GGUF ")
+                                    ? desc.substr(5, desc.find(' ', 5) - 5) + " gguf"
+                                    : f.name;
       const std::string name =
-          kvs.size() > 1 ? std::string(f.key) + " kv" + model::kv_cache_name(kvs[i]) : f.name;
+          kvs.size() > 1 ? std::string(f.key) + " kv" + model::kv_cache_name(kvs[i]) : label;
       std::printf(
           "%-8s %8.1f %9.2f %8.2f %9.1f %s %6.0f%% %4.0f-%3.0f%% %7.0f%% %7.2fms %7.2fms | %10.0f "
           "%8.0f%%\n",

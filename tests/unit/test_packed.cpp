@@ -289,7 +289,7 @@ TEST(Packed, RefusesWhatItCannotHold) {
   QuantizedLinear b = make_linear(Case{8, 64, 4, 32, false, false, false, ScaleType::F16}, rng);
   b.zeros[3] = 2.5f;
   test::expect_error([&] { pack(b); }, "is not an integer code");
-  b.spec.min_offset = true;  // real zero points: any finite value
+  b.spec.min_offset = true;             // real zero points: any finite value
   EXPECT_EQ(pack(b).zero(1, 1), 2.5f);  // zeros[3]: row 1, group 1 of 2
   b.zeros[3] = std::nanf("");
   test::expect_error([&] { pack(b); }, "is not a finite number");
@@ -356,8 +356,8 @@ TEST(Packed, PromptWidthChoice) {
 
 // What each thread of a decoding team fetches while it waits for the others before a product
 // (the kernels' share) is what its rows of that product read: over the team, every byte of the
-// product's codes, scales and zeros once, and nothing else. Llama's gate_up is shared in pairs
-// of runs, the head as one; teams of 1 to 5 threads.
+// product's codes, scales and zeros (codes or real zero points) once, and nothing else. Llama's
+// gate_up is shared in pairs of runs, the head as one; teams of 1 to 5 threads.
 TEST(Packed, DecoderSharesCoverEachProductOnce) {
   PackedModel pm;
   pm.config = model::ModelConfig{2, 4, 32, 24, 300};
@@ -375,7 +375,8 @@ TEST(Packed, DecoderSharesCoverEachProductOnce) {
                    k == 3,
                    false,
                    false,
-                   ScaleType::F16};
+                   ScaleType::F16,
+                   k == 2};  // gate_up with real zero points
       pm.linears.push_back(pack(make_linear(c, rng)));
     }
   pm.head = pack(make_linear({300, 32, 8, -1, true, false, false, ScaleType::F16}, rng));
@@ -397,14 +398,17 @@ TEST(Packed, DecoderSharesCoverEachProductOnce) {
       const auto* codes = reinterpret_cast<const char*>(w.codes.data());
       const auto* scales = reinterpret_cast<const char*>(w.scales.data());
       const auto* zeros = reinterpret_cast<const char*>(w.zeros.data());
-      std::vector<int> c(w.codes.size()), s(w.scales.size() * 2), z(w.zeros.size());
+      const auto* real_zeros = reinterpret_cast<const char*>(w.real_zeros.data());
+      std::vector<int> c(w.codes.size()), s(w.scales.size() * 2), z(w.zeros.size()),
+          rz(w.real_zeros.size() * 4);
       for (const auto& spans : got)
         for (const model::ByteSpan& b : spans) {
           const char* at = static_cast<const char*>(b.data);
           std::vector<int>* in = nullptr;
           std::size_t from = 0;
           using Array = std::pair<const char*, std::vector<int>*>;
-          for (auto [base, count] : {Array{codes, &c}, Array{scales, &s}, Array{zeros, &z}})
+          for (auto [base, count] :
+               {Array{codes, &c}, Array{scales, &s}, Array{zeros, &z}, Array{real_zeros, &rz}})
             if (at >= base && at + b.bytes <= base + count->size()) {
               in = count;
               from = static_cast<std::size_t>(at - base);
@@ -412,7 +416,7 @@ TEST(Packed, DecoderSharesCoverEachProductOnce) {
           ASSERT_NE(in, nullptr) << "a span outside the product's arrays";
           for (std::size_t i = 0; i < b.bytes; ++i) ++(*in)[from + i];
         }
-      for (const auto* count : {&c, &s, &z})
+      for (const auto* count : {&c, &s, &z, &rz})
         for (int n : *count) ASSERT_EQ(n, 1) << team << " threads, product " << p;
     }
 }
