@@ -377,8 +377,7 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
     auto s = cli::run("sample -m " + gguf + " --prompt 'The quick' --tokens 6 --temperature 0 " +
                       "--kernels " + kernels);
     ASSERT_EQ(s.code, 0) << kernels << ": " << s.err;
-    EXPECT_EQ(s.err.find("asym-min fp16") != std::string::npos, kernels == "packed")
-        << s.err;
+    EXPECT_EQ(s.err.find("asym-min fp16") != std::string::npos, kernels == "packed") << s.err;
   }
   expect_clean_error(cli::run("quantize -m " + model_.string() + " -o " + (dir / "x").string() +
                               " --method rtn --vocab-bits 4"),
