@@ -40,6 +40,8 @@
 #include "tessera/io/safetensors.hpp"
 #include "tessera/io/tokenizer_files.hpp"
 #include "tessera/model/gpt.hpp"
+#include "tessera/quant/packed_model.hpp"
+#include "tessera/quant/runner.hpp"
 
 using namespace tessera;
 using io::GgmlType;
@@ -676,6 +678,62 @@ TEST_F(GgufSmolLM2, Fp16KvCacheFollowsTheFp32One) {
       "fp16 cache vs fp32: largest logit change %.3g of (1 + max |logit|); greedy: \"The "
       "capital of France is%s\"\n",
       worst, smol_->tok.decode(generated).c_str());
+}
+
+// The file's own Q4_1 blocks packed (quant/gguf_import.hpp, as `tessera sample` reads it): every
+// linear and the Q8_0 embedding, the linears' fp32 pages never written. Its decoder with fp32
+// activations against the dequantized model's, fed the latter's greedy continuation of "The
+// capital of France is": the weights differ by at most 2^-21 (16 |d| + |m|) (Q4_1's d (n + m /
+// d) against d n + m, ~1e-6 of a weight), the sums by their order; 30 layers carry both to
+// ~1e-5 of the logits' scale; measured (printed) 3.4e-6. Bound: 1e-4 (1 + max |logit|). With
+// int8 activations (the default, as llama.cpp computes Q4_1) the logits move by up to ~5% of
+// their scale over these positions (printed, not bounded here: the kernels' own tests bound
+// each product), and the first token is still " Paris", which leads the next by 2.5.
+TEST_F(GgufSmolLM2, PackedQ4_1BlocksFollowTheDequantizedModel) {
+  const auto& m = smol_->model;
+  const model::ParamLayout layout(m.config);
+  quant::PackedModel pm;
+  std::string why;
+  const auto any = quant::load_packed_model(k_smollm2, pm, why);
+  ASSERT_EQ(why, "");
+  EXPECT_EQ(any.description, "GGUF Q4_1 linears, embedding Q8_0");
+  ASSERT_EQ(pm.linears.size(), 120u);
+  EXPECT_EQ(pm.embed.rows, m.config.vocab_size);
+  EXPECT_EQ(any.model.params[quant::lin_weight_offset(layout, 7, quant::Lin::Fc)], 0.0f);
+  const auto prompt = ids_of(smol_->tok, "The capital of France is");
+  const int V = m.config.vocab_size;
+  model::Decoder plain(layout, m.params.data(), 64, kernels::GemmLibrary::OneDnn);
+  pm.int8_activations = false;
+  model::Decoder a16(layout, any.model.params.data(), 64, kernels::GemmLibrary::OneDnn,
+                     pm.decoder_kernels());
+  quant::PackedModel pm8 = pm;
+  pm8.int8_activations = true;
+  model::Decoder a8(layout, any.model.params.data(), 64, kernels::GemmLibrary::OneDnn,
+                    pm8.decoder_kernels());
+  std::vector<std::int32_t> seq(prompt.begin(), prompt.end());
+  double worst = 0, worst8 = 0;
+  for (std::size_t i = 0; i < prompt.size() + 12; ++i) {
+    const float* want = plain.step(seq[i]);
+    const float* got = a16.step(seq[i]);
+    const float* got8 = a8.step(seq[i]);
+    double scale = 0, diff = 0, diff8 = 0;
+    for (int v = 0; v < V; ++v) {
+      scale = std::max(scale, std::fabs(double(want[v])));
+      diff = std::max(diff, std::fabs(double(got[v]) - want[v]));
+      diff8 = std::max(diff8, std::fabs(double(got8[v]) - want[v]));
+    }
+    ASSERT_LE(diff, 1e-4 * (1 + scale)) << "position " << i;
+    worst = std::max(worst, diff / (1 + scale));
+    worst8 = std::max(worst8, diff8 / (1 + scale));
+    if (i + 1 == prompt.size()) {
+      EXPECT_EQ(smol_->tok.token_bytes(static_cast<std::uint32_t>(top_k(got8, V, 1)[0])), " Paris");
+    }
+    if (i + 1 >= prompt.size()) seq.push_back(top_k(want, V, 1)[0]);
+  }
+  std::printf(
+      "packed Q4_1 blocks vs the dequantized model: largest logit change %.3g of (1 + max "
+      "|logit|) with fp32 activations, %.3g with int8 activations\n",
+      worst, worst8);
 }
 
 TEST_F(GgufSmolLM2, PerplexityOnEnglish) {
