@@ -277,14 +277,13 @@ LoadedModel load_gguf_model(const std::filesystem::path& file) {
   return load_gguf_model(GgufFile::open(file));
 }
 
-namespace {
-
-// The GGUF name of a tensor of the model (its Hugging Face name in tessera's layout).
 std::string gguf_name_of(const model::ModelConfig& cfg, const std::string& hf_name) {
   const auto name = cfg.llama() ? llama_hf_to_gguf_name(hf_name) : gpt2_hf_to_gguf_name(hf_name);
   TESSERA_CHECK(name.has_value(), "no GGUF name for {}", hf_name);
   return *name;
 }
+
+namespace {
 
 // A tensor of the file that the model does not use: one error, naming what it is when that is
 // known (a llama bias, a mixture of experts).

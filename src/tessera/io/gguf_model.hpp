@@ -45,6 +45,9 @@ model::ModelConfig gguf_model_config(const GgufFile& f);
 // tensor is found and checked; those `skip` names (when given) are not read, and stay zeros
 // (pages never written: no memory), for a caller that reads them in another form.
 using SkipTensor = std::function<bool(const model::ParamTensor&)>;
+// The GGUF name of a tensor of the model (its Hugging Face name in tessera's layout), by
+// llama_hf_to_gguf_name or gpt2_hf_to_gguf_name.
+std::string gguf_name_of(const model::ModelConfig& cfg, const std::string& hf_name);
 // llama's q_proj and k_proj rows are in a per-head interleaved order in GGUF files (for
 // llama.cpp's rotation; permute_qk_rows): the heads to permute the rows of the layout's tensor
 // `hf_name` with (n_head, the kv heads), or 0 for any other tensor.

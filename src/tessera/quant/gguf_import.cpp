@@ -73,18 +73,11 @@ std::vector<const model::ParamTensor*> linear_parts(const model::ParamLayout& la
   return out;
 }
 
-std::string gguf_name(const model::ModelConfig& cfg, const model::ParamTensor& t) {
-  const auto name =
-      cfg.llama() ? io::llama_hf_to_gguf_name(t.name) : io::gpt2_hf_to_gguf_name(t.name);
-  TESSERA_CHECK(name.has_value(), "no GGUF name for {}", t.name);
-  return *name;
-}
-
 // The type of the file's tensor for t, or nullopt where the file has none (load_gguf_model then
 // says so).
 std::optional<GgmlType> type_of(const io::GgufFile& f, const model::ModelConfig& cfg,
                                 const model::ParamTensor& t) {
-  const io::GgufTensorInfo* g = f.find(gguf_name(cfg, t));
+  const io::GgufTensorInfo* g = f.find(io::gguf_name_of(cfg, t.name));
   return g ? std::optional<GgmlType>(g->type) : std::nullopt;
 }
 
@@ -96,7 +89,7 @@ QuantizedLinear read_matrix(const io::GgufFile& f, const model::ModelConfig& cfg
   int rows = 0;
   const auto cols = static_cast<int>(parts.front()->shape[1]);
   for (const model::ParamTensor* t : parts) {
-    const io::GgufTensorInfo& g = f.tensor(gguf_name(cfg, *t));
+    const io::GgufTensorInfo& g = f.tensor(io::gguf_name_of(cfg, t->name));
     const auto part_rows = static_cast<int>(t->vocab_rows ? cfg.vocab_size : t->shape[0]);
     const std::span<const std::byte> bytes = f.bytes(g);
     const std::size_t at = all.size();
@@ -160,8 +153,8 @@ std::optional<std::vector<GgmlType>> linear_types(const io::GgufFile& f,
         why = fmt::format(
             "tensor {} is {}{}; the packed kernels take GGUF's Q4_0, Q4_1 and Q8_0, "
             "one type per linear",
-            gguf_name(cfg, *t), io::ggml_type_name(*type),
-            type != first ? fmt::format(" and {} {}", gguf_name(cfg, *parts.front()),
+            io::gguf_name_of(cfg, t->name), io::ggml_type_name(*type),
+            type != first ? fmt::format(" and {} {}", io::gguf_name_of(cfg, parts.front()->name),
                                         io::ggml_type_name(*first))
                           : "");
         return std::nullopt;
@@ -192,7 +185,7 @@ bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyMo
   if (!types) return false;
   const auto vocab = vocab_types(f, layout);
   const auto handed = [&](const model::ParamTensor& t) {
-    if (!t.vocab_rows) return t.layer >= 0 && t.shape.size() == 2;  // a block linear's part
+    if (!t.vocab_rows) return is_linear_weight(t);
     return std::any_of(vocab.begin(), vocab.end(), [&](const auto& v) { return v.first == &t; });
   };
   out.model = io::load_gguf_model(f, handed);

@@ -542,10 +542,6 @@ void unpack(const T* packed, int layout_bits, QuantizedLinear& q) {
           file_code(packed + static_cast<std::size_t>(r) * pc, layout_bits, c));
 }
 
-bool is_linear_weight(const model::ParamTensor& t) {
-  return t.layer >= 0 && t.shape.size() == 2;
-}
-
 // Writes one quantized matrix's tensors (NAME.qweight, .scales, .zeros, .g_idx, .in_scale) and
 // returns its metadata entry.
 json write_qlinear(io::SafetensorsWriter& w, const std::string& name, const QuantizedLinear& q) {

@@ -40,6 +40,10 @@ std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin k
   return model::block_linear_weight(layout, layer, static_cast<int>(kind));
 }
 
+bool is_linear_weight(const model::ParamTensor& t) {
+  return t.layer >= 0 && t.shape.size() == 2;
+}
+
 std::size_t lin_bias_offset(const model::ParamLayout& layout, int layer, Lin kind) {
   const auto& w = layout.layers[layer];
   switch (kind) {

@@ -29,6 +29,8 @@ std::string linear_name(const model::ModelConfig& cfg, int layer, Lin k);
 int lin_rows(const model::ModelConfig& cfg, Lin k);  // out features
 int lin_cols(const model::ModelConfig& cfg, Lin k);  // in features
 std::size_t lin_weight_offset(const model::ParamLayout& layout, int layer, Lin k);
+// Whether t is (a part of) a block linear's weight: q k v, o, gate up, down; c_attn, ...
+bool is_linear_weight(const model::ParamTensor& t);
 std::size_t lin_bias_offset(const model::ParamLayout& layout, int layer, Lin k);
 
 // Simulated (fake) activation quantization of linear inputs, applied just before the GEMM.
