@@ -81,63 +81,56 @@ void store_f16(std::byte* p, float v) {
   std::memcpy(p, &h, 2);
 }
 
-// ---- the 32-element formats ----
+// ---- the block formats as codes ----
+// Each unpack_* writes a block's codes q (unsigned, below 2^bits), and each sub-block's scale and
+// min (ggml_codes(type) says how many); dequantize_row turns them into values.
 
-// Q4_0 block (18 bytes): d (f16), qs[16]; element j is (qs[j] & 15) - 8, element j + 16 is
-// (qs[j] >> 4) - 8, each times d.
-void dequantize_q4_0(const std::byte* b, float* y) {
-  const float d = f16_at(b);
+// Q4_0 block (18 bytes): d (f16), qs[16]; element j is qs[j] & 15, element j + 16 is qs[j] >> 4;
+// value (q - 8) d.
+void unpack_q4_0(const std::byte* b, std::uint8_t* q, float* scale, float*) {
+  scale[0] = f16_at(b);
   for (int j = 0; j < 16; ++j) {
-    const int q = u8_at(b + 2, j);
-    y[j] = static_cast<float>((q & 0x0F) - 8) * d;
-    y[j + 16] = static_cast<float>((q >> 4) - 8) * d;
+    q[j] = u8_at(b + 2, j) & 0x0F;
+    q[j + 16] = u8_at(b + 2, j) >> 4;
   }
 }
 
-// Q4_1 block (20 bytes): d (f16), m (f16), qs[16]; element = q * d + m.
-void dequantize_q4_1(const std::byte* b, float* y) {
-  const float d = f16_at(b), m = f16_at(b + 2);
-  for (int j = 0; j < 16; ++j) {
-    const int q = u8_at(b + 4, j);
-    y[j] = d * static_cast<float>(q & 0x0F) + m;
-    y[j + 16] = d * static_cast<float>(q >> 4) + m;
-  }
+// Q4_1 block (20 bytes): d (f16), m (f16), qs[16] as Q4_0; value d q + m.
+void unpack_q4_1(const std::byte* b, std::uint8_t* q, float* scale, float* min) {
+  float unused;
+  unpack_q4_0(b + 2, q, &unused, nullptr);  // the nibbles, as Q4_0's
+  scale[0] = f16_at(b);
+  min[0] = f16_at(b + 2);
 }
 
-// Q5_0 block (22 bytes): d (f16), qh (u32: the fifth bit of element j is bit j), qs[16] (low
-// nibbles as Q4_0); element = (q - 16) * d.
-void dequantize_q5_0(const std::byte* b, float* y) {
-  const float d = f16_at(b);
-  const std::uint32_t qh = load_u32(b + 2);
-  for (int j = 0; j < 16; ++j) {
-    const int q = u8_at(b + 6, j);
-    const int h0 = static_cast<int>((qh >> j) & 1u) << 4,
-              h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-    y[j] = d * static_cast<float>(((q & 0x0F) | h0) - 16);
-    y[j + 16] = d * static_cast<float>(((q >> 4) | h1) - 16);
-  }
+// The fifth bits of a Q5 block: bit j of qh (u32) is the fifth bit of element j.
+void add_fifth_bits(const std::byte* qh_at, std::uint8_t* q) {
+  const std::uint32_t qh = load_u32(qh_at);
+  for (int j = 0; j < 32; ++j) q[j] |= static_cast<std::uint8_t>(((qh >> j) & 1u) << 4);
 }
 
-// Q5_1 block (24 bytes): d (f16), m (f16), qh (u32), qs[16]; element = q * d + m.
-void dequantize_q5_1(const std::byte* b, float* y) {
-  const float d = f16_at(b), m = f16_at(b + 2);
-  const std::uint32_t qh = load_u32(b + 4);
-  for (int j = 0; j < 16; ++j) {
-    const int q = u8_at(b + 8, j);
-    const int h0 = static_cast<int>((qh >> j) & 1u) << 4,
-              h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-    y[j] = d * static_cast<float>((q & 0x0F) | h0) + m;
-    y[j + 16] = d * static_cast<float>((q >> 4) | h1) + m;
-  }
+// Q5_0 block (22 bytes): d (f16), qh (u32), qs[16] (the low nibbles as Q4_0); value (q - 16) d.
+void unpack_q5_0(const std::byte* b, std::uint8_t* q, float* scale, float*) {
+  float unused;
+  unpack_q4_0(b + 4, q, &unused, nullptr);
+  scale[0] = f16_at(b);
+  add_fifth_bits(b + 2, q);
 }
 
-// Q8_0 block (34 bytes): d (f16), qs[32] (int8); element = q * d.
-void dequantize_q8_0(const std::byte* b, float* y) {
-  const float d = f16_at(b);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<std::int8_t>(b[2 + j])) * d;
+// Q5_1 block (24 bytes): d (f16), m (f16), qh (u32), qs[16]; value d q + m.
+void unpack_q5_1(const std::byte* b, std::uint8_t* q, float* scale, float* min) {
+  float unused;
+  unpack_q4_0(b + 6, q, &unused, nullptr);
+  scale[0] = f16_at(b);
+  min[0] = f16_at(b + 2);
+  add_fifth_bits(b + 4, q);
 }
 
-// ---- the K-quants (256-element super-blocks of 8 or 16 sub-blocks) ----
+// Q8_0 block (34 bytes): d (f16), qs[32] (int8 n); q = n + 128, value (q - 128) d = n d.
+void unpack_q8_0(const std::byte* b, std::uint8_t* q, float* scale, float*) {
+  scale[0] = f16_at(b);
+  for (int j = 0; j < 32; ++j) q[j] = static_cast<std::uint8_t>(u8_at(b + 2, j) ^ 0x80);
+}
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block, packed in 12 bytes:
 // bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the same
@@ -152,72 +145,87 @@ void scale_min_k4(int j, const std::byte* q, int& scale, int& min) {
   }
 }
 
-// Q4_K block (144 bytes): d (f16), dmin (f16), scales[12], qs[128]. Each 64 elements share 32
-// bytes of qs: the low nibbles are sub-block 2c, the high nibbles sub-block 2c + 1. Element =
-// (d * scale) * q - (dmin * min).
-void dequantize_q4_k(const std::byte* b, float* y) {
+// The sub-block scales and mins of a Q4_K / Q5_K block (d, dmin as f16, then the 12 bytes):
+// sub-block j has scale d * scale_j and min -(dmin * min_j), its value (d scale_j) q - dmin min_j.
+void unpack_k4_scales(const std::byte* b, float* scale, float* min) {
   const float d = f16_at(b), dmin = f16_at(b + 2);
-  const std::byte* scales = b + 4;
-  const std::byte* qs = b + 16;
-  for (int c = 0; c < 4; ++c) {
-    int sc0, m0, sc1, m1;
-    scale_min_k4(2 * c, scales, sc0, m0);
-    scale_min_k4(2 * c + 1, scales, sc1, m1);
-    const float d0 = d * static_cast<float>(sc0), dm0 = dmin * static_cast<float>(m0);
-    const float d1 = d * static_cast<float>(sc1), dm1 = dmin * static_cast<float>(m1);
-    for (int l = 0; l < 32; ++l) {
-      const int q = u8_at(qs, 32 * c + l);
-      y[64 * c + l] = d0 * static_cast<float>(q & 0x0F) - dm0;
-      y[64 * c + 32 + l] = d1 * static_cast<float>(q >> 4) - dm1;
-    }
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, b + 4, sc, m);
+    scale[j] = d * static_cast<float>(sc);
+    min[j] = -(dmin * static_cast<float>(m));
   }
+}
+
+// Q4_K block (144 bytes): d (f16), dmin (f16), scales[12], qs[128]. Each 64 elements share 32
+// bytes of qs: the low nibbles are sub-block 2c, the high nibbles sub-block 2c + 1.
+void unpack_q4_k(const std::byte* b, std::uint8_t* q, float* scale, float* min) {
+  unpack_k4_scales(b, scale, min);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * c + l] = u8_at(b + 16, 32 * c + l) & 0x0F;
+      q[64 * c + 32 + l] = u8_at(b + 16, 32 * c + l) >> 4;
+    }
 }
 
 // Q5_K block (176 bytes): d, dmin, scales[12] as Q4_K, qh[32], qs[128] as Q4_K; the fifth bit of
 // element l of sub-block s is bit s of qh[l].
-void dequantize_q5_k(const std::byte* b, float* y) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
-  const std::byte* scales = b + 4;
-  const std::byte* qh = b + 16;
-  const std::byte* qs = b + 48;
-  for (int c = 0; c < 4; ++c) {
-    int sc0, m0, sc1, m1;
-    scale_min_k4(2 * c, scales, sc0, m0);
-    scale_min_k4(2 * c + 1, scales, sc1, m1);
-    const float d0 = d * static_cast<float>(sc0), dm0 = dmin * static_cast<float>(m0);
-    const float d1 = d * static_cast<float>(sc1), dm1 = dmin * static_cast<float>(m1);
+void unpack_q5_k(const std::byte* b, std::uint8_t* q, float* scale, float* min) {
+  unpack_k4_scales(b, scale, min);
+  for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) {
-      const int q = u8_at(qs, 32 * c + l), h = u8_at(qh, l);
-      const int q0 = (q & 0x0F) | (((h >> (2 * c)) & 1) << 4);
-      const int q1 = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4);
-      y[64 * c + l] = d0 * static_cast<float>(q0) - dm0;
-      y[64 * c + 32 + l] = d1 * static_cast<float>(q1) - dm1;
+      const int qs = u8_at(b + 48, 32 * c + l), h = u8_at(b + 16, l);
+      q[64 * c + l] = static_cast<std::uint8_t>((qs & 0x0F) | (((h >> (2 * c)) & 1) << 4));
+      q[64 * c + 32 + l] = static_cast<std::uint8_t>((qs >> 4) | (((h >> (2 * c + 1)) & 1) << 4));
     }
-  }
 }
 
 // Q6_K block (210 bytes): ql[128], qh[64], scales[16] (int8), d (f16). Each half of 128 elements
 // uses 64 bytes of ql, 32 of qh and 8 scales: element 32s + l of the half (s = 0..3) takes the
 // low (s < 2) or high nibble of ql[32 (s % 2) + l] and bits 2s, 2s+1 of qh[l] as its top two
-// bits; its scale is scales[(32s + l) / 16]. Element = (d * scale) * (q - 32).
-void dequantize_q6_k(const std::byte* b, float* y) {
+// bits; its sub-block (16 elements) has scale d * scales[(32s + l) / 16]; value (q - 32) scale.
+void unpack_q6_k(const std::byte* b, std::uint8_t* q, float* scale, float*) {
   const float d = f16_at(b + 208);
+  for (int j = 0; j < 16; ++j)
+    scale[j] = d * static_cast<float>(static_cast<std::int8_t>(u8_at(b + 192, j)));
   for (int half = 0; half < 2; ++half) {
     const std::byte* ql = b + 64 * half;
     const std::byte* qh = b + 128 + 32 * half;
-    const std::byte* sc = b + 192 + 8 * half;
-    float* out = y + 128 * half;
     for (int l = 0; l < 32; ++l) {
       const int lo = u8_at(ql, l), hi = u8_at(ql, l + 32), h = u8_at(qh, l);
-      const int q[4] = {(lo & 0x0F) | ((h & 3) << 4), (hi & 0x0F) | (((h >> 2) & 3) << 4),
-                        (lo >> 4) | (((h >> 4) & 3) << 4), (hi >> 4) | (((h >> 6) & 3) << 4)};
-      for (int s = 0; s < 4; ++s) {
-        const int e = 32 * s + l;
-        const float ds = d * static_cast<float>(static_cast<std::int8_t>(sc[e / 16]));
-        out[e] = ds * static_cast<float>(q[s] - 32);
-      }
+      std::uint8_t* out = q + 128 * half + l;
+      out[0] = static_cast<std::uint8_t>((lo & 0x0F) | ((h & 3) << 4));
+      out[32] = static_cast<std::uint8_t>((hi & 0x0F) | (((h >> 2) & 3) << 4));
+      out[64] = static_cast<std::uint8_t>((lo >> 4) | (((h >> 4) & 3) << 4));
+      out[96] = static_cast<std::uint8_t>((hi >> 4) | (((h >> 6) & 3) << 4));
     }
   }
+}
+
+using Unpack = void (*)(const std::byte*, std::uint8_t*, float*, float*);
+
+struct CodesType {
+  GgmlType type;
+  GgmlCodes codes;
+  Unpack unpack;
+};
+
+// bits, sub-block, zero, has_min
+constexpr CodesType k_codes[] = {
+    {GgmlType::Q4_0, {4, 32, 8, false}, unpack_q4_0},
+    {GgmlType::Q4_1, {4, 32, 0, true}, unpack_q4_1},
+    {GgmlType::Q5_0, {5, 32, 16, false}, unpack_q5_0},
+    {GgmlType::Q5_1, {5, 32, 0, true}, unpack_q5_1},
+    {GgmlType::Q8_0, {8, 32, 128, false}, unpack_q8_0},
+    {GgmlType::Q4_K, {4, 32, 0, true}, unpack_q4_k},
+    {GgmlType::Q5_K, {5, 32, 0, true}, unpack_q5_k},
+    {GgmlType::Q6_K, {6, 16, 32, false}, unpack_q6_k},
+};
+
+const CodesType* find_codes(GgmlType type) {
+  for (const CodesType& c : k_codes)
+    if (c.type == type) return &c;
+  return nullptr;
 }
 
 // ---- quantization (ggml's quantize_row_*_ref) ----
@@ -331,10 +339,6 @@ std::string_view quantizable_type_names() {
 void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_t n) {
   const GgmlTypeInfo& info = ggml_type_info(type);
   TESSERA_CHECK(n >= 0 && n % info.block_size == 0, "{} elements of {}", n, info.name);
-  const auto blocks = [&](auto fn) {
-    for (std::int64_t i = 0; i < n / info.block_size; ++i)
-      fn(src + i * info.block_bytes, dst + i * info.block_size);
-  };
   switch (type) {
     case GgmlType::F32:
       if (n) std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
@@ -345,25 +349,40 @@ void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_
     case GgmlType::BF16:
       for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(src + 2 * i));
       return;
-    case GgmlType::Q4_0:
-      return blocks(dequantize_q4_0);
-    case GgmlType::Q4_1:
-      return blocks(dequantize_q4_1);
-    case GgmlType::Q5_0:
-      return blocks(dequantize_q5_0);
-    case GgmlType::Q5_1:
-      return blocks(dequantize_q5_1);
-    case GgmlType::Q8_0:
-      return blocks(dequantize_q8_0);
-    case GgmlType::Q4_K:
-      return blocks(dequantize_q4_k);
-    case GgmlType::Q5_K:
-      return blocks(dequantize_q5_k);
-    case GgmlType::Q6_K:
-      return blocks(dequantize_q6_k);
     default:
-      TESSERA_CHECK(false, "dequantize_row called for {}", info.name);
+      break;
   }
+  const CodesType* c = find_codes(type);
+  TESSERA_CHECK(c != nullptr, "dequantize_row called for {}", info.name);
+  const int subs = static_cast<int>(info.block_size) / c->codes.sub;
+  std::uint8_t q[256];
+  float scale[16], min[16];
+  for (std::int64_t i = 0; i < n / info.block_size; ++i) {
+    c->unpack(src + i * info.block_bytes, q, scale, min);
+    float* y = dst + i * info.block_size;
+    for (int s = 0; s < subs; ++s)
+      for (int j = s * c->codes.sub; j < (s + 1) * c->codes.sub; ++j)
+        y[j] = c->codes.has_min ? scale[s] * static_cast<float>(q[j]) + min[s]
+                                : scale[s] * static_cast<float>(q[j] - c->codes.zero);
+  }
+}
+
+const GgmlCodes* ggml_codes(GgmlType type) {
+  const CodesType* c = find_codes(type);
+  return c ? &c->codes : nullptr;
+}
+
+void unpack_codes(GgmlType type, const std::byte* src, std::int64_t n, std::uint8_t* q,
+                  float* scale, float* min) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  const CodesType* c = find_codes(type);
+  TESSERA_CHECK(c != nullptr, "unpack_codes called for {}", info.name);
+  TESSERA_CHECK(n >= 0 && n % info.block_size == 0, "{} elements of {}", n, info.name);
+  const std::int64_t subs = info.block_size / c->codes.sub;
+  if (!c->codes.has_min) std::fill(min, min + n / c->codes.sub, 0.0f);
+  for (std::int64_t i = 0; i < n / info.block_size; ++i)
+    c->unpack(src + i * info.block_bytes, q + i * info.block_size, scale + i * subs,
+              min + i * subs);
 }
 
 void quantize_row(GgmlType type, const float* src, std::byte* dst, std::int64_t n) {

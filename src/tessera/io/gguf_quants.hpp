@@ -79,6 +79,24 @@ std::string_view quantizable_type_names();
 // (any alignment) into dst[0, n). The type must be one can_dequantize accepts.
 void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_t n);
 
+// A block type's elements as unsigned codes: those of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (q = n + 128),
+// Q4_K, Q5_K and Q6_K. Each sub-block of `sub` elements has a scale and, where has_min, a min
+// (the K-quants' d * scale_j and -(dmin * min_j), exact in fp32); dequantize_row's value of
+// element q of sub-block s is scale[s] * (q - zero), or scale[s] * q + min[s] where has_min,
+// each rounded once (the same bits).
+struct GgmlCodes {
+  int bits;  // codes below 2^bits
+  int sub;   // elements per sub-block: 32 (Q6_K: 16)
+  int zero;  // the code of 0 (0 where has_min)
+  bool has_min;
+};
+// nullptr for a type unpack_codes does not take.
+const GgmlCodes* ggml_codes(GgmlType type);
+// Unpacks n elements (a multiple of the block size) from n / block_size blocks at `src`: q (n),
+// scale and min (n / sub each; min all 0 where !has_min). The type must be one ggml_codes knows.
+void unpack_codes(GgmlType type, const std::byte* src, std::int64_t n, std::uint8_t* q,
+                  float* scale, float* min);
+
 // Encodes src[0, n) (n a multiple of the block size) into n / block_size blocks at `dst`, with the
 // rounding of ggml's quantize_row_*_ref (= gguf-py's gguf.quants.quantize). The type must be one
 // can_quantize accepts. Inputs are expected finite (a NaN makes a garbage block, as in ggml).
