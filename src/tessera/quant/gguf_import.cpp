@@ -1,6 +1,7 @@
 #include "tessera/quant/gguf_import.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/io/gguf.hpp"
 #include "tessera/io/gguf_model.hpp"
+#include "tessera/quant/packed.hpp"
 #include "tessera/quant/runner.hpp"
 
 namespace tessera::quant {
@@ -18,44 +20,46 @@ namespace tessera::quant {
 using io::GgmlType;
 
 bool gguf_packable_type(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q8_0;
+  return io::ggml_codes(type) != nullptr;
 }
 
 namespace {
 
-float half_at(const std::byte* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return io::fp16_to_fp32(h);
+// Group g of a row of a type with a min (value scale q + min) as scale (q - zero), the scale
+// rounded to fp16 as pack stores it and the zero point then real: -min / scale, so that the
+// value at q = 0 stays min. A scale that is 0 in fp16 (every value then min, up to
+// 2^-25 q): codes 0, scale 1, zero -min.
+void min_group(QuantizedLinear& ql, std::size_t g, float scale, float min) {
+  const float s = round_scale(scale, ScaleType::F16);
+  if (!std::isfinite(s))
+    throw Error(fmt::format("a block scale of {} is beyond fp16's range", scale),
+                "the file's scales are implausible; the file is damaged");
+  if (s == 0.0f) {
+    std::fill_n(ql.q.begin() + static_cast<std::ptrdiff_t>(g) * 32, 32, std::uint8_t{0});
+    ql.scales[g] = 1.0f;
+    ql.zeros[g] = -min;
+    return;
+  }
+  ql.scales[g] = s;
+  ql.zeros[g] = -min / s;
 }
 
-// Block `blk` (32 values) as codes q[0..31], its scale and zero point.
-void decode_block(GgmlType type, const std::byte* blk, std::uint8_t* q, float& scale, float& zero) {
-  scale = half_at(blk);
-  if (type == GgmlType::Q8_0) {
-    for (int i = 0; i < 32; ++i)
-      q[i] =
-          static_cast<std::uint8_t>(static_cast<int>(static_cast<std::int8_t>(blk[2 + i])) + 128);
-    zero = 128.0f;
-    return;
-  }
-  const std::byte* qs = blk + (type == GgmlType::Q4_1 ? 4 : 2);
-  for (int i = 0; i < 16; ++i) {  // low nibbles: values 0..15, high nibbles: 16..31
-    q[i] = static_cast<std::uint8_t>(std::to_integer<int>(qs[i]) & 15);
-    q[i + 16] = static_cast<std::uint8_t>(std::to_integer<int>(qs[i]) >> 4);
-  }
-  if (type == GgmlType::Q4_0) {
-    zero = 8.0f;
-    return;
-  }
-  const float m = half_at(blk + 2);
-  if (scale != 0.0f) {
-    zero = -m / scale;
-    return;
-  }
-  std::memset(q, 0, 32);  // every value is m: m (0 - (-1))
-  scale = m;
-  zero = -1.0f;
+// Q6_K's sub-blocks of 16 have a scale each, which groups of 32 cannot hold: its values are
+// rounded again, to 8-bit symmetric codes of the group's absmax / 127 (fp16), within half that
+// step of the file's values.
+void requantize_group(QuantizedLinear& ql, std::size_t g, const float* v) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::isnan(v[j]) ? v[j] : std::max(amax, std::fabs(v[j]));
+  const float s = round_scale(amax / 127.0f, ScaleType::F16);
+  if (!std::isfinite(s))
+    throw Error(fmt::format("a block value of {} is beyond fp16's range", amax),
+                "the file's scales are implausible; the file is damaged");
+  std::uint8_t* q = ql.q.data() + g * 32;
+  for (int j = 0; j < 32; ++j)
+    q[j] = static_cast<std::uint8_t>(
+        128 + (s == 0.0f ? 0 : std::clamp(static_cast<int>(std::nearbyint(v[j] / s)), -127, 127)));
+  ql.scales[g] = s;
+  ql.zeros[g] = 128.0f;
 }
 
 // The layout's tensors that make up block linear k of layer l, in row order (q k v, gate up).
@@ -81,87 +85,111 @@ std::optional<GgmlType> type_of(const io::GgufFile& f, const model::ModelConfig&
   return g ? std::optional<GgmlType>(g->type) : std::nullopt;
 }
 
+// Parts' rows one after the other, as one linear: where their specs differ, on the widest codes
+// (a symmetric part's codes shifted to its zero) with real zero points if any part has them.
+QuantizedLinear join_rows(std::vector<QuantizedLinear> parts) {
+  WeightQuant spec = parts.front().spec;
+  for (const auto& p : parts) {
+    spec.bits = std::max(spec.bits, p.spec.bits);
+    spec.min_offset = spec.min_offset || p.spec.min_offset;
+  }
+  spec.sym = !spec.min_offset;
+  for (auto& p : parts) {
+    if (!spec.sym) continue;  // real zero points: the codes and zeros serve as they are
+    const int shift = (1 << (spec.bits - 1)) - (1 << (p.spec.bits - 1));
+    for (auto& q : p.q) q = static_cast<std::uint8_t>(q + shift);
+    for (auto& z : p.zeros) z += static_cast<float>(shift);
+  }
+  QuantizedLinear out = std::move(parts.front());
+  out.spec = spec;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    out.rows += parts[i].rows;
+    out.q.insert(out.q.end(), parts[i].q.begin(), parts[i].q.end());
+    out.scales.insert(out.scales.end(), parts[i].scales.begin(), parts[i].scales.end());
+    out.zeros.insert(out.zeros.end(), parts[i].zeros.begin(), parts[i].zeros.end());
+  }
+  return out;
+}
+
 // The matrix of the parts (their rows one after the other; llama's q and k rows put back in
 // Hugging Face's order) as a quantized linear.
 QuantizedLinear read_matrix(const io::GgufFile& f, const model::ModelConfig& cfg,
-                            const std::vector<const model::ParamTensor*>& parts, GgmlType type) {
-  std::vector<std::byte> all;
-  int rows = 0;
-  const auto cols = static_cast<int>(parts.front()->shape[1]);
+                            const std::vector<const model::ParamTensor*>& parts) {
+  std::vector<QuantizedLinear> read;
   for (const model::ParamTensor* t : parts) {
     const io::GgufTensorInfo& g = f.tensor(io::gguf_name_of(cfg, t->name));
-    const auto part_rows = static_cast<int>(t->vocab_rows ? cfg.vocab_size : t->shape[0]);
+    const auto rows = static_cast<int>(t->vocab_rows ? cfg.vocab_size : t->shape[0]);
     const std::span<const std::byte> bytes = f.bytes(g);
-    const std::size_t at = all.size();
-    all.resize(at + bytes.size());
+    std::vector<std::byte> rows_hf(bytes.size());
     if (const std::int64_t heads = io::gguf_qk_heads(cfg, t->name))
-      io::permute_qk_rows(bytes, std::span<std::byte>(all).subspan(at), heads, part_rows, true);
+      io::permute_qk_rows(bytes, rows_hf, heads, rows, true);
     else
-      std::memcpy(all.data() + at, bytes.data(), bytes.size());
-    rows += part_rows;
+      std::memcpy(rows_hf.data(), bytes.data(), bytes.size());
+    read.push_back(quantized_from_ggml(g.type, rows_hf, rows, static_cast<int>(t->shape[1])));
   }
-  return quantized_from_ggml(type, all, rows, cols);
+  return join_rows(std::move(read));
 }
 
 }  // namespace
 
 QuantizedLinear quantized_from_ggml(GgmlType type, std::span<const std::byte> blocks, int rows,
                                     int cols) {
-  TESSERA_CHECK(gguf_packable_type(type), "{} is not read as a quantized linear",
-                io::ggml_type_name(type));
+  const io::GgmlCodes* codes = io::ggml_codes(type);
+  TESSERA_CHECK(codes != nullptr, "{} is not read as a quantized linear", io::ggml_type_name(type));
   const auto& info = io::ggml_type_info(type);
-  const int ng = cols / 32;
-  if (rows <= 0 || cols <= 0 || cols % 32 != 0 ||
-      blocks.size() != static_cast<std::size_t>(rows) * ng * info.block_bytes)
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  if (rows <= 0 || cols <= 0 || cols % info.block_size != 0 ||
+      blocks.size() != n / info.block_size * info.block_bytes)
     throw Error(fmt::format("{} blocks of {} bytes for a {}x{} matrix", io::ggml_type_name(type),
                             blocks.size(), rows, cols),
                 "the file's tensor sizes disagree with its shapes; the file is damaged");
   QuantizedLinear ql;
   ql.rows = rows;
   ql.cols = cols;
-  ql.spec = WeightQuant{type == GgmlType::Q8_0 ? 8 : 4, 32, type != GgmlType::Q4_1,
-                        type == GgmlType::Q4_1};
-  ql.q.resize(static_cast<std::size_t>(rows) * cols);
-  ql.scales.resize(static_cast<std::size_t>(rows) * ng);
-  ql.zeros.resize(ql.scales.size());
+  const bool requantized = codes->sub != 32;
+  ql.spec = WeightQuant{requantized ? 8 : codes->bits, 32, !codes->has_min, codes->has_min};
+  ql.q.resize(n);
+  ql.scales.resize(n / 32);
+  ql.zeros.assign(n / 32, static_cast<float>(codes->zero));
   ql.g_idx.resize(cols);
   for (int c = 0; c < cols; ++c) ql.g_idx[c] = c / 32;
-  for (std::size_t b = 0; b < ql.scales.size(); ++b)
-    decode_block(type, blocks.data() + b * info.block_bytes, ql.q.data() + b * 32, ql.scales[b],
-                 ql.zeros[b]);
+  std::vector<float> scale(n / codes->sub), min(n / codes->sub);
+  io::unpack_codes(type, blocks.data(), static_cast<std::int64_t>(n), ql.q.data(), scale.data(),
+                   min.data());
+  if (requantized) {
+    std::vector<float> v(n);
+    io::dequantize_row(type, blocks.data(), v.data(), static_cast<std::int64_t>(n));
+    for (std::size_t g = 0; g < ql.scales.size(); ++g) requantize_group(ql, g, v.data() + g * 32);
+  } else if (codes->has_min) {
+    for (std::size_t g = 0; g < ql.scales.size(); ++g) min_group(ql, g, scale[g], min[g]);
+  } else {
+    ql.scales = std::move(scale);
+  }
   return ql;
 }
 
 namespace {
 
-// Each block linear's type (layer-major, in Lin order), where every one is of those read here,
-// the same for its parts; else nullopt, with `why` saying which tensor is not (empty where the
-// file lacks a tensor: the fp32 loader names it).
-std::optional<std::vector<GgmlType>> linear_types(const io::GgufFile& f,
-                                                  const model::ParamLayout& layout,
-                                                  std::string& why) {
+// Whether every block linear's parts are of the types read here; else `why` names a tensor that
+// is not (empty where the file lacks one: the fp32 loader names it). `types` collects the types.
+bool linears_packable(const io::GgufFile& f, const model::ParamLayout& layout,
+                      std::vector<GgmlType>& types, std::string& why) {
   const auto& cfg = layout.config();
-  std::vector<GgmlType> types;
   for (int l = 0; l < cfg.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k) {
-      const auto parts = linear_parts(layout, l, static_cast<Lin>(k));
-      const auto first = type_of(f, cfg, *parts.front());
-      for (const model::ParamTensor* t : parts) {
+    for (int k = 0; k < k_num_lin; ++k)
+      for (const model::ParamTensor* t : linear_parts(layout, l, static_cast<Lin>(k))) {
         const auto type = type_of(f, cfg, *t);
-        if (!type) return std::nullopt;
-        if (gguf_packable_type(*type) && type == first) continue;
-        why = fmt::format(
-            "tensor {} is {}{}; the packed kernels take GGUF's Q4_0, Q4_1 and Q8_0, "
-            "one type per linear",
-            io::gguf_name_of(cfg, t->name), io::ggml_type_name(*type),
-            type != first ? fmt::format(" and {} {}", io::gguf_name_of(cfg, parts.front()->name),
-                                        io::ggml_type_name(*first))
-                          : "");
-        return std::nullopt;
+        if (!type) return false;
+        if (!gguf_packable_type(*type)) {
+          why = fmt::format(
+              "tensor {} is {}; the packed kernels take GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+              "Q5_K and Q6_K",
+              io::gguf_name_of(cfg, t->name), io::ggml_type_name(*type));
+          return false;
+        }
+        if (std::find(types.begin(), types.end(), *type) == types.end()) types.push_back(*type);
       }
-      types.push_back(*first);
-    }
-  return types;
+  return true;
 }
 
 // The vocabulary matrices of a llama file that are of those types too (the others stay fp32).
@@ -175,14 +203,27 @@ std::vector<std::pair<const model::ParamTensor*, GgmlType>> vocab_types(
   return out;
 }
 
+// What of `types` was not taken as the file has it: " (Q4_K scales rounded to fp16; ...)".
+std::string rounding_notes(const std::vector<GgmlType>& types) {
+  std::string notes;
+  for (const GgmlType t : types) {
+    const std::string_view name = io::ggml_type_name(t);
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K)
+      notes += fmt::format("{}{} scales rounded to fp16", notes.empty() ? "" : "; ", name);
+    if (t == GgmlType::Q6_K)
+      notes += fmt::format("{}Q6_K rounded again to 8-bit groups of 32", notes.empty() ? "" : "; ");
+  }
+  return notes.empty() ? notes : " (" + notes + ")";
+}
+
 }  // namespace
 
 bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyModel& out,
                          std::string& why) {
   const model::ModelConfig cfg = io::gguf_model_config(f);
   const model::ParamLayout layout(cfg);
-  const auto types = linear_types(f, layout, why);
-  if (!types) return false;
+  std::vector<GgmlType> types;
+  if (!linears_packable(f, layout, types, why)) return false;
   const auto vocab = vocab_types(f, layout);
   const auto handed = [&](const model::ParamTensor& t) {
     if (!t.vocab_rows) return is_linear_weight(t);
@@ -190,20 +231,20 @@ bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyMo
   };
   out.model = io::load_gguf_model(f, handed);
   for (int l = 0; l < cfg.n_layer; ++l)
-    for (int k = 0; k < k_num_lin; ++k) {
-      const auto i = static_cast<std::size_t>(l) * k_num_lin + k;
-      sink.linear(i,
-                  read_matrix(f, cfg, linear_parts(layout, l, static_cast<Lin>(k)), (*types)[i]));
-    }
-  const bool mixed =
-      std::any_of(types->begin(), types->end(), [&](GgmlType t) { return t != types->front(); });
-  out.description =
-      fmt::format("GGUF {} linears", mixed ? "Q4_0/Q4_1/Q8_0" : io::ggml_type_name(types->front()));
+    for (int k = 0; k < k_num_lin; ++k)
+      sink.linear(static_cast<std::size_t>(l) * k_num_lin + k,
+                  read_matrix(f, cfg, linear_parts(layout, l, static_cast<Lin>(k))));
+  std::string names;
+  for (const GgmlType t : types)
+    names += fmt::format("{}{}", names.empty() ? "" : "/", io::ggml_type_name(t));
+  out.description = fmt::format("GGUF {} linears", names);
   for (const auto& [t, type] : vocab) {
-    sink.vocab(t->offset, read_matrix(f, cfg, {t}, type));
+    sink.vocab(t->offset, read_matrix(f, cfg, {t}));
     out.description += fmt::format(", {} {}", t->offset == layout.wte ? "embedding" : "head",
                                    io::ggml_type_name(type));
+    if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
   }
+  out.description += rounding_notes(types);
   out.quantized = true;
   out.act = ActQuant{};
   return true;

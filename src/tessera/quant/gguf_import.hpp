@@ -1,12 +1,18 @@
 // llama.cpp's quantized matrices read as tessera's quantized linears, so that a GGUF file decodes
 // from its own blocks through the packed kernels (quant/packed.hpp) instead of from fp32 copies.
-// Each 32-value block maps onto a group of 32 exactly:
-//   Q4_0  w = d (n - 8):  4-bit codes n, scale d, symmetric (zero 8).
-//   Q8_0  w = d n:        8-bit codes n + 128, scale d, symmetric (zero 128).
-//   Q4_1  w = d n + m:    4-bit codes n, scale d, real zero point -m / d (the min_offset grid);
-//                         a block with d = 0 (all its values m) as codes 0, scale m, zero -1.
-// The scales are fp16 in the file and stay so when packed; a Q4_1 value is then d n + m up to
-// the fp32 rounding of d (n + m / d), a few units in the last place of m.
+// Each block's sub-blocks of 32 values map onto groups of 32 (io::unpack_codes gives the codes):
+//   Q4_0, Q5_0  w = d (q - 8), d (q - 16):  4- and 5-bit codes, scale d, symmetric.
+//   Q8_0        w = d n:                     8-bit codes n + 128, scale d, symmetric (zero 128).
+//   Q4_1, Q5_1  w = d q + m:                 codes q, scale d, real zero point -m / d (the
+//                                            min_offset grid); exact up to fp32 roundings.
+//   Q4_K, Q5_K  w = (d sc_j) q - dmin m_j:   the same, with the scale d sc_j (up to 17
+//                                            significant bits) rounded to the packed form's fp16
+//                                            (the zero point follows it, so q = 0 stays exact):
+//                                            within 2^-11 |d sc_j| q of the file's value.
+//   Q6_K        16-value sub-blocks with a scale each, which a group of 32 cannot hold: rounded
+//               again to 8-bit symmetric codes of each group's absmax / 127 (fp16), within half
+//               that step of the file's values.
+// A group whose scale is 0 in fp16 (every value its min) is codes 0, scale 1, zero -min.
 #pragma once
 
 #include <cstddef>
@@ -23,16 +29,19 @@ namespace tessera::quant {
 bool gguf_packable_type(io::GgmlType type);
 
 // `rows` rows of `cols` values stored as `type` blocks (gguf_packable_type), as a quantized
-// linear with groups of 32. Throws tessera::Error if the sizes disagree.
+// linear with groups of 32. Throws tessera::Error if the sizes disagree or a scale is not finite
+// in fp16.
 QuantizedLinear quantized_from_ggml(io::GgmlType type, std::span<const std::byte> blocks, int rows,
                                     int cols);
 
-// A llama or gpt2 GGUF file whose block linears are all Q4_0, Q4_1 or Q8_0 (each linear's parts,
-// q k v or gate up, of one type): hands each linear to sink.linear, and the token embedding (and
-// an untied llama head) to sink.vocab where it is of those types too; out.model then holds the
-// other tensors in fp32 (the handed ones stay zero pages), out.quantized is set and
-// out.description names the types. Returns false, with `why` saying which tensor has which
-// type, and out untouched, for any other file. Throws what io::load_gguf_model throws.
+// A llama or gpt2 GGUF file whose block linears are all of those types (a linear's parts, q k v
+// or gate up, may differ, as llama.cpp's Q4_K_M files mix Q5_0 and Q8_0: they are then joined on
+// the widest codes, with real zero points where any part has them): hands each linear to
+// sink.linear, and the token embedding (and an untied llama head) to sink.vocab where it is of
+// those types too; out.model then holds the other tensors in fp32 (the handed ones stay zero
+// pages), out.quantized is set and out.description names the types and what was rounded.
+// Returns false, with `why` saying which tensor has which type, and out untouched, for any other
+// file. Throws what io::load_gguf_model and quantized_from_ggml throw.
 bool read_gguf_quantized(const io::GgufFile& f, const QuantizedSink& sink, AnyModel& out,
                          std::string& why);
 

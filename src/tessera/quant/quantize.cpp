@@ -846,8 +846,8 @@ AnyModel read_any_model(const fs::path& path, bool dequantize, const QuantizedSi
     return out;
   }
   if (!is_dir && file.extension() == ".gguf") {
-    // A llama.cpp file: its Q4_0, Q4_1 and Q8_0 blocks as they are for the packed loader (sink),
-    // else dequantized on load.
+    // A llama.cpp file: its quantized blocks as they are for the packed loader (sink), where
+    // every block linear has a type gguf_import reads, else dequantized on load.
     std::string why;
     if (sink && !dequantize && read_gguf_quantized(io::GgufFile::open(path), *sink, out, why))
       return out;
