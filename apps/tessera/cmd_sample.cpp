@@ -1,6 +1,7 @@
 // tessera sample --model DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K] [--seed S]
 //                [--device cpu|cuda] [--precision fp32|bf16] [--kernels packed|packed-a16|fp32]
 //                [--kv-cache f32|f16]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #if defined(__GLIBC__)
@@ -39,10 +40,27 @@ void release_free_heap() {
 #endif
 }
 
+// The block linears' formats, each with its count where they differ: "W4 g128 asym fp16", or
+// "W5 g32 sym fp16 x106, W8 g32 sym fp16 x14, ...".
+std::string describe_linears(const quant::PackedModel& pm) {
+  std::vector<std::pair<std::string, int>> kinds;
+  for (const auto& l : pm.linears) {
+    const std::string d = l.describe();
+    const auto it = std::find_if(kinds.begin(), kinds.end(), [&](auto& k) { return k.first == d; });
+    if (it == kinds.end())
+      kinds.emplace_back(d, 1);
+    else
+      ++it->second;
+  }
+  if (kinds.size() == 1) return kinds.front().first;
+  std::string s;
+  for (const auto& [d, n] : kinds) s += fmt::format("{}{} x{}", s.empty() ? "" : ", ", d, n);
+  return s;
+}
+
 std::string describe_packed(const quant::PackedModel& pm) {
   std::string s = fmt::format(
-      "packed {} ({:.2f} bits per weight), {}", pm.linears.empty() ? "" : pm.linears[0].describe(),
-      pm.bits_per_weight(),
+      "packed {} ({:.2f} bits per weight), {}", describe_linears(pm), pm.bits_per_weight(),
       pm.int8_activations ? fmt::format("int8 activations{} ({})",
                                         pm.act_scale == quant::ActScale::PerRow ? " per token" : "",
                                         quant::q8_dot_name(pm.isa))
@@ -252,6 +270,7 @@ void add_sample_command(CLI::App& root) {
       packed.release_packed_weights(layout, loaded.params.data());
       release_free_heap();
       kernels_used = describe_packed(packed);
+      if (any.description.starts_with("GGUF")) kernels_used += " from " + any.description;
     }
     if (a->device == "cpu" && so.kv_cache != model::KvCache::F32 &&
         !recomputes_context(so, any.act))
