@@ -199,7 +199,7 @@ void check_case(const Case& k) {
 // must read without writing past the output; with input scales 31 rows, whose last tile of 7
 // the prompt kernel takes in a pair with the one before it (VNNI: two tiles at a time).
 TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
-  for (int bits : {4, 8, 3, 2})
+  for (int bits : {4, 8, 3, 2, 5, 6})
     for (int group : {32, 128, -1})
       for (int cols : {576, 100, 256})
         for (bool sym : {false, true})
@@ -215,7 +215,7 @@ TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
 // with its real zero points: every kernel against the same fp32 reference and bounds (which
 // take the zero points as they are).
 TEST(Packed, KernelsMatchDequantizedFp32RealZeroPoints) {
-  for (int bits : {4, 8, 3})
+  for (int bits : {4, 8, 3, 5})
     for (int group : {32, 128, -1})
       for (int cols : {576, 100})
         for (bool in_scale : {false, true}) {
@@ -280,6 +280,10 @@ TEST(Packed, BitsPerWeight) {
   // W3 g128 asym, densely packed: 18 blocks of 12 bytes; int2 takes the same 3-bit storage.
   EXPECT_DOUBLE_EQ(bpw(3, 128, false), (216 + 10 + 5) * 8.0 / 576);
   EXPECT_DOUBLE_EQ(bpw(2, 128, false), (216 + 10 + 5) * 8.0 / 576);
+  // W5 g32 sym (llama.cpp's Q5_0), densely packed: 18 blocks of 20 bytes, 18 scales; 6 bits take
+  // a byte each.
+  EXPECT_DOUBLE_EQ(bpw(5, 32, true), (360 + 18 * 2) * 8.0 / 576);
+  EXPECT_DOUBLE_EQ(bpw(6, 32, true), (576 + 18 * 2) * 8.0 / 576);
 }
 
 TEST(Packed, RefusesWhatItCannotHold) {

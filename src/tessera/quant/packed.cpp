@@ -103,7 +103,8 @@ std::string PackedLinear::describe() const {
 namespace {
 
 // Where the code of (row r, packed column j) lives in its block (the layout in packed.hpp):
-// byte (in the block) and bit shift; the 3-bit third bit in hi_byte / hi_shift.
+// byte (in the block) and bit shift; the 3-bit third bit and the 5-bit fifth bit in hi_byte /
+// hi_shift.
 struct CodeSite {
   int byte, shift, hi_byte, hi_shift;
 };
@@ -111,6 +112,7 @@ CodeSite code_site(int storage_bits, int r, int j) {
   const int c = j % 32, m = c / 4, lane = 4 * (r % k_tile_rows) + c % 4;
   if (storage_bits == 8) return {32 * m + lane, 0, 0, 0};
   if (storage_bits == 4) return {32 * (m / 2) + lane, 4 * (m % 2), 0, 0};
+  if (storage_bits == 5) return {32 * (m / 2) + lane, 4 * (m % 2), 128 + lane, m};
   return {32 * (m / 4) + lane, 2 * (m % 4), 64 + lane, m};
 }
 
@@ -118,9 +120,10 @@ CodeSite code_site(int storage_bits, int r, int j) {
 void set_code(PackedLinear& p, int r, int j, int code) {
   const CodeSite at = code_site(p.storage_bits, r, j);
   std::uint8_t* blk = p.codes.data() + p.block_offset(r / k_tile_rows, j / 32);
-  if (p.storage_bits == 3) {
-    blk[at.byte] |= static_cast<std::uint8_t>((code & 3) << at.shift);
-    blk[at.hi_byte] |= static_cast<std::uint8_t>(((code >> 2) & 1) << at.hi_shift);
+  if (p.storage_bits == 3 || p.storage_bits == 5) {
+    const int low = p.storage_bits - 1;  // bits below the one in its own plane
+    blk[at.byte] |= static_cast<std::uint8_t>((code & ((1 << low) - 1)) << at.shift);
+    blk[at.hi_byte] |= static_cast<std::uint8_t>(((code >> low) & 1) << at.hi_shift);
   } else {
     blk[at.byte] |= static_cast<std::uint8_t>(code << at.shift);
   }
@@ -224,7 +227,7 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   p.cols = cols;
   p.colsp = (cols + 31) / 32 * 32;
   p.bits = ql.spec.bits;
-  p.storage_bits = p.bits <= 3 ? 3 : (p.bits == 4 ? 4 : 8);
+  p.storage_bits = p.bits <= 3 ? 3 : (p.bits <= 5 ? p.bits : 8);
   p.group = ng == 1 ? p.colsp : G;
   p.ngroups = ng;
   p.sym = ql.spec.sym;
@@ -263,6 +266,8 @@ int PackedLinear::code(int r, int j) const {
   const std::uint8_t* blk = block(r / k_tile_rows, j / 32);
   if (storage_bits == 8) return blk[at.byte];
   if (storage_bits == 4) return (blk[at.byte] >> at.shift) & 15;
+  if (storage_bits == 5)
+    return ((blk[at.byte] >> at.shift) & 15) | (((blk[at.hi_byte] >> at.hi_shift) & 1) << 4);
   return ((blk[at.byte] >> at.shift) & 3) | (((blk[at.hi_byte] >> at.hi_shift) & 1) << 2);
 }
 

@@ -1,7 +1,8 @@
 // Packed quantized linears and the kernels that compute from them (W4A16 / W8A16 style, fp32
-// activations): the weight stays in its packed form (int4 codes two per byte, int8 codes one per
-// byte, one fp16 or bf16 scale and one integer zero per (row, group)) and is decoded in registers
-// (matrix-vector) or one tile of 64 rows at a time (matrix-matrix), never as a whole fp32 copy.
+// activations): the weight stays in its packed form (int4 codes two per byte, int3 and int5
+// densely, int8 codes one per byte, one fp16 or bf16 scale and one integer zero per (row, group))
+// and is decoded in registers (matrix-vector) or one tile of 64 rows at a time (matrix-matrix),
+// never as a whole fp32 copy.
 //
 // Layout of a PackedLinear (rows = OC output rows, cols = IC input columns):
 //  - Columns are in "packed order": act-order g_idx is converted at pack time by a stable sort of
@@ -15,9 +16,11 @@
 //    block, m = 0..7). A matrix-vector kernel multiplies vector m by columns 4m..4m+3 of the
 //    input broadcast to every row, so 8 output rows accumulate in the lanes of one register and
 //    the weights stream from one place. Storage of a block's vectors:
-//      8-bit (bits 5..8): 256 bytes, vector m at byte 32m;
+//      8-bit (bits 6..8): 256 bytes, vector m at byte 32m;
 //      4-bit (bits 4): 128 bytes, the low nibbles of bytes 32k..32k+31 are vector 2k, the high
 //        nibbles vector 2k + 1;
+//      5-bit (bits 5): 160 bytes: bytes 0..127 hold the low four bits as the 4-bit layout does;
+//        bit m of bytes 128..159 holds the fifth bit of vector m;
 //      3-bit (bits 2..3): 96 bytes: bits 2s..2s+1 of bytes 0..31 hold the low two bits of vector
 //        s and those of bytes 32..63 of vector 4 + s (s = 0..3); bit m of bytes 64..95 holds the
 //        third bit of vector m.
@@ -60,11 +63,27 @@ Isa best_isa();
 
 constexpr int k_tile_rows = 8;
 
+// f.template operator()<SB>() for the storage width sb (3, 4, 5 or 8) as a constant: the kernels'
+// dispatch to their bodies for each layout.
+template <typename F>
+decltype(auto) with_storage(int sb, F&& f) {
+  switch (sb) {
+    case 3:
+      return f.template operator()<3>();
+    case 4:
+      return f.template operator()<4>();
+    case 5:
+      return f.template operator()<5>();
+    default:
+      return f.template operator()<8>();
+  }
+}
+
 struct PackedLinear {
   int rows = 0, cols = 0;  // (OC, IC) of the original linear
   int colsp = 0;           // cols padded to a multiple of 32
   int bits = 4;            // the codes' bit width (2..8)
-  int storage_bits = 4;    // 3 (dense), 4 (two codes per byte) or 8
+  int storage_bits = 4;    // 3 (dense), 4 (two codes per byte), 5 (dense) or 8
   int group = 0;           // columns per group in packed order (a multiple of 32)
   int ngroups = 0;
   bool sym = false;

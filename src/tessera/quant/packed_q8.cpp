@@ -11,10 +11,12 @@
 // codes (4 columns of the 8 rows) is multiplied by those 4 inputs broadcast, so the 8 rows' sums
 // build up in the lanes of one register. 3- and 4-bit codes are unsigned bytes: AVX2's maddubs
 // (u8 x s8 pairs summed in int16) cannot overflow (2 x 15 x 127), and the int16 pairs of a whole
-// block add up before one widening to int32. 8-bit storage holds codes up to 255, whose pairs
-// would overflow: the codes are shifted to signed (q - 128, the zero with them) and multiplied as
-// |q - 128| x (xq with the sign of q - 128), at most 2 x 128 x 127 = 32512 per pair. With AVX-512
-// VNNI the pairs and the int16 step become one dpbusd (u8 x s8 sums of four into int32).
+// block add up before one widening to int32. 5-bit codes too, but their pairs (2 x 31 x 127)
+// would overflow int16 summed over a block: each vector's pairs are widened to int32. 8-bit storage
+// holds codes up to 255, whose pairs would overflow: the codes are shifted to signed (q - 128, the
+// zero with them) and multiplied as |q - 128| x (xq with the sign of q - 128), at most 2 x 128 x
+// 127 = 32512 per pair. With AVX-512 VNNI the pairs and the int16 step become one dpbusd (u8 x s8
+// sums of four into int32).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -224,18 +226,6 @@ void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, con
   }
 }
 
-// The tiles t0 <= t < t1 with isa's SIMD body for the storage width.
-template <typename Body3, typename Body4, typename Body8>
-void run_tiles(const PackedLinear& w, const Q8Input& in, int t0, int t1, const Rows& out, Body3 b3,
-               Body4 b4, Body8 b8) {
-  if (w.storage_bits == 3)
-    b3(w, in, t0, t1, out);
-  else if (w.storage_bits == 4)
-    b4(w, in, t0, t1, out);
-  else
-    b8(w, in, t0, t1, out);
-}
-
 bool cpu_has_vnni() {
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
@@ -244,20 +234,14 @@ bool cpu_has_vnni() {
 constexpr int k_tokens = 4;
 void tokens_tiles(const PackedLinear& w, const Q8Input* in, int t0, int t1, const Rows* rows,
                   Isa isa, PromptWidth width) {
-  const int sb = w.storage_bits;
-  if (isa == Isa::Avx512 && cpu_has_vnni() && width == PromptWidth::W512) {
-    if (sb == 3) return vnni::tiles_tokens_zmm<3, k_tokens>(w, in, t0, t1, rows);
-    if (sb == 4) return vnni::tiles_tokens_zmm<4, k_tokens>(w, in, t0, t1, rows);
-    return vnni::tiles_tokens_zmm<8, k_tokens>(w, in, t0, t1, rows);
-  }
-  if (isa == Isa::Avx512 && cpu_has_vnni()) {
-    if (sb == 3) return vnni::tiles_tokens<3, k_tokens>(w, in, t0, t1, rows);
-    if (sb == 4) return vnni::tiles_tokens<4, k_tokens>(w, in, t0, t1, rows);
-    return vnni::tiles_tokens<8, k_tokens>(w, in, t0, t1, rows);
-  }
-  if (sb == 3) return avx2::tiles_tokens<3, k_tokens>(w, in, t0, t1, rows);
-  if (sb == 4) return avx2::tiles_tokens<4, k_tokens>(w, in, t0, t1, rows);
-  avx2::tiles_tokens<8, k_tokens>(w, in, t0, t1, rows);
+  with_storage(w.storage_bits, [&]<int SB>() {
+    if (isa == Isa::Avx512 && cpu_has_vnni() && width == PromptWidth::W512)
+      vnni::tiles_tokens_zmm<SB, k_tokens>(w, in, t0, t1, rows);
+    else if (isa == Isa::Avx512 && cpu_has_vnni())
+      vnni::tiles_tokens<SB, k_tokens>(w, in, t0, t1, rows);
+    else
+      avx2::tiles_tokens<SB, k_tokens>(w, in, t0, t1, rows);
+  });
 }
 
 // A 4-bit symmetric linear of 64 rows x 512 columns (16 KB of codes, scales 1) with pseudo-random
@@ -345,12 +329,14 @@ void quantize_q8(const PackedLinear& w, const float* x, ActScale scale, Isa isa,
 void packed_matvec_q8_tiles(const PackedLinear& w, const Q8Input& in, float* y, const float* bias,
                             bool accumulate, int t0, int t1, Isa isa) {
   const Rows out{y, bias, accumulate};
-  if (isa == Isa::Avx512 && cpu_has_vnni())
-    run_tiles(w, in, t0, t1, out, vnni::tiles<3>, vnni::tiles<4>, vnni::tiles<8>);
-  else if (isa != Isa::Portable)
-    run_tiles(w, in, t0, t1, out, avx2::tiles<3>, avx2::tiles<4>, avx2::tiles<8>);
-  else
-    portable_rows(w, in, t0 * k_tile_rows, std::min(w.rows, t1 * k_tile_rows), out);
+  if (isa == Isa::Portable)
+    return portable_rows(w, in, t0 * k_tile_rows, std::min(w.rows, t1 * k_tile_rows), out);
+  with_storage(w.storage_bits, [&]<int SB>() {
+    if (isa == Isa::Avx512 && cpu_has_vnni())
+      vnni::tiles<SB>(w, in, t0, t1, out);
+    else
+      avx2::tiles<SB>(w, in, t0, t1, out);
+  });
 }
 
 void packed_matvec_q8(const PackedLinear& w, float* y, const float* x, const float* bias, Isa isa,
