@@ -196,14 +196,16 @@ void add_eval_command(CLI::App& root) {
     if (a->seq < 0 || a->batches < 0) throw Error("--seq and --batches must be >= 0");
     if (a->precision == "bf16" && a->device != "cuda")
       throw Error("--precision bf16 is implemented on the GPU only", "add --device cuda");
-    auto any = quant::load_any_model(resolve_model_path(a->model));
+    const EvaluatedModel em =
+        load_evaluated(resolve_model_path(a->model), a->kernels, a->device == "cpu");
+    const quant::AnyModel& any = em.any;
     const bool quantized = any.act.mode != quant::ActMode::None;
     if (a->device == "cuda" && (!a->protocol.empty() || !a->reference.empty() || quantized))
       throw Error("--device cuda evaluates unquantized models with the plain windows protocol only",
                   "drop --protocol / --reference, or evaluate on the CPU");
     if (!a->protocol.empty() || !a->reference.empty() || quantized) {
-      eval_protocols(any, {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches,
-                           a->json, a->kernels});
+      eval_protocols(em,
+                     {a->data, a->protocol, a->reference, a->seq, a->batch, a->batches, a->json});
       return;
     }
     auto& loaded = any.model;
@@ -226,10 +228,8 @@ void add_eval_command(CLI::App& root) {
           },
           true);
     } else if (any.quantized && a->kernels == "packed") {  // weight-only: the packed kernels
-      quant::PackedModel pm;
-      r = eval::evaluate_shard(
-          loaded.config.vocab_size, a->data, a->batch, T, a->batches,
-          window_loss(model_logits(any, layout, a->kernels, pm), loaded.config), true);
+      r = eval::evaluate_shard(loaded.config.vocab_size, a->data, a->batch, T, a->batches,
+                               window_loss(model_logits(em, layout), loaded.config), true);
     } else {
       model::Activations acts;
       r = eval::evaluate_shard(layout, loaded.params.data(), acts, a->data, a->batch, T, a->batches,

@@ -128,13 +128,11 @@ SampleModel load_for_sampling(const SampleArgs& a) {
   SampleModel m;
   std::string not_packed;
   if (a.device == "cpu" && a.kernels != "fp32")
-    m.any = quant::load_packed_model(path, m.packed, not_packed);
+    m.any = quant::load_packed_or_dequantized(path, m.packed, not_packed);
   else
     m.any = quant::load_any_model(path);
-  if (!not_packed.empty()) {
+  if (!not_packed.empty())
     std::fprintf(stderr, "note: sampling with the dequantized weights: %s\n", not_packed.c_str());
-    m.any = quant::load_any_model(path);
-  }
   if (a.device == "cuda" && m.any.act.mode != quant::ActMode::None)
     throw Error("--device cuda samples from unquantized (or weight-only quantized) models only",
                 "sample this model on the CPU");

@@ -12,17 +12,22 @@
 
 namespace tessera::app {
 
-eval::LogitsFn model_logits(const quant::AnyModel& m, const model::ParamLayout& layout,
-                            const std::string& kernels, quant::PackedModel& pm) {
-  if (m.quantized && kernels == "packed") {
-    try {
-      pm = quant::pack_model(m);
-      return pm.logits_fn(layout, m.model.params.data(), m.act);
-    } catch (const Error& e) {  // a format the kernels do not take
-      std::fprintf(stderr, "note: evaluating the dequantized weights: %s\n", e.what());
-    }
-  }
-  return quant::logits_fn(layout, m.model.params.data(), m.act);
+EvaluatedModel load_evaluated(const std::filesystem::path& path, const std::string& kernels,
+                              bool on_cpu) {
+  EvaluatedModel m;
+  if (on_cpu && kernels == "packed")
+    m.any = quant::load_packed_or_dequantized(path, m.packed, m.note);
+  else
+    m.any = quant::load_any_model(path);
+  return m;
+}
+
+eval::LogitsFn model_logits(const EvaluatedModel& m, const model::ParamLayout& layout) {
+  if (!m.note.empty())
+    std::fprintf(stderr, "note: evaluating the dequantized weights: %s\n", m.note.c_str());
+  const float* params = m.any.model.params.data();
+  if (!m.packed.linears.empty()) return m.packed.logits_fn(layout, params, m.any.act);
+  return quant::logits_fn(layout, params, m.any.act);
 }
 
 namespace {
@@ -71,7 +76,8 @@ void report_kl(const eval::KlResult& kl, int ctx, bool json, nlohmann::json& out
 
 }  // namespace
 
-void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
+void eval_protocols(const EvaluatedModel& em, const ProtocolEvalArgs& a) {
+  const quant::AnyModel& m = em.any;
   const auto& cfg = m.model.config;
   const int ctx = a.seq > 0 ? a.seq : default_eval_window(cfg), V = cfg.vocab_size,
             Vp = cfg.padded_vocab();
@@ -86,8 +92,7 @@ void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& a) {
       quant::read_tokens(a.data, a.windows > 0 ? static_cast<std::size_t>(a.windows) * ctx : 0, V);
   quant::AnyModel ref;
   if (!a.reference.empty()) ref = load_reference(a.reference, cfg);
-  quant::PackedModel pm;  // after every check of the input: it may print a note
-  auto fn = model_logits(m, layout, a.kernels, pm);
+  auto fn = model_logits(em, layout);
   nlohmann::json out{{"model", m.description.empty() ? "fp32" : m.description}};
   if (!a.json) std::printf("model: %s\n", m.description.empty() ? "fp32" : m.description.c_str());
   for (auto p : {eval::PplProtocol::Windows, eval::PplProtocol::SecondHalf}) {

@@ -15,16 +15,24 @@ struct ProtocolEvalArgs {
   std::string data, protocol, reference;
   int seq = 0, batch = 4, windows = 0;
   bool json = false;
-  std::string kernels = "packed";  // quantized files: "packed" or "fp32" (dequantized weights)
 };
-void eval_protocols(const quant::AnyModel& m, const ProtocolEvalArgs& args);
+// The model `tessera eval` evaluates: on the CPU with the packed kernels, a quantized file packed
+// as it loads (a GGUF file from its own blocks), or dequantized where the kernels do not take it
+// (note says why); else (kernels "fp32", the GPU) dequantized.
+struct EvaluatedModel {
+  quant::AnyModel any;
+  quant::PackedModel packed;  // empty unless the packed kernels evaluate it
+  std::string note;
+};
+EvaluatedModel load_evaluated(const std::filesystem::path& path, const std::string& kernels,
+                              bool on_cpu);
 
-// The logits of whole windows of m: a quantized file through its packed weights when kernels is
-// "packed" and the file packs (pm keeps them; a note on stderr when it does not), else the
-// dequantized weights (and the file's simulated activation rounding). layout (m's) and pm must
-// outlive the function.
-eval::LogitsFn model_logits(const quant::AnyModel& m, const model::ParamLayout& layout,
-                            const std::string& kernels, quant::PackedModel& pm);
+void eval_protocols(const EvaluatedModel& m, const ProtocolEvalArgs& args);
+
+// The logits of whole windows of m: through its packed weights where it holds them, else the
+// dequantized weights (and the file's simulated activation rounding); prints m's note on stderr
+// (called once the input is checked). layout (m's) and m must outlive the function.
+eval::LogitsFn model_logits(const EvaluatedModel& m, const model::ParamLayout& layout);
 
 // The evaluation window of `--seq 0`: the model's context, at most 1024 tokens (a pretrained
 // model's context of 8192 would need tens of GB of activations on the CPU for one batch).

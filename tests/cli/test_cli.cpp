@@ -407,20 +407,34 @@ TEST_F(Cli, SampleWithAnFp16KvCache) {
 // tessera eval on a weight-only quantized file runs every linear through the packed prefill
 // kernel by default: the loss of the dequantized weights (--kernels fp32) up to the rounding of
 // the packed scales (fp16: 2^-11 relative per row) and summation order, within 1e-3 relative.
+// The same file exported as GGUF (Q4_1, its grid exactly) is evaluated from its own blocks
+// (the model line names them) and scores as the tessera file does, within the same bound.
 TEST_F(Cli, EvalOfQuantizedFilesUsesThePackedKernels) {
-  auto out = (cli::scratch("quant_eval") / "q").string();
-  ASSERT_EQ(
-      cli::run("quantize -m " + model_.string() + " -o " + out + " --method rtn --group 32").code,
-      0);
-  auto loss = [&](const std::string& kernels) {
-    auto r = cli::run("eval --model " + out + " --data " + (data_ / "val.bin").string() +
-                      " --seq 16 --json --kernels " + kernels);
+  const path dir = cli::scratch("quant_eval");
+  const std::string out = (dir / "q").string(), gguf = (dir / "q.gguf").string();
+  ASSERT_EQ(cli::run("quantize -m " + model_.string() + " -o " + out +
+                     " --method rtn --group 32 --min-offset")
+                .code,
+            0);
+  auto eval = [&](const std::string& m, const std::string& kernels) {
+    auto r = cli::run("eval --model " + m + " --data " + (data_ / "val.bin").string() +
+                      " --seq 16 --json --protocol windows --kernels " + kernels);
     EXPECT_EQ(r.code, 0) << r.err;
-    return nlohmann::json::parse(r.out, nullptr, false).value("loss", -1.0);
+    return nlohmann::json::parse(r.out, nullptr, false);
   };
-  const double fp = loss("fp32"), packed = loss("packed");
+  const auto perplexity = [](const nlohmann::json& j) {
+    return j.is_object() ? j["windows"].value("perplexity", -1.0) : -1.0;
+  };
+  const double fp = perplexity(eval(out, "fp32")), packed = perplexity(eval(out, "packed"));
   EXPECT_GT(fp, 0.0);
-  EXPECT_NEAR(packed, fp, 1e-3 * fp);
+  EXPECT_NEAR(std::log(packed), std::log(fp), 1e-3 * std::log(fp));
+  ASSERT_EQ(cli::run("convert --model " + out + " --format gguf --dtype q4_1 --out " + gguf).code,
+            0);
+  const auto from_blocks = eval(gguf, "packed"), dequantized = eval(gguf, "fp32");
+  EXPECT_EQ(from_blocks.value("model", "").rfind("GGUF Q4_1 linears", 0), 0u) << from_blocks;
+  EXPECT_NE(dequantized.value("model", "").find("dequantized"), std::string::npos) << dequantized;
+  EXPECT_NEAR(std::log(perplexity(from_blocks)), std::log(fp), 1e-3 * std::log(fp));
+  EXPECT_NEAR(std::log(perplexity(dequantized)), std::log(fp), 1e-3 * std::log(fp));
 }
 
 namespace {

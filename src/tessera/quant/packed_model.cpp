@@ -147,6 +147,8 @@ eval::LogitsFn PackedModel::logits_fn(const model::ParamLayout& layout, const fl
     packed_matmul(linears[static_cast<std::size_t>(layer) * k_num_lin + static_cast<int>(k)], out,
                   x, bias, N, isa);
   };
+  if (embed.rows)
+    h.embed = [this](std::int32_t token, float* x) { embed.dequantize_row(token, x); };
   const PackedLinear* head_w = head_matrix();
   if (head_w)
     h.head = [this, head_w](float* logits, const float* x, std::int64_t N) {
@@ -279,6 +281,13 @@ AnyModel load_packed_model(const std::filesystem::path& path, PackedModel& packe
   packed.linears = std::move(linears);
   const model::ParamLayout layout(any.model.config);
   for (auto& [offset, p] : vocab) put_vocab(packed, layout, offset, std::move(p));
+  return any;
+}
+
+AnyModel load_packed_or_dequantized(const std::filesystem::path& path, PackedModel& packed,
+                                    std::string& note) {
+  AnyModel any = load_packed_model(path, packed, note);
+  if (!note.empty()) any = load_any_model(path);
   return any;
 }
 

@@ -45,8 +45,9 @@ struct PackedModel {
   model::DecoderKernels decoder_kernels() const;
   // Logits of whole windows (eval, the studies) from the packed weights: every linear and the
   // head through packed_matmul (fp32 activations: the dequantized model up to summation order;
-  // a per-token W8A8 file's inputs rounded as its simulation rounds them, act). Reads *this and
-  // params (embeddings, norms, biases), which must outlive it.
+  // a per-token W8A8 file's inputs rounded as its simulation rounds them, act); the token
+  // embedding's rows from the packed one where it is packed. Reads *this and params (the fp32
+  // embeddings, norms, biases), which must outlive it.
   eval::LogitsFn logits_fn(const model::ParamLayout& layout, const float* params,
                            ActQuant act) const;
   // Writes every packed matrix's dequantized weight (with the packed, rounded scales) into
@@ -79,6 +80,11 @@ PackedModel pack_model(const QuantizedModel& qm, ScaleType scale_type = ScaleTyp
 AnyModel load_packed_model(const std::filesystem::path& path, PackedModel& packed,
                            std::string& why_not, ScaleType scale_type = ScaleType::F16,
                            Isa isa = best_isa());
+// load_packed_model, and where the packed kernels do not take the quantized file, load_any_model
+// (its dequantized weights) with `note` saying why; note is empty otherwise. What `tessera
+// sample` and `eval` load with their packed kernels.
+AnyModel load_packed_or_dequantized(const std::filesystem::path& path, PackedModel& packed,
+                                    std::string& note);
 // Whether the packed kernels reproduce this activation quantization: none, or per token (one
 // scale per token, which a token alone determines).
 bool packable(const ActQuant& act);

@@ -180,7 +180,8 @@ void Runner::ensure(std::int64_t N) {
   x_.resize(static_cast<std::size_t>(N) * cfg.n_embd);
 }
 
-void Runner::embed(const float* params, const std::int32_t* tokens, int B, int T, float* x) {
+void Runner::embed(const float* params, const std::int32_t* tokens, int B, int T, float* x,
+                   const Hooks* hooks) {
   const auto& cfg = layout_.config();
   if (T > cfg.block_size)
     throw Error(
@@ -190,7 +191,15 @@ void Runner::embed(const float* params, const std::int32_t* tokens, int B, int T
       throw Error(fmt::format("token id {} is outside the model's vocabulary of {}", tokens[i],
                               cfg.vocab_size));
   const float* wpe = layout_.wpe == model::k_absent ? nullptr : params + layout_.wpe;
-  k::embedding_forward(x, tokens, params + layout_.wte, wpe, B, T, cfg.n_embd);
+  if (!hooks || !hooks->embed)
+    return k::embedding_forward(x, tokens, params + layout_.wte, wpe, B, T, cfg.n_embd);
+  const std::int64_t C = cfg.n_embd;
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(B) * T; ++i) {
+    float* xi = x + i * C;
+    hooks->embed(tokens[i], xi);
+    if (wpe)
+      for (std::int64_t c = 0; c < C; ++c) xi[c] += wpe[(i % T) * C + c];
+  }
 }
 
 void Runner::block(const float* P, int l, float* x, int B, int T, const Hooks& hooks) {
@@ -239,7 +248,7 @@ void Runner::logits(const float* P, const std::int32_t* tokens, int B, int T, fl
                     const Hooks& hooks) {
   const std::int64_t N = static_cast<std::int64_t>(B) * T;
   ensure(N);
-  embed(P, tokens, B, T, x_.data());
+  embed(P, tokens, B, T, x_.data(), &hooks);
   for (int l = 0; l < layout_.config().n_layer; ++l) block(P, l, x_.data(), B, T, hooks);
   head(P, x_.data(), N, logits, &hooks);
 }

@@ -65,14 +65,18 @@ struct Hooks {
       linear;
   // The LM head in place of the fp32 one: logits (N, Vp) = x (N, C) W_head^T.
   std::function<void(float* logits, const float* x, std::int64_t N)> head;
+  // A token's embedding row x (C) in place of the fp32 one (a quantized embedding).
+  std::function<void(std::int32_t token, float* x)> embed;
 };
 
 class Runner {
  public:
   Runner(const model::ParamLayout& layout, kernels::GemmLibrary gemm = kernels::GemmLibrary::OneDnn)
       : layout_(layout), gemm_(gemm) {}
-  // x (B*T, C) = token embeddings (+ position embeddings for gpt2) of tokens (B, T).
-  void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x);
+  // x (B*T, C) = token embeddings (+ position embeddings for gpt2) of tokens (B, T); the token
+  // rows from hooks->embed where it is set.
+  void embed(const float* params, const std::int32_t* tokens, int B, int T, float* x,
+             const Hooks* hooks = nullptr);
   // One transformer block in place on the residual stream x (B*T, C).
   void block(const float* params, int layer, float* x, int B, int T, const Hooks& hooks);
   // The final norm and the LM head (tied or not; hooks->head in its place when set): logits
