@@ -19,7 +19,7 @@ generate writes (deterministic: the same bytes on every run)
       dequant.<name>  gguf.quants.dequantize of each tensor as GGUFReader read it
       source.<name>   the fp32 values the tensor was quantized from (not for the K-quants)
   tests/fuzz/corpus/gguf/*.gguf  small valid files, one per ggml type, plus metadata-only and
-      64-byte-aligned ones (the seeds of the fuzz target)
+      64-byte-aligned ones and a llama of mixed quantized matrices (the seeds of the fuzz target)
 
 check reads tests/fixtures/gguf/tessera_written.gguf (written by tessera's GgufWriter in the
 unit test GgufFixture.WriterOutputMatchesCommittedFile) with GGUFReader and checks: every
@@ -237,6 +237,38 @@ def generate_reference():
           f"({(FIXTURES / 'reference.expected.safetensors').stat().st_size} bytes)")
 
 
+def write_quantized_llama(path, rng):
+    """A llama of two layers (width 32) whose matrices mix the block types a llama.cpp Q4_K_M or
+    Q5_K_M file mixes where rows are too short for the K-quants, parts of one linear differing."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", 2), ("context_length", 16), ("embedding_length", 32),
+                       ("feed_forward_length", 32), ("attention.head_count", 2),
+                       ("attention.head_count_kv", 1)]:
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    types = [{"attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_1,
+              "ffn_gate": Q.Q5_1, "ffn_up": Q.Q4_0, "ffn_down": Q.Q8_0},
+             {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q5_1, "attn_output": Q.Q5_0,
+              "ffn_gate": Q.Q8_0, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_1}]
+    rows = {"attn_q": 32, "attn_k": 16, "attn_v": 16, "attn_output": 32, "ffn_gate": 32,
+            "ffn_up": 32, "ffn_down": 32}
+    norm = lambda: (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)
+    w.add_tensor("token_embd.weight", encode(Q.Q8_0, rng.standard_normal((8, 32)).astype(np.float32)),
+                 raw_dtype=Q.Q8_0)
+    for layer, kinds in enumerate(types):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", norm())
+        for name, qtype in kinds.items():
+            values = (0.2 * rng.standard_normal((rows[name], 32))).astype(np.float32)
+            w.add_tensor(f"blk.{layer}.{name}.weight", encode(qtype, values), raw_dtype=qtype)
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", norm())
+    w.add_tensor("output_norm.weight", norm())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def generate_corpus():
     """One small valid file per ggml type, plus metadata-only and 64-byte-aligned files."""
     rng = np.random.default_rng(SEED + 1)
@@ -254,6 +286,7 @@ def generate_corpus():
     write_gguf(CORPUS / "align64.gguf", [("a", Q.F32, x[:1, :8]), ("b", Q.Q8_0, encode(Q.Q8_0, x))],
                alignment=64, metadata=False)
     write_gguf(CORPUS / "empty.gguf", [], metadata=False)
+    write_quantized_llama(CORPUS / "llama_quantized_mix.gguf", rng)
     sizes = sorted((p.name, p.stat().st_size) for p in CORPUS.glob("*.gguf"))
     print(f"wrote {len(sizes)} seeds to {CORPUS}: " + ", ".join(f"{n} {s} B" for n, s in sizes))
 

@@ -2,7 +2,8 @@
 // Any bytes: header, metadata, tensor infos and the data layout are validated; then every
 // metadata value is decoded and every tensor read back and, when modest, dequantized; a
 // tokenizer in the metadata is built and encodes and decodes a text, and a llama or gpt2 model in
-// it loads (or is refused), and so do its Q4_0/Q4_1/Q8_0 matrices for the packed kernels.
+// it loads (or is refused), and so do its quantized matrices for the packed kernels (a seed of a
+// llama whose matrices mix Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 starts the fuzzer there).
 #include "fuzz_util.hpp"
 #include "tessera/io/gguf.hpp"
 #include "tessera/io/gguf_model.hpp"

@@ -288,3 +288,19 @@ TEST(GgufImport, Gemma3sBlocksLoadWithinTheirBounds) {
   }
   EXPECT_EQ(seen.size(), 4u);
 }
+
+// The fuzz target's seed of a quantized llama (tools/gguf_fixture.py, written by gguf-py) loads
+// packed, every linear from its blocks (parts of one linear of different types), so that fuzzing
+// starts inside the importer.
+TEST(GgufImport, FuzzSeedOfAQuantizedLlamaLoadsPacked) {
+  const fs::path seed = fs::path(TESSERA_FIXTURES) / "../fuzz/corpus/gguf/llama_quantized_mix.gguf";
+  quant::PackedModel pm;
+  std::string why;
+  const auto any = quant::load_packed_model(seed, pm, why);
+  ASSERT_EQ(why, "");
+  ASSERT_TRUE(any.quantized) << any.description;
+  EXPECT_EQ(pm.linears.size(), 2u * quant::k_num_lin);
+  EXPECT_EQ(pm.embed.rows, 8);
+  for (const char* type : {"Q5_0", "Q8_0", "Q4_1", "Q5_1", "Q4_0"})
+    EXPECT_NE(any.description.find(type), std::string::npos) << any.description;
+}
