@@ -204,6 +204,30 @@ TEST(ConvertCli, QuantizedModelAsGgufDecodesToTesserasValues) {
   }
 }
 
+namespace {
+
+// llama.cpp's llama-perplexity of `model` on `text` in its protocol (chunks of 512 tokens, BOS
+// first, the second half scored; 8 chunks, 2 threads), its output kept in `log`; NaN (and a
+// failure) where it does not run or print its estimate.
+double llama_cpp_perplexity(const fs::path& exe, const std::string& model, const std::string& text,
+                            const fs::path& log) {
+  std::string cmd = "'";
+  for (const std::string& part : std::initializer_list<std::string>{
+           exe.string(), "' -m '", model, "' -f '", text, "' -c 512 -b 512 --chunks 8 -t 2 > '",
+           log.string(), "' 2>&1"})
+    cmd += part;
+  const int rc = std::system(cmd.c_str());
+  const std::string s = cli::slurp(log);
+  const auto at = s.find("Final estimate: PPL = ");
+  if (rc != 0 || at == std::string::npos) {
+    ADD_FAILURE() << "llama-perplexity failed: " << s;
+    return std::nan("");
+  }
+  return std::stod(s.substr(at + 22));
+}
+
+}  // namespace
+
 // llama.cpp itself (llama-perplexity, which scripts/setup --with-llama-cpp builds from its pinned
 // source) reads a quantized model tessera exported as GGUF as tessera reads it: SmolLM2-135M,
 // RTN W4 g128 symmetric with an 8-bit head, exported as Q4_0, scored by both on the same text in
@@ -240,16 +264,7 @@ TEST(ConvertCli, LlamaCppScoresAQuantizedExportAsTesseraDoes) {
   ASSERT_EQ(r.code, 0) << r.err;
   const double ours = nlohmann::json::parse(r.out)["llama"]["perplexity"].get<double>();
 
-  const fs::path log = dir / "llama.txt";
-  ASSERT_EQ(std::system(("'" + llama_ppl.string() + "' -m '" + out + "' -f '" + text +
-                         "' -c 512 -b 512 --chunks 8 -t 2 > '" + log.string() + "' 2>&1")
-                            .c_str()),
-            0)
-      << cli::slurp(log);
-  const std::string s = cli::slurp(log);
-  const auto at = s.find("Final estimate: PPL = ");
-  ASSERT_NE(at, std::string::npos) << s;
-  const double theirs = std::stod(s.substr(at + 22));
+  const double theirs = llama_cpp_perplexity(llama_ppl, out, text, dir / "llama.txt");
   EXPECT_LT(std::fabs(std::log(theirs) - std::log(ours)), 0.05)
       << "llama.cpp " << theirs << ", tessera " << ours;
 }
@@ -287,15 +302,7 @@ TEST(ConvertCli, LlamaCppQ4KMFileScoresAsLlamaCppScoresIt) {
   const std::string model = ours["model"].get<std::string>();
   for (const char* type : {"GGUF", "Q5_0", "Q4_K", "Q6_K"})
     EXPECT_NE(model.find(type), std::string::npos) << model;
-  ASSERT_EQ(std::system(("'" + (bin / "llama-perplexity").string() + "' -m '" + q4km + "' -f '" +
-                         text + "' -c 512 -b 512 --chunks 8 -t 2 > '" + log + "' 2>&1")
-                            .c_str()),
-            0)
-      << cli::slurp(log);
-  const std::string s = cli::slurp(log);
-  const auto at = s.find("Final estimate: PPL = ");
-  ASSERT_NE(at, std::string::npos) << s;
-  const double theirs = std::stod(s.substr(at + 22));
+  const double theirs = llama_cpp_perplexity(bin / "llama-perplexity", q4km, text, log);
   const double mine = ours["llama"]["perplexity"].get<double>();
   EXPECT_LT(std::fabs(std::log(theirs) - std::log(mine)), 0.05)
       << "llama.cpp " << theirs << ", tessera " << mine;
