@@ -330,8 +330,8 @@ TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
 // tessera sample on quantized files decodes from the packed weights (the library tests compare
 // its tokens and distributions with the dequantized path): weight-only files with and without a
 // quantized embedding (--vocab-bits 8, which also makes the file smaller), with real zero points
-// (--min-offset), and per-token W8A8 files; a group size the packed kernels do not take (16) and
-// a per-tensor W8A8 file sample from the dequantized weights with a note; --kernels fp32 asks for
+// (--min-offset), groups of 16, and per-token W8A8 files; a group size the packed kernels do not
+// take (48) and a per-tensor W8A8 file sample from the dequantized weights with a note; --kernels fp32 asks for
 // those. A GGUF file of Q4_1 matrices decodes packed too. The timing line on stderr names the
 // kernels.
 TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
@@ -344,7 +344,8 @@ TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   const Case cases[] = {{"g32", "--method rtn --group 32", true, "int8 activations ("},
                         {"g32v8", "--method rtn --group 32 --vocab-bits 8", true, "embedding W8"},
                         {"g32min", "--method rtn --group 32 --min-offset", true, "asym-min"},
-                        {"g16", "--method rtn --group 16", false, "dequantized"},
+                        {"g16", "--method rtn --group 16", true, "W4 g16"},
+                        {"g48", "--method rtn --group 48", false, "dequantized"},
                         {"w8a8", "--method w8a8", true, "int8 activations per token"},
                         {"w8a8t", "--method w8a8 --act per-tensor", false, "dequantized"}};
   for (const Case& c : cases) {

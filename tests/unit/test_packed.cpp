@@ -200,11 +200,12 @@ void check_case(const Case& k) {
 // the prompt kernel takes in a pair with the one before it (VNNI: two tiles at a time).
 TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
   for (int bits : {4, 8, 3, 2, 5, 6})
-    for (int group : {32, 128, -1})
+    for (int group : {32, 128, -1, 16})
       for (int cols : {576, 100, 256})
         for (bool sym : {false, true})
           for (bool in_scale : {false, true}) {
             if (group == 128 && cols == 100) continue;  // one group: per channel, covered
+            if (group == 16 && cols == 100) continue;   // refused: RefusesWhatItCannotHold
             const bool act = (cols == 576 && in_scale && group > 0);
             const ScaleType st = sym ? ScaleType::BF16 : ScaleType::F16;
             check_case(Case{in_scale ? 31 : 39, cols, bits, group, sym, in_scale, act, st});
@@ -216,10 +217,11 @@ TEST(Packed, KernelsMatchDequantizedFp32EveryFormat) {
 // take the zero points as they are).
 TEST(Packed, KernelsMatchDequantizedFp32RealZeroPoints) {
   for (int bits : {4, 8, 3, 5})
-    for (int group : {32, 128, -1})
+    for (int group : {32, 128, -1, 16})
       for (int cols : {576, 100})
         for (bool in_scale : {false, true}) {
           if (group == 128 && cols == 100) continue;
+          if (group == 16 && cols == 100) continue;
           const bool act = (cols == 576 && in_scale && group > 0);
           check_case(Case{in_scale ? 31 : 39, cols, bits, group, false, in_scale, act,
                           ScaleType::F16, true});
@@ -290,6 +292,9 @@ TEST(Packed, RefusesWhatItCannotHold) {
   std::mt19937 rng(5);
   QuantizedLinear a = make_linear(Case{8, 100, 4, 48, false, false, false, ScaleType::F16}, rng);
   test::expect_error([&] { pack(a); }, "group size 48 cannot be packed");
+  // groups of 16 only where rows are whole blocks of 32 (each block two groups)
+  QuantizedLinear a16 = make_linear(Case{8, 100, 4, 16, false, false, false, ScaleType::F16}, rng);
+  test::expect_error([&] { pack(a16); }, "group size 16 cannot be packed");
   QuantizedLinear b = make_linear(Case{8, 64, 4, 32, false, false, false, ScaleType::F16}, rng);
   b.zeros[3] = 2.5f;
   test::expect_error([&] { pack(b); }, "is not an integer code");

@@ -218,10 +218,10 @@ PackedLinear pack(const QuantizedLinear& ql, ScaleType scale_type) {
   const int G = ql.spec.group <= 0 ? cols : std::min(ql.spec.group, cols);
   const int ng = (cols + G - 1) / G;
   check_shapes(ql, ng);
-  if (ng > 1 && G % 32 != 0)
+  if (ng > 1 && G % 32 != 0 && !(G == 16 && cols % 32 == 0))
     throw Error(fmt::format("group size {} cannot be packed", ql.spec.group),
-                "the packed kernels take group sizes that are multiples of 32 (32, 64, 128) or "
-                "per channel (--group -1)");
+                "the packed kernels take group sizes that are multiples of 32 (32, 64, 128), 16 "
+                "(rows of a multiple of 32) or per channel (--group -1)");
   PackedLinear p;
   p.rows = ql.rows;
   p.cols = cols;

@@ -26,7 +26,8 @@
 //        third bit of vector m.
 //  - A group is `group` columns (a multiple of 32; per channel: the whole padded row); the last
 //    group of a row may be shorter (576 = 4 x 128 + 64). Block b of a row belongs to group
-//    b * 32 / group.
+//    b * 32 / group. Or 16 (llama.cpp's Q6_K), for rows of a multiple of 32 columns: block b then
+//    holds groups 2b (its vectors 0..3) and 2b + 1 (vectors 4..7).
 //  - scales as fp16 or bf16 bits and zeros as uint8 codes (asymmetric formats; symmetric ones
 //    store none: zero = (maxq + 1) / 2), tiled as the codes: the 8 rows of a tile side by side
 //    per group, (row, group) at group_index(row, group).
@@ -84,7 +85,7 @@ struct PackedLinear {
   int colsp = 0;           // cols padded to a multiple of 32
   int bits = 4;            // the codes' bit width (2..8)
   int storage_bits = 4;    // 3 (dense), 4 (two codes per byte), 5 (dense) or 8
-  int group = 0;           // columns per group in packed order (a multiple of 32)
+  int group = 0;           // columns per group in packed order (a multiple of 32, or 16)
   int ngroups = 0;
   bool sym = false;
   ScaleType scale_type = ScaleType::F16;

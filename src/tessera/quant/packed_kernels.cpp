@@ -184,6 +184,7 @@ float row_scales(const PackedLinear& w, int r, const float* xsum, float* s) {
 float row_dot(const PackedLinear& w, const std::uint8_t* row, const float* xp, const float* s,
               Isa isa) {
   const int nb = w.colsp / 32, bpg = w.group / 32;
+  if (w.group % 32 != 0) isa = Isa::Portable;  // groups of 16: the plain loop's
   switch (isa) {
     case Isa::Avx512:
       return avx512::row_dot(row, xp, s, nb, bpg);
@@ -204,6 +205,7 @@ void decode_row(const PackedLinear& w, int r, const std::uint8_t* row, float* wt
     sz[g] = s[g] * w.zero(r, g);
   }
   const int nb = w.colsp / 32, bpg = w.group / 32;
+  if (w.group % 32 != 0) isa = Isa::Portable;  // groups of 16: the plain loop's
   switch (isa) {
     case Isa::Avx512:
       return avx512::decode_row(row, s, sz, nb, bpg, wt);

@@ -93,7 +93,14 @@ void quantize_input(const PackedLinear& w, const float* x, ActScale scale, const
     const float amax = in.d[b], d = amax / 127.0f, inv = amax > 0.0f ? 1.0f / d : 0.0f;
     const int sum = bq.codes(xp + b * 32, inv, in.xq.data() + b * 32);
     in.d[b] = d;
-    in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
+    if (w.group != 16) {
+      in.xs[b * 32 / w.group] += d * static_cast<float>(sum);
+      continue;
+    }
+    int lo = 0;  // groups of 16: each half's sum
+    for (int j = 0; j < 16; ++j) lo += in.xq[b * 32 + j];
+    in.xs[2 * b] = d * static_cast<float>(lo);
+    in.xs[2 * b + 1] = d * static_cast<float>(sum - lo);
   }
 }
 
@@ -209,18 +216,20 @@ struct D {                                  // dpbusd: u8 x s8 sums of four stra
 
 void portable_rows(const PackedLinear& w, const Q8Input& in, int r0, int r1, const Rows& out) {
   const int shift = w.storage_bits == 8 ? 128 : 0;
+  const int span = std::min(w.group, 32);  // columns of a block in one group
+  std::vector<float> acc(w.ngroups);
   for (int r = r0; r < r1; ++r) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int c0 = 0; c0 < w.colsp; c0 += span) {
+      std::int32_t dot = 0;
+      for (int c = c0; c < c0 + span; ++c) dot += (w.code(r, c) - shift) * in.xq[c];
+      acc[c0 / w.group] += in.d[c0 / 32] * static_cast<float>(dot);
+    }
     float total = 0.0f, zterm = 0.0f;
     for (int g = 0; g < w.ngroups; ++g) {
       const float s = w.scale(r, g);
       zterm += s * (w.zero(r, g) - static_cast<float>(shift)) * in.xs[g];
-      float acc = 0.0f;
-      for (int b = g * w.group / 32; b < std::min((g + 1) * w.group, w.colsp) / 32; ++b) {
-        std::int32_t dot = 0;
-        for (int c = b * 32; c < b * 32 + 32; ++c) dot += (w.code(r, c) - shift) * in.xq[c];
-        acc += in.d[b] * static_cast<float>(dot);
-      }
-      total += s * acc;
+      total += s * acc[g];
     }
     out.put(r, total - zterm);
   }
