@@ -12,8 +12,8 @@
 //  - besides that, for Q4_K and Q5_K, the scale d * scale_j (17 significant bits) rounded to
 //    fp16: |s' - s| q <= max(2^-11 |s'|, 2^-25) maxq (the zero point is computed with s', so
 //    the value at q = 0 is still min);
-//  - for Q6_K, whose 16-value sub-blocks each have a scale: half a step of the 8-bit grid it is
-//    rounded to again (S = the group's absmax / 127 in fp16), S (1 + 2^-10) / 2 with fp32 slack.
+//  - for Q6_K (groups of 16, symmetric), its scale d * scale_j (18 significant bits) rounded to
+//    fp16: |s' - s| |q - 32| <= max(2^-11 |s'|, 2^-25) 32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,7 +102,7 @@ double bound(GgmlType type, const quant::PackedLinear& p, int r, int g) {
     case GgmlType::Q5_K:
       return roundings + std::max(std::ldexp(s, -11) * 1.001, std::ldexp(1.0, -25)) * maxq;
     case GgmlType::Q6_K:
-      return s * (1 + std::ldexp(1.0, -10)) / 2 + std::ldexp(s * 128, -22);
+      return roundings + std::max(std::ldexp(s, -11) * 1.001, std::ldexp(1.0, -25)) * 32;
     default:
       return 0;
   }
@@ -119,13 +119,14 @@ TEST(GgufImport, EveryBlockTypeLoadsWithinItsBoundOfTheReadersValues) {
     std::vector<float> want(static_cast<std::size_t>(rows) * cols);
     io::dequantize_row(type, blocks.data(), want.data(), std::int64_t{rows} * cols);
     const quant::PackedLinear p = quant::pack(quant::quantized_from_ggml(type, blocks, rows, cols));
-    EXPECT_EQ(p.bits, type == GgmlType::Q6_K ? 8 : io::ggml_codes(type)->bits);
+    EXPECT_EQ(p.bits, io::ggml_codes(type)->bits);
+    EXPECT_EQ(p.group, io::ggml_codes(type)->sub);
     std::vector<float> got(want.size());
     p.dequantize(got.data());
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < cols; ++c) {
         const std::size_t e = static_cast<std::size_t>(r) * cols + c;
-        ASSERT_LE(std::fabs(double(got[e]) - want[e]), bound(type, p, r, c / 32))
+        ASSERT_LE(std::fabs(double(got[e]) - want[e]), bound(type, p, r, c / p.group))
             << "row " << r << " column " << c;
       }
   }
@@ -207,9 +208,9 @@ std::string gguf_name_at(const model::ParamLayout& layout, std::size_t offset) {
 }  // namespace
 
 // A file of mixed types loads packed (every linear; parts of different types joined on the
-// widest codes), each packed value within its type's bound of the reader's; and the packed
-// decoder with fp32 activations follows a plain decoder over the packed linears' own values:
-// fp32 dot products of 256 terms in another order through two layers, 1e-4 (1 + |logit|).
+// widest codes and the smallest groups), each packed value within its type's bound of the reader's;
+// and the packed decoder with fp32 activations follows a plain decoder over the packed linears' own
+// values: fp32 dot products of 256 terms in another order through two layers, 1e-4 (1 + |logit|).
 TEST(GgufImport, MixedTypesOfAQ4KMFileLoadPackedLinearByLinear) {
   const fs::path dir =
       fs::temp_directory_path() / ("tessera_gguf_mixed_" + std::to_string(::getpid()));
@@ -224,7 +225,8 @@ TEST(GgufImport, MixedTypesOfAQ4KMFileLoadPackedLinearByLinear) {
                                             quant::Isa::Portable);
   ASSERT_EQ(why, "");
   ASSERT_TRUE(any.quantized);
-  EXPECT_NE(any.description.find("Q6_K rounded again"), std::string::npos) << any.description;
+  EXPECT_NE(any.description.find("Q6_K scales rounded to fp16"), std::string::npos)
+      << any.description;
   // The packed model's own values: its fp32 tensors, and its packed ones dequantized.
   std::vector<float> params(any.model.params.data(),
                             any.model.params.data() + any.model.params.size());
@@ -238,7 +240,7 @@ TEST(GgufImport, MixedTypesOfAQ4KMFileLoadPackedLinearByLinear) {
         for (int c = 0; c < pl.cols; ++c) {
           const std::size_t e = at + static_cast<std::size_t>(r) * pl.cols + c;
           ASSERT_LE(std::fabs(double(params[e]) - read.params[e]),
-                    bound(k_mix.at(name), pl, r, c / 32))
+                    bound(k_mix.at(name), pl, r, c / pl.group))
               << name << " row " << r << " column " << c;
         }
       }
@@ -282,7 +284,7 @@ TEST(GgufImport, Gemma3sBlocksLoadWithinTheirBounds) {
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < cols; ++c) {
         const std::size_t e = static_cast<std::size_t>(r) * cols + c;
-        ASSERT_LE(std::fabs(double(got[e]) - want[e]), bound(t.type, p, r, c / 32))
+        ASSERT_LE(std::fabs(double(got[e]) - want[e]), bound(t.type, p, r, c / p.group))
             << "row " << r << " column " << c;
       }
   }

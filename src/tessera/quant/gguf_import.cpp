@@ -25,15 +25,21 @@ bool gguf_packable_type(GgmlType type) {
 
 namespace {
 
-// Group g of a row of a type with a min (value scale q + min) as scale (q - zero), the scale
-// rounded to fp16 as pack stores it and the zero point then real: -min / scale, so that the
-// value at q = 0 stays min. A scale that is 0 in fp16 (every value then min, up to
-// 2^-25 q): codes 0, scale 1, zero -min.
-void min_group(QuantizedLinear& ql, std::size_t g, float scale, float min) {
+// A sub-block's scale as the packed form stores it: rounded to fp16 (exact for the types whose
+// scale is an fp16 d; the K-quants' d * scale_j has up to 18 significant bits).
+float fp16_scale(float scale) {
   const float s = round_scale(scale, ScaleType::F16);
   if (!std::isfinite(s))
     throw Error(fmt::format("a block scale of {} is beyond fp16's range", scale),
                 "the file's scales are implausible; the file is damaged");
+  return s;
+}
+
+// Group g (of 32) of a row of a type with a min (value scale q + min) as s (q - zero), s the
+// scale in fp16 and the zero point then real: -min / s, so that the value at q = 0 stays min. A
+// scale that is 0 in fp16 (every value then min, up to 2^-25 q): codes 0, scale 1, zero -min.
+void min_group(QuantizedLinear& ql, std::size_t g, float scale, float min) {
+  const float s = fp16_scale(scale);
   if (s == 0.0f) {
     std::fill_n(ql.q.begin() + static_cast<std::ptrdiff_t>(g) * 32, 32, std::uint8_t{0});
     ql.scales[g] = 1.0f;
@@ -44,22 +50,17 @@ void min_group(QuantizedLinear& ql, std::size_t g, float scale, float min) {
   ql.zeros[g] = -min / s;
 }
 
-// Q6_K's sub-blocks of 16 have a scale each, which groups of 32 cannot hold: its values are
-// rounded again, to 8-bit symmetric codes of the group's absmax / 127 (fp16), within half that
-// step of the file's values.
-void requantize_group(QuantizedLinear& ql, std::size_t g, const float* v) {
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) amax = std::isnan(v[j]) ? v[j] : std::max(amax, std::fabs(v[j]));
-  const float s = round_scale(amax / 127.0f, ScaleType::F16);
-  if (!std::isfinite(s))
-    throw Error(fmt::format("a block value of {} is beyond fp16's range", amax),
-                "the file's scales are implausible; the file is damaged");
-  std::uint8_t* q = ql.q.data() + g * 32;
-  for (int j = 0; j < 32; ++j)
-    q[j] = static_cast<std::uint8_t>(
-        128 + (s == 0.0f ? 0 : std::clamp(static_cast<int>(std::nearbyint(v[j] / s)), -127, 127)));
-  ql.scales[g] = s;
-  ql.zeros[g] = 128.0f;
+// The linear's scales and zeros for groups of 16 (each group of 32 as two of 16).
+void split_groups(QuantizedLinear& ql) {
+  const auto twice = [](const std::vector<float>& v) {
+    std::vector<float> out(2 * v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[2 * i] = out[2 * i + 1] = v[i];
+    return out;
+  };
+  ql.scales = twice(ql.scales);
+  ql.zeros = twice(ql.zeros);
+  ql.spec.group = 16;
+  for (int c = 0; c < ql.cols; ++c) ql.g_idx[c] = c / 16;
 }
 
 // The layout's tensors that make up block linear k of layer l, in row order (q k v, gate up).
@@ -86,15 +87,18 @@ std::optional<GgmlType> type_of(const io::GgufFile& f, const model::ModelConfig&
 }
 
 // Parts' rows one after the other, as one linear: where their specs differ, on the widest codes
-// (a symmetric part's codes shifted to its zero) with real zero points if any part has them.
+// (a symmetric part's codes shifted to its zero) with real zero points if any part has them, and
+// on groups of 16 if any part has them.
 QuantizedLinear join_rows(std::vector<QuantizedLinear> parts) {
   WeightQuant spec = parts.front().spec;
   for (const auto& p : parts) {
     spec.bits = std::max(spec.bits, p.spec.bits);
     spec.min_offset = spec.min_offset || p.spec.min_offset;
+    spec.group = std::min(spec.group, p.spec.group);
   }
   spec.sym = !spec.min_offset;
   for (auto& p : parts) {
+    if (p.spec.group != spec.group) split_groups(p);
     if (!spec.sym) continue;  // real zero points: the codes and zeros serve as they are
     const int shift = (1 << (spec.bits - 1)) - (1 << (p.spec.bits - 1));
     for (auto& q : p.q) q = static_cast<std::uint8_t>(q + shift);
@@ -146,25 +150,21 @@ QuantizedLinear quantized_from_ggml(GgmlType type, std::span<const std::byte> bl
   QuantizedLinear ql;
   ql.rows = rows;
   ql.cols = cols;
-  const bool requantized = codes->sub != 32;
-  ql.spec = WeightQuant{requantized ? 8 : codes->bits, 32, !codes->has_min, codes->has_min};
+  const int group = codes->sub;
+  ql.spec = WeightQuant{codes->bits, group, !codes->has_min, codes->has_min};
   ql.q.resize(n);
-  ql.scales.resize(n / 32);
-  ql.zeros.assign(n / 32, static_cast<float>(codes->zero));
+  ql.scales.resize(n / group);
+  ql.zeros.assign(n / group, static_cast<float>(codes->zero));
   ql.g_idx.resize(cols);
-  for (int c = 0; c < cols; ++c) ql.g_idx[c] = c / 32;
-  std::vector<float> scale(n / codes->sub), min(n / codes->sub);
-  io::unpack_codes(type, blocks.data(), static_cast<std::int64_t>(n), ql.q.data(), scale.data(),
+  for (int c = 0; c < cols; ++c) ql.g_idx[c] = c / group;
+  std::vector<float> min(n / group);
+  io::unpack_codes(type, blocks.data(), static_cast<std::int64_t>(n), ql.q.data(), ql.scales.data(),
                    min.data());
-  if (requantized) {
-    std::vector<float> v(n);
-    io::dequantize_row(type, blocks.data(), v.data(), static_cast<std::int64_t>(n));
-    for (std::size_t g = 0; g < ql.scales.size(); ++g) requantize_group(ql, g, v.data() + g * 32);
-  } else if (codes->has_min) {
-    for (std::size_t g = 0; g < ql.scales.size(); ++g) min_group(ql, g, scale[g], min[g]);
-  } else {
-    ql.scales = std::move(scale);
-  }
+  for (std::size_t g = 0; g < ql.scales.size(); ++g)
+    if (codes->has_min)
+      min_group(ql, g, ql.scales[g], min[g]);
+    else
+      ql.scales[g] = fp16_scale(ql.scales[g]);
   return ql;
 }
 
@@ -208,10 +208,8 @@ std::string rounding_notes(const std::vector<GgmlType>& types) {
   std::string notes;
   for (const GgmlType t : types) {
     const std::string_view name = io::ggml_type_name(t);
-    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K)
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K)
       notes += fmt::format("{}{} scales rounded to fp16", notes.empty() ? "" : "; ", name);
-    if (t == GgmlType::Q6_K)
-      notes += fmt::format("{}Q6_K rounded again to 8-bit groups of 32", notes.empty() ? "" : "; ");
   }
   return notes.empty() ? notes : " (" + notes + ")";
 }
