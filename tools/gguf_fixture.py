@@ -90,6 +90,8 @@ TENSORS = [
     ("q4_k", Q.Q4_K, (2, 512)),
     ("q5_k", Q.Q5_K, (2, 512)),
     ("q6_k", Q.Q6_K, (2, 512)),
+    ("q2_k", Q.Q2_K, (2, 512)),
+    ("q3_k", Q.Q3_K, (2, 512)),
 ]
 WRITABLE = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]  # what tessera's writer encodes
 WRITTEN_ALIGNMENT = 64  # tessera_written.gguf uses a non-default alignment
@@ -144,6 +146,12 @@ def random_kquant_blocks(qtype, n_blocks, rng):
     d[0] = np.uint16(3).view(np.float16)  # a subnormal f16 scale
     if qtype == Q.Q6_K:
         blocks[:, 208:210] = d.view(np.uint8).reshape(n_blocks, 2)
+    elif qtype == Q.Q3_K:
+        blocks[:, 108:110] = d.view(np.uint8).reshape(n_blocks, 2)
+    elif qtype == Q.Q2_K:
+        dmin = rng.uniform(0, 0.02, n_blocks).astype(np.float16)
+        blocks[:, 80:82] = d.view(np.uint8).reshape(n_blocks, 2)
+        blocks[:, 82:84] = dmin.view(np.uint8).reshape(n_blocks, 2)
     else:
         dmin = rng.uniform(0, 0.02, n_blocks).astype(np.float16)
         blocks[:, 0:2] = d.view(np.uint8).reshape(n_blocks, 2)
@@ -216,7 +224,7 @@ def generate_reference():
     rng = np.random.default_rng(SEED)
     tensors, expected = [], {}
     for name, qtype, shape in TENSORS:
-        if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        if qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):
             block_size = gguf.GGML_QUANT_SIZES[qtype][0]
             n_blocks = shape[0] * shape[1] // block_size
             blocks = random_kquant_blocks(qtype, n_blocks, rng)
@@ -275,7 +283,7 @@ def generate_corpus():
     CORPUS.mkdir(parents=True, exist_ok=True)
     for name, qtype, _ in TENSORS:
         block_size = gguf.GGML_QUANT_SIZES[qtype][0]
-        if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        if qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):
             data = random_kquant_blocks(qtype, 1, rng)
         else:
             cols = max(block_size, 4)

@@ -210,14 +210,16 @@ TEST(GgufQuants, BlockSizesAreGgmls) {
                  {GgmlType::Q8_0, 32, 34},
                  {GgmlType::Q4_K, 256, 144},
                  {GgmlType::Q5_K, 256, 176},
-                 {GgmlType::Q6_K, 256, 210}}) {
+                 {GgmlType::Q6_K, 256, 210},
+                 {GgmlType::Q2_K, 256, 84},
+                 {GgmlType::Q3_K, 256, 110}}) {
     EXPECT_EQ(ggml_type_info(w.type).block_size, w.block) << ggml_type_name(w.type);
     EXPECT_EQ(ggml_type_info(w.type).block_bytes, w.bytes) << ggml_type_name(w.type);
     EXPECT_TRUE(can_dequantize(w.type));
   }
   EXPECT_EQ(find_ggml_type(4), nullptr);  // removed from ggml (Q4_2)
   EXPECT_EQ(find_ggml_type(1000), nullptr);
-  EXPECT_FALSE(can_dequantize(GgmlType::Q2_K));
+  EXPECT_FALSE(can_dequantize(GgmlType::Q8_1));
   EXPECT_FALSE(can_quantize(GgmlType::Q4_K));
 }
 
@@ -257,7 +259,7 @@ TEST(GgufFixture, HeaderAndTensorInfos) {
   const GgufFile& f = reference();
   EXPECT_EQ(f.alignment(), 32u);
   EXPECT_EQ(f.data_offset() % 32, 0u);
-  ASSERT_EQ(f.tensors().size(), 11u);
+  ASSERT_EQ(f.tensors().size(), 13u);
   const GgufTensorInfo& q4k = f.tensor("q4_k");
   EXPECT_EQ(q4k.type, GgmlType::Q4_K);
   EXPECT_EQ(q4k.dims, (std::vector<std::int64_t>{512, 2}));
@@ -572,11 +574,11 @@ TEST(GgufBadInput, StructuralProblems) {
 }
 
 TEST(GgufBadInput, UndecodableTypeIsAnErrorOnDequantize) {
-  const std::string bytes = one_tensor(10 /* Q2_K */, {256}, 0, std::string(96, '\0'));
-  const GgufFile f = GgufFile::from_bytes(bytes, "q2k.gguf");
-  EXPECT_EQ(f.bytes(f.tensor("t")).size(), 84u);  // listed, raw bytes available
+  const std::string bytes = one_tensor(16 /* IQ2_XXS */, {256}, 0, std::string(96, '\0'));
+  const GgufFile f = GgufFile::from_bytes(bytes, "iq2.gguf");
+  EXPECT_EQ(f.bytes(f.tensor("t")).size(), 66u);  // listed, raw bytes available
   expect_error([&] { (void)f.dequantize(f.tensor("t")); },
-               "tensor 't' in q2k.gguf has type Q2_K, which tessera cannot dequantize");
+               "tensor 't' in iq2.gguf has type IQ2_XXS, which tessera cannot dequantize");
 }
 
 TEST(GgufBadInput, OpenRefusesMissingAndSpecialFiles) {

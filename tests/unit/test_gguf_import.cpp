@@ -1,7 +1,7 @@
 // llama.cpp's block types read as tessera's packed linears (quant/gguf_import.hpp), beyond the
 // Q4_0, Q4_1 and Q8_0 files tessera writes itself (test_gguf_export.cpp): Q5_0, Q5_1 and the
-// K-quants of llama.cpp's Q4_K_M and Q5_K_M files, and linears whose parts (q, k, v; gate, up)
-// have different types, as those files mix them.
+// K-quants of llama.cpp's K-quant files, and linears whose parts (q, k, v; gate, up) have
+// different types, as those files mix them.
 //
 // The blocks are random bytes with plausible fp16 scales, so every code, 6-bit scale and min
 // occurs. Against the reader's decoding of the same blocks (io::dequantize_row, gguf-py's values
@@ -12,8 +12,9 @@
 //  - besides that, for Q4_K and Q5_K, the scale d * scale_j (17 significant bits) rounded to
 //    fp16: |s' - s| q <= max(2^-11 |s'|, 2^-25) maxq (the zero point is computed with s', so
 //    the value at q = 0 is still min);
-//  - for Q6_K (groups of 16, symmetric), its scale d * scale_j (18 significant bits) rounded to
-//    fp16: |s' - s| |q - 32| <= max(2^-11 |s'|, 2^-25) 32.
+//  - for Q6_K and Q3_K (groups of 16, symmetric), the scale d * scale_j (18 and 17 significant
+//    bits) rounded to fp16: |s' - s| |q - zero| <= max(2^-11 |s'|, 2^-25) zero; for Q2_K (groups
+//    of 16 with a min) as for Q4_K.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,7 +43,8 @@ using io::GgmlType;
 namespace {
 
 constexpr GgmlType k_types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+                                GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                                GgmlType::Q5_K, GgmlType::Q6_K};
 
 void put_f16(std::byte* p, float v) {
   const std::uint16_t h = io::fp32_to_fp16(v);
@@ -78,6 +80,13 @@ std::vector<std::byte> random_blocks(GgmlType type, std::int64_t n, Rng& rng) {
       case GgmlType::Q6_K:
         put_f16(blk + 208, d / 64);
         break;
+      case GgmlType::Q3_K:
+        put_f16(blk + 108, d / 16);
+        break;
+      case GgmlType::Q2_K:
+        put_f16(blk + 80, d / 8);
+        put_f16(blk + 82, -m / 8);
+        break;
       default:
         ADD_FAILURE() << "no random blocks for " << info.name;
     }
@@ -98,11 +107,14 @@ double bound(GgmlType type, const quant::PackedLinear& p, int r, int g) {
     case GgmlType::Q4_1:
     case GgmlType::Q5_1:
       return roundings;
+    case GgmlType::Q2_K:
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
       return roundings + std::max(std::ldexp(s, -11) * 1.001, std::ldexp(1.0, -25)) * maxq;
-    case GgmlType::Q6_K:
-      return roundings + std::max(std::ldexp(s, -11) * 1.001, std::ldexp(1.0, -25)) * 32;
+    case GgmlType::Q3_K:
+    case GgmlType::Q6_K:  // |q - zero| <= zero
+      return roundings +
+             std::max(std::ldexp(s, -11) * 1.001, std::ldexp(1.0, -25)) * (maxq + 1) / 2;
     default:
       return 0;
   }
@@ -134,7 +146,10 @@ TEST(GgufImport, EveryBlockTypeLoadsWithinItsBoundOfTheReadersValues) {
   for (const GgmlType type : k_types) {
     SCOPED_TRACE(io::ggml_type_info(type).name.data());
     auto blocks = random_blocks(type, 256, rng);
-    const std::size_t d_at = type == GgmlType::Q6_K ? 208 : 0;
+    const std::size_t d_at = type == GgmlType::Q6_K   ? 208
+                             : type == GgmlType::Q3_K ? 108
+                             : type == GgmlType::Q2_K ? 80
+                                                      : 0;
     for (const std::uint16_t bad : {std::uint16_t{0x7E00}, std::uint16_t{0x7C00}}) {
       std::memcpy(blocks.data() + d_at, &bad, 2);
       EXPECT_THROW(quant::pack(quant::quantized_from_ggml(type, blocks, 1, 256)), Error);
@@ -163,16 +178,17 @@ model::ModelConfig tiny_llama() {
   return c;
 }
 
-// What a Q4_K_M or Q5_K_M file mixes, per tensor (the others stay F32): parts of one linear of
-// different types (q, k Q5_0 with v Q8_0; gate Q5_K with up Q4_1), every type somewhere.
+// What llama.cpp's K-quant files mix, per tensor (the others stay F32): parts of one linear of
+// different types (q, k Q5_0 with v Q8_0; gate Q5_K with up Q4_1; gate Q3_K with up Q4_0), every
+// type somewhere.
 const std::map<std::string, GgmlType> k_mix = {
     {"blk.0.attn_q.weight", GgmlType::Q5_0},      {"blk.0.attn_k.weight", GgmlType::Q5_0},
     {"blk.0.attn_v.weight", GgmlType::Q8_0},      {"blk.0.attn_output.weight", GgmlType::Q4_K},
     {"blk.0.ffn_gate.weight", GgmlType::Q5_K},    {"blk.0.ffn_up.weight", GgmlType::Q4_1},
     {"blk.0.ffn_down.weight", GgmlType::Q6_K},    {"blk.1.attn_q.weight", GgmlType::Q4_K},
     {"blk.1.attn_k.weight", GgmlType::Q4_K},      {"blk.1.attn_v.weight", GgmlType::Q6_K},
-    {"blk.1.attn_output.weight", GgmlType::Q5_1}, {"blk.1.ffn_gate.weight", GgmlType::Q4_0},
-    {"blk.1.ffn_up.weight", GgmlType::Q4_0},      {"blk.1.ffn_down.weight", GgmlType::Q5_0},
+    {"blk.1.attn_output.weight", GgmlType::Q5_1}, {"blk.1.ffn_gate.weight", GgmlType::Q3_K},
+    {"blk.1.ffn_up.weight", GgmlType::Q4_0},      {"blk.1.ffn_down.weight", GgmlType::Q2_K},
     {"token_embd.weight", GgmlType::Q6_K},
 };
 

@@ -202,6 +202,44 @@ void unpack_q6_k(const std::byte* b, std::uint8_t* q, float* scale, float*) {
   }
 }
 
+// Q2_K block (84 bytes): scales[16] (sub-block j's scale in the low nibble, its min in the high
+// one), qs[128 / 2], d (f16), dmin (f16). Each half of 128 elements uses 32 bytes of qs: element
+// 32s + l of the half (s = 0..3) is bits 2s, 2s+1 of qs[l]; its sub-block of 16 is (32s + l) / 16
+// of the half. Value (d sc_j) q - (dmin m_j).
+void unpack_q2_k(const std::byte* b, std::uint8_t* q, float* scale, float* min) {
+  const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+  for (int j = 0; j < 16; ++j) {
+    scale[j] = d * static_cast<float>(u8_at(b, j) & 0x0F);
+    min[j] = -(dmin * static_cast<float>(u8_at(b, j) >> 4));
+  }
+  for (int half = 0; half < 2; ++half)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l)
+        q[128 * half + 32 * s + l] =
+            static_cast<std::uint8_t>((u8_at(b + 16 + 32 * half, l) >> (2 * s)) & 3);
+}
+
+// Q3_K block (110 bytes): hmask[32], qs[64], scales[12] (16 6-bit scales, biased by 32), d (f16).
+// Element 32s + l of each half of 128 (s = 0..3) takes bits 2s, 2s+1 of qs[32 half + l] and, as
+// its third bit, bit 4 half + s of hmask[l]; q = those two bits + 4 x the third, value
+// (d (scale_j - 32)) (q - 4) (llama.cpp subtracts 4 where the third bit is clear).
+void unpack_q3_k(const std::byte* b, std::uint8_t* q, float* scale, float*) {
+  const float d = f16_at(b + 108);
+  const std::byte* sc = b + 96;
+  for (int j = 0; j < 16; ++j) {  // low 4 bits: bytes 0-7 (nibbles), high 2 bits: bytes 8-11
+    const int low = (u8_at(sc, j % 8) >> (4 * (j / 8))) & 0x0F;
+    const int high = (u8_at(sc, 8 + j % 4) >> (2 * (j / 4))) & 3;
+    scale[j] = d * static_cast<float>((low | (high << 4)) - 32);
+  }
+  for (int half = 0; half < 2; ++half)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (u8_at(b + 32 + 32 * half, l) >> (2 * s)) & 3;
+        const int hi = (u8_at(b, l) >> (4 * half + s)) & 1;
+        q[128 * half + 32 * s + l] = static_cast<std::uint8_t>(lo | (hi << 2));
+      }
+}
+
 using Unpack = void (*)(const std::byte*, std::uint8_t*, float*, float*);
 
 struct CodesType {
@@ -220,6 +258,8 @@ constexpr CodesType k_codes[] = {
     {GgmlType::Q4_K, {4, 32, 0, true}, unpack_q4_k},
     {GgmlType::Q5_K, {5, 32, 0, true}, unpack_q5_k},
     {GgmlType::Q6_K, {6, 16, 32, false}, unpack_q6_k},
+    {GgmlType::Q2_K, {2, 16, 0, true}, unpack_q2_k},
+    {GgmlType::Q3_K, {3, 16, 4, false}, unpack_q3_k},
 };
 
 const CodesType* find_codes(GgmlType type) {
@@ -309,6 +349,8 @@ bool can_dequantize(GgmlType type) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
       return true;
     default:
       return false;
@@ -330,7 +372,7 @@ bool can_quantize(GgmlType type) {
 }
 
 std::string_view dequantizable_type_names() {
-  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
 }
 std::string_view quantizable_type_names() {
   return "F32, F16, BF16, Q4_0, Q4_1, Q8_0";

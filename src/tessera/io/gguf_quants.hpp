@@ -67,7 +67,8 @@ const GgmlTypeInfo* find_ggml_type(std::uint32_t number);
 const GgmlTypeInfo& ggml_type_info(GgmlType type);
 std::string_view ggml_type_name(GgmlType type);
 
-// Types dequantize_row decodes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+// Types dequantize_row decodes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
+// Q5_K, Q6_K.
 bool can_dequantize(GgmlType type);
 // Types quantize_row encodes: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
 bool can_quantize(GgmlType type);
@@ -80,13 +81,13 @@ std::string_view quantizable_type_names();
 void dequantize_row(GgmlType type, const std::byte* src, float* dst, std::int64_t n);
 
 // A block type's elements as unsigned codes: those of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (q = n + 128),
-// Q4_K, Q5_K and Q6_K. Each sub-block of `sub` elements has a scale and, where has_min, a min
-// (the K-quants' d * scale_j and -(dmin * min_j), exact in fp32); dequantize_row's value of
+// Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. Each sub-block of `sub` elements has a scale and, where has_min,
+// a min (the K-quants' d * scale_j and -(dmin * min_j), exact in fp32); dequantize_row's value of
 // element q of sub-block s is scale[s] * (q - zero), or scale[s] * q + min[s] where has_min,
 // each rounded once (the same bits).
 struct GgmlCodes {
   int bits;  // codes below 2^bits
-  int sub;   // elements per sub-block: 32 (Q6_K: 16)
+  int sub;   // elements per sub-block: 32 (Q2_K, Q3_K, Q6_K: 16)
   int zero;  // the code of 0 (0 where has_min)
   bool has_min;
 };

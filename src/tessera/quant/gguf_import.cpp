@@ -35,13 +35,14 @@ float fp16_scale(float scale) {
   return s;
 }
 
-// Group g (of 32) of a row of a type with a min (value scale q + min) as s (q - zero), s the
-// scale in fp16 and the zero point then real: -min / s, so that the value at q = 0 stays min. A
-// scale that is 0 in fp16 (every value then min, up to 2^-25 q): codes 0, scale 1, zero -min.
+// Group g of a row of a type with a min (value scale q + min) as s (q - zero), s the scale in
+// fp16 and the zero point then real: -min / s, so that the value at q = 0 stays min. A scale
+// that is 0 in fp16 (every value then min, up to 2^-25 q): codes 0, scale 1, zero -min.
 void min_group(QuantizedLinear& ql, std::size_t g, float scale, float min) {
   const float s = fp16_scale(scale);
   if (s == 0.0f) {
-    std::fill_n(ql.q.begin() + static_cast<std::ptrdiff_t>(g) * 32, 32, std::uint8_t{0});
+    const int group = ql.spec.group;
+    std::fill_n(ql.q.begin() + static_cast<std::ptrdiff_t>(g) * group, group, std::uint8_t{0});
     ql.scales[g] = 1.0f;
     ql.zeros[g] = -min;
     return;
@@ -182,8 +183,8 @@ bool linears_packable(const io::GgufFile& f, const model::ParamLayout& layout,
         if (!type) return false;
         if (!gguf_packable_type(*type)) {
           why = fmt::format(
-              "tensor {} is {}; the packed kernels take GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
-              "Q5_K and Q6_K",
+              "tensor {} is {}; the packed kernels take GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and "
+              "Q2_K to Q6_K",
               io::gguf_name_of(cfg, t->name), io::ggml_type_name(*type));
           return false;
         }
@@ -208,7 +209,8 @@ std::string rounding_notes(const std::vector<GgmlType>& types) {
   std::string notes;
   for (const GgmlType t : types) {
     const std::string_view name = io::ggml_type_name(t);
-    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K)
+    if (t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
+        t == GgmlType::Q6_K)
       notes += fmt::format("{}{} scales rounded to fp16", notes.empty() ? "" : "; ", name);
   }
   return notes.empty() ? notes : " (" + notes + ")";

@@ -1,17 +1,18 @@
 // llama.cpp's quantized matrices read as tessera's quantized linears, so that a GGUF file decodes
 // from its own blocks through the packed kernels (quant/packed.hpp) instead of from fp32 copies.
-// Each block's sub-blocks map onto groups of 32 (Q6_K: 16) (io::unpack_codes gives the codes):
+// Each block's sub-blocks map onto groups of 32 (Q2_K, Q3_K, Q6_K: 16; io::unpack_codes gives
+// the codes):
 //   Q4_0, Q5_0  w = d (q - 8), d (q - 16):  4- and 5-bit codes, scale d, symmetric.
 //   Q8_0        w = d n:                     8-bit codes n + 128, scale d, symmetric (zero 128).
 //   Q4_1, Q5_1  w = d q + m:                 codes q, scale d, real zero point -m / d (the
 //                                            min_offset grid); exact up to fp32 roundings.
-//   Q4_K, Q5_K  w = (d sc_j) q - dmin m_j:   the same, with the scale d sc_j (up to 17
-//                                            significant bits) rounded to the packed form's fp16
+//   Q2_K, Q4_K, w = (d sc_j) q - dmin m_j:   the same, with the scale d sc_j (up to 17
+//   Q5_K                                     significant bits) rounded to the packed form's fp16
 //                                            (the zero point follows it, so q = 0 stays exact):
 //                                            within 2^-11 |d sc_j| q of the file's value.
-//   Q6_K        w = (d sc_j) (q - 32):       6-bit codes, groups of 16, symmetric, the scale
-//                                            d sc_j (up to 18 significant bits) rounded to fp16:
-//                                            within 2^-11 |d sc_j| 32 of the file's value.
+//   Q3_K, Q6_K  w = (d sc_j) (q - 4 | 32):   3- and 6-bit codes, groups of 16, symmetric, the
+//                                            scale (up to 18 significant bits) rounded to fp16:
+//                                            within 2^-11 |d sc_j| |q - zero| of the file's value.
 // A group whose scale is 0 in fp16 (every value its min) is codes 0, scale 1, zero -min.
 #pragma once
 
