@@ -331,9 +331,9 @@ TEST_F(Cli, TrainLogsThePerformanceModelPrediction) {
 // its tokens and distributions with the dequantized path): weight-only files with and without a
 // quantized embedding (--vocab-bits 8, which also makes the file smaller), with real zero points
 // (--min-offset), groups of 16, and per-token W8A8 files; a group size the packed kernels do not
-// take (48) and a per-tensor W8A8 file sample from the dequantized weights with a note; --kernels fp32 asks for
-// those. A GGUF file of Q4_1 matrices decodes packed too. The timing line on stderr names the
-// kernels.
+// take (48) and a per-tensor W8A8 file sample from the dequantized weights with a note; --kernels
+// fp32 asks for those. A GGUF file of Q4_1 matrices decodes packed too. The timing line on stderr
+// names the kernels.
 TEST_F(Cli, SampleOfQuantizedFilesUsesThePackedKernels) {
   auto dir = cli::scratch("quant_packed");
   struct Case {
